@@ -1,0 +1,172 @@
+"""The odmactl command line: one thin function per command and the single error boundary (`main`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Iterator, Optional
+
+import click
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from odmactl import __version__
+from odmactl.errors import OdmaError
+
+app = typer.Typer(
+    name="odmactl",
+    help="Trace replay and KV-cache capacity planning for LLM serving (ODMA).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+
+@contextmanager
+def progress_bar(enabled: bool) -> Iterator:
+    """A progress callback (label, done, total) drawing a bar on stderr, or a no-op."""
+    if not enabled:
+        yield None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def update(label: str, done: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = bar.add_task(label, total=total)
+            bar.update(tasks[label], completed=done, total=total)
+
+        yield update
+
+
+def _parse_map(items: list[str]) -> dict[str, str]:
+    from odmactl.errors import TraceError
+
+    mapping = {}
+    for item in items:
+        canonical, sep, source = item.partition("=")
+        if not sep or not canonical or not source:
+            raise TraceError(f"--map expects canonical=source, got '{item}'")
+        mapping[canonical.strip()] = source.strip()
+    return mapping
+
+
+@app.command()
+def ingest(
+    sources: Annotated[list[Path], typer.Argument(help="trace or dataset files (gzip ok), or a ServeGen model folder")],
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="canonical parquet to write")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="auto, azure, burstgpt, mooncake, vidur, alpaca, alpaca-eval, arena-hard, servegen, csv, jsonl, parquet")] = "auto",
+    tokenizer: Annotated[Optional[Path], typer.Option(help="local Hugging Face tokenizer directory for text datasets (default: shipped Qwen2 tokenizer)")] = None,
+    force: Annotated[bool, typer.Option(help="replace --out if it exists")] = False,
+    column_map: Annotated[list[str], typer.Option("--map", help="canonical=source column mapping for csv/jsonl/parquet (repeatable)")] = [],
+    rate: Annotated[Optional[float], typer.Option(help="Poisson arrivals at this many requests/s for sources without timestamps")] = None,
+    offline: Annotated[bool, typer.Option(help="all requests of sources without timestamps arrive at t=0")] = False,
+    seed: Annotated[int, typer.Option(help="seed for generated arrivals and ServeGen sampling")] = 0,
+    start: Annotated[float, typer.Option(help="servegen: start of the generated span, seconds into the data")] = 0.0,
+    duration: Annotated[Optional[float], typer.Option(help="servegen: length of the generated span in seconds (default 3600)")] = None,
+    rate_scale: Annotated[float, typer.Option(help="servegen: multiply every client's rate by this")] = 1.0,
+    json_out: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+) -> None:
+    """Normalize traces or prompt/response datasets into the canonical parquet schema."""
+    from odmactl.atomic import check_writable
+    from odmactl.readers import ingest as run_ingest
+    from odmactl.readers.options import ReadOptions
+    from odmactl.report import render_ingest, to_json
+    from odmactl.trace import ArrivalOptions, write_trace
+
+    check_writable(out_path, force=force)
+    with progress_bar(not json_out and err.is_terminal) as progress:
+        opts = ReadOptions(column_map=_parse_map(column_map), tokenizer_dir=tokenizer, seed=seed, start_s=start,
+                           duration_s=duration, rate_scale=rate_scale, progress=progress)
+        trace, formats = run_ingest(sources, fmt, opts, ArrivalOptions(rate_per_s=rate, offline=offline, seed=seed))
+        write_trace(trace, out_path, force=force)
+    frame = trace.frame
+    summary = {
+        "out": str(out_path),
+        "format_detected": fmt == "auto",
+        "sources": trace.sources,
+        "requests": frame.height,
+        "duration_s": float(frame["arrival_s"].max()),
+        "total_prompt_tokens": int(frame["prompt_tokens"].cast(int).sum()),
+        "total_output_tokens": int(frame["output_tokens"].cast(int).sum()),
+        "moved_rows": trace.moved_rows,
+        "arrivals": trace.arrival_note,
+    }
+    if json_out:
+        print(to_json(summary))
+        return
+    if fmt == "auto":
+        for path, f in zip(sources, formats):
+            err.print(f"{path}: detected format '{f}'")
+    render_ingest(out, summary)
+
+
+@app.command()
+def stats(
+    trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest`")],
+    window: Annotated[float, typer.Option(help="drift window in seconds")] = 600.0,
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Length and arrival statistics, breakdowns by model and tenant, drift over time windows."""
+    from odmactl.errors import TraceError
+    from odmactl.report import render_stats, to_json
+    from odmactl.stats import trace_stats
+    from odmactl.trace import read_trace
+
+    if not window > 0:
+        raise TraceError(f"--window must be a positive number of seconds, got {window}")
+    result = trace_stats(read_trace(trace_path), window)
+    if json_out:
+        print(to_json({"trace": str(trace_path), **result}))
+    else:
+        render_stats(out, str(trace_path), result)
+
+
+@app.command()
+def version() -> None:
+    """Print the odmactl version."""
+    print(__version__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: runs the app and is the single place errors become messages and exit codes."""
+    debug = os.environ.get("ODMACTL_DEBUG") == "1"
+    try:
+        result = app(args=argv, prog_name="odmactl", standalone_mode=False)
+        return result if isinstance(result, int) else 0
+    except OdmaError as exc:
+        if debug:
+            raise
+        err.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
+        return 1
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        err.print("aborted")
+        return 130
+    except click.ClickException as exc:
+        if debug:
+            raise
+        err.print(f"[bold red]error:[/] {exc.format_message()}", highlight=False, soft_wrap=True)
+        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+            err.print(f"see `{exc.ctx.command_path} --help`", highlight=False)
+        return 1
+    except KeyboardInterrupt:
+        err.print("interrupted; nothing was written")
+        return 130
+    except Exception as exc:  # a bug in odmactl, not bad input
+        if debug:
+            raise
+        err.print(f"[bold red]internal error:[/] {exc.__class__.__name__}: {exc} "
+                  "(this is a bug in odmactl; rerun with ODMACTL_DEBUG=1 for the traceback)", highlight=False, soft_wrap=True)
+        return 1
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Rendering: rich tables for people, canonical JSON for machines. Only this module and cli print."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from odmactl.stats import json_safe
+
+
+def to_json(data: object) -> str:
+    """Deterministic JSON: sorted keys, fixed separators, non-finite floats as null."""
+    return json.dumps(json_safe(data), sort_keys=True, indent=2, ensure_ascii=False)
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def render_ingest(console: Console, summary: dict) -> None:
+    table = Table(title=f"ingested -> {summary['out']}", title_justify="left")
+    for col in ("source", "format", "rows", "excluded", "token counts"):
+        table.add_column(col, overflow="fold")
+    for s in summary["sources"]:
+        excluded = "; ".join(f"{v:,} {k}" for k, v in s["excluded"].items()) or "-"
+        table.add_row(s["path"], s["format"], _fmt(s["rows"]), excluded, s["token_source"])
+    console.print(table)
+    console.print(
+        f"{summary['requests']:,} requests over {summary['duration_s']:,.1f} s; "
+        f"prompt tokens {summary['total_prompt_tokens']:,}, output tokens {summary['total_output_tokens']:,}"
+    )
+    console.print(f"arrivals: {summary['arrivals']}")
+    if summary["moved_rows"]:
+        console.print(f"[yellow]{summary['moved_rows']:,} rows arrived out of order and were moved when sorting by arrival[/]")
+    for s in summary["sources"]:
+        for note in s["notes"]:
+            console.print(f"note ({s['path']}): {note}")
+
+
+def _length_table(stats: dict) -> Table:
+    table = Table(title="lengths (tokens)", title_justify="left")
+    table.add_column("")
+    for col in ("mean", "p50", "p90", "p99", "max"):
+        table.add_column(col, justify="right")
+    for key in ("prompt_tokens", "output_tokens"):
+        table.add_row(key, *(_fmt(stats[key][c]) for c in ("mean", "p50", "p90", "p99", "max")))
+    return table
+
+
+def _breakdown_table(title: str, rows: list[dict], key: str, limit: int = 20) -> Table:
+    table = Table(title=f"{title} ({len(rows)} distinct; top {min(limit, len(rows))})", title_justify="left")
+    for col in (key, "requests", "share", "prompt mean", "output mean", "output p50", "output p99"):
+        table.add_column(col, justify="left" if col == key else "right")
+    for r in rows[:limit]:
+        table.add_row(str(r[key]), _fmt(r["requests"]), f"{r['share']:.1%}", _fmt(r["prompt_mean"]),
+                      _fmt(r["output_mean"]), _fmt(r["output_p50"]), _fmt(r["output_p99"]))
+    return table
+
+
+def _drift_table(stats: dict, limit: int = 48) -> Table:
+    rows = stats["drift"]
+    table = Table(title=f"drift per {stats['window_s']:g} s window ({len(rows)} windows"
+                        + (f", first {limit}" if len(rows) > limit else "") + ")", title_justify="left")
+    for col in ("start s", "requests", "req/s", "prompt p50", "prompt p99", "output mean", "output p50", "output p90", "output p99"):
+        table.add_column(col, justify="right")
+    for r in rows[:limit]:
+        table.add_row(_fmt(r["start_s"]), _fmt(r["requests"]), _fmt(r["rate_per_s"]), _fmt(r["prompt_p50"]),
+                      _fmt(r["prompt_p99"]), _fmt(r["output_mean"]), _fmt(r["output_p50"]), _fmt(r["output_p90"]),
+                      _fmt(r["output_p99"]))
+    return table
+
+
+def render_stats(console: Console, path: str, stats: dict) -> None:
+    rate = stats["arrival_rate_per_s"]
+    console.print(f"[bold]{path}[/]: {stats['requests']:,} requests over {stats['duration_s']:,.1f} s"
+                  + (f" ({rate:,.2f} req/s)" if rate else " (all at t=0)"))
+    console.print(f"total prompt tokens {stats['total_prompt_tokens']:,}, output tokens {stats['total_output_tokens']:,}")
+    console.print(_length_table(stats))
+    if stats["by_model"]:
+        console.print(_breakdown_table("by model", stats["by_model"], "model"))
+    if stats["by_tenant"]:
+        console.print(_breakdown_table("by tenant", stats["by_tenant"], "tenant"))
+    if stats["drift"]:
+        console.print(_drift_table(stats))

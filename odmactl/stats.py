@@ -1,0 +1,91 @@
+"""Trace statistics: counts, arrival rate, length quantiles, breakdowns and drift over time windows.
+
+Quantiles use linear interpolation (numpy's default), so they match `numpy.quantile`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+BREAKDOWN_LIMIT = 1000
+
+
+def _length_exprs(column: str, prefix: str = "") -> list[pl.Expr]:
+    c = pl.col(column)
+    exprs = [c.mean().alias(f"{prefix}mean")]
+    exprs += [c.quantile(q, interpolation="linear").cast(pl.Float64).alias(f"{prefix}{name}") for name, q in QUANTILES.items()]
+    exprs.append(c.max().cast(pl.Float64).alias(f"{prefix}max"))
+    return exprs
+
+
+def _lengths(frame: pl.DataFrame, column: str) -> dict[str, float]:
+    return frame.select(_length_exprs(column)).row(0, named=True)
+
+
+def _breakdown(frame: pl.DataFrame, key: str) -> list[dict[str, object]]:
+    if frame[key].null_count() == frame.height:
+        return []
+    total = frame.height
+    grouped = (
+        frame.group_by(pl.col(key).fill_null("(none)"))
+        .agg(
+            pl.len().alias("requests"),
+            pl.col("prompt_tokens").mean().alias("prompt_mean"),
+            *_length_exprs("output_tokens", "output_"),
+        )
+        .sort(["requests", key], descending=[True, False])
+        .head(BREAKDOWN_LIMIT)
+    )
+    return [{**row, "share": row["requests"] / total} for row in grouped.iter_rows(named=True)]
+
+
+def _drift(frame: pl.DataFrame, window_s: float) -> list[dict[str, object]]:
+    windows = (
+        frame.with_columns((pl.col("arrival_s") // window_s).cast(pl.Int64).alias("window"))
+        .group_by("window")
+        .agg(
+            pl.len().alias("requests"),
+            *_length_exprs("prompt_tokens", "prompt_"),
+            *_length_exprs("output_tokens", "output_"),
+        )
+        .sort("window")
+    )
+    rows = []
+    for row in windows.iter_rows(named=True):
+        start = row.pop("window") * window_s
+        rows.append({"start_s": start, "end_s": start + window_s, "rate_per_s": row["requests"] / window_s, **row})
+    return rows
+
+
+def trace_stats(frame: pl.DataFrame, window_s: float) -> dict[str, object]:
+    """Everything `odmactl stats` reports, as plain JSON-ready values."""
+    assert window_s > 0
+    n = frame.height
+    duration_s = float(frame["arrival_s"].max() - frame["arrival_s"].min()) if n else 0.0
+    return {
+        "requests": n,
+        "duration_s": duration_s,
+        "arrival_rate_per_s": n / duration_s if duration_s > 0 else None,
+        "prompt_tokens": _lengths(frame, "prompt_tokens"),
+        "output_tokens": _lengths(frame, "output_tokens"),
+        "total_prompt_tokens": int(frame["prompt_tokens"].cast(pl.Int64).sum()),
+        "total_output_tokens": int(frame["output_tokens"].cast(pl.Int64).sum()),
+        "by_model": _breakdown(frame, "model"),
+        "by_tenant": _breakdown(frame, "tenant"),
+        "window_s": window_s,
+        "drift": _drift(frame, window_s) if duration_s > 0 else [],
+    }
+
+
+def json_safe(value: object) -> object:
+    """Replace non-finite floats (not valid JSON) with None, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
