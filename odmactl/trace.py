@@ -246,7 +246,8 @@ def trace_metadata(trace: BuiltTrace) -> dict[str, str]:
 
 def write_trace(trace: BuiltTrace, out: Path, *, force: bool) -> None:
     with atomic_output(out, force=force) as tmp:
-        trace.frame.write_parquet(tmp, metadata=trace_metadata(trace), compression="lz4")
+        # lz4 and no row-group statistics: traces are read whole, and this halves the write time
+        trace.frame.write_parquet(tmp, metadata=trace_metadata(trace), compression="lz4", statistics=False)
 
 
 def read_metadata(path: Path) -> dict[str, str]:
