@@ -200,7 +200,14 @@ def _canonical(sf: SourceFrame, arrival_s: pl.Series, index: int, multi: bool) -
     ]
     for c in TEXT_COLUMNS:
         exprs.append((pl.col(c).cast(pl.String) if c in f.columns else pl.lit(None, pl.String)).alias(c))
-    return f.select(exprs)
+    return f.lazy().select(exprs).collect()  # columns in parallel
+
+
+def _moved_rows(arrival_s: np.ndarray) -> int:
+    """How many rows arrive earlier than some row before them (0 for a sorted trace, checked cheaply)."""
+    if arrival_s.size < 2 or not (arrival_s[1:] < arrival_s[:-1]).any():
+        return 0
+    return int((arrival_s[1:] < np.maximum.accumulate(arrival_s)[:-1]).sum())
 
 
 def build_trace(sources: list[SourceFrame], arrivals: ArrivalOptions) -> BuiltTrace:
@@ -212,7 +219,7 @@ def build_trace(sources: list[SourceFrame], arrivals: ArrivalOptions) -> BuiltTr
     if multi and frame["request_id"].n_unique() != frame.height:
         dup = frame.filter(pl.col("request_id").is_duplicated())["request_id"][0]
         raise TraceError(f"request id '{dup}' occurs in more than one source", file=", ".join(str(s.path) for s in sources))
-    moved = int(frame.select((pl.col("arrival_s") < pl.col("arrival_s").cum_max().shift(1)).sum()).item() or 0)
+    moved = _moved_rows(frame["arrival_s"].to_numpy())
     if moved:
         frame = frame.sort("arrival_s", maintain_order=True)
     meta = [

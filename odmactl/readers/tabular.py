@@ -10,11 +10,13 @@ import polars as pl
 from odmactl.errors import TraceError
 from odmactl.readers.common import (
     csv_header,
+    fill_iso_arrivals,
     numeric,
     require_columns,
     require_file,
     scan_csv,
     scan_jsonl,
+    TimestampPlan,
     timestamp_seconds,
 )
 from odmactl.readers.options import ReadOptions
@@ -28,18 +30,19 @@ def _frame(path: Path, fmt: str, raw: pl.DataFrame, mapping: dict[str, str], *, 
     exprs: list[pl.Expr] = [pl.col("_row")]
     exprs += numeric(raw, mapping["prompt_tokens"], "prompt_tokens")
     exprs += numeric(raw, mapping["output_tokens"], "output_tokens")
-    clock = "none"
+    plan = TimestampPlan([], [], [], "none")
     columns = dict(mapping)
     if "arrival_s" in mapping:
-        ts_exprs, clock = timestamp_seconds(raw, mapping["arrival_s"], unit_s=ts_unit_s)
-        exprs += ts_exprs
+        plan = timestamp_seconds(raw, mapping["arrival_s"], unit_s=ts_unit_s)
+        exprs += plan.parts
         columns["arrival"] = mapping["arrival_s"]
     if "request_id" in mapping:
         exprs.append(pl.col(mapping["request_id"]).cast(pl.String).alias("request_id"))
     for name in ("prompt_text", "model", "tenant"):
         if name in mapping:
             exprs.append(pl.col(mapping[name]).cast(pl.String).alias(name))
-    return SourceFrame(path=path, format=fmt, frame=raw.select(exprs), clock=clock, columns=columns)
+    frame = fill_iso_arrivals(plan.apply(raw.lazy().select(exprs)).collect())  # columns in parallel
+    return SourceFrame(path=path, format=fmt, frame=frame, clock=plan.clock, columns=columns)
 
 
 def read_azure(path: Path, opts: ReadOptions) -> SourceFrame:
