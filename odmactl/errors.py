@@ -13,7 +13,8 @@ class OdmaError(Exception):
     """A problem with the user's input, files or configuration.
 
     `file`, `row` (1-based record number in the source, header excluded) and `column` (as named in
-    the source) are filled in wherever they apply, so the message points at the exact place.
+    the source) are filled in wherever they apply, so the message points at the exact place; `key`
+    names a setting in a configuration file (a TOML key).
     """
 
     kind = "error"
@@ -25,6 +26,7 @@ class OdmaError(Exception):
         file: str | Path | None = None,
         row: int | None = None,
         column: str | None = None,
+        key: str | None = None,
         hint: str | None = None,
     ) -> None:
         super().__init__(message)
@@ -32,6 +34,7 @@ class OdmaError(Exception):
         self.file = str(file) if file is not None else None
         self.row = row
         self.column = column
+        self.key = key
         self.hint = hint
 
     def __str__(self) -> str:
@@ -42,6 +45,8 @@ class OdmaError(Exception):
             where.append(f"row {self.row}")
         if self.column is not None:
             where.append(f"column '{self.column}'")
+        if self.key is not None:
+            where.append(f"key '{self.key}'")
         text = (", ".join(where) + ": " if where else "") + self.message
         if self.hint:
             text += f" ({self.hint})"
@@ -66,3 +71,10 @@ class PredictorError(OdmaError):
 
 class ConfigError(OdmaError):
     kind = "config error"
+
+
+class AllocationError(OdmaError):
+    """Misuse of the allocator API: releasing twice, an allocation this allocator does not own,
+    a request id that is already live, a request that can never fit, a KV length that shrinks."""
+
+    kind = "allocation error"

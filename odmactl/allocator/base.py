@@ -1,0 +1,261 @@
+"""What every allocator policy shares: the Allocation record, the stats, the protocol, and the
+bookkeeping and invariant checks that do not depend on how a policy places blocks."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from odmactl.allocator.arena import Arena, VirtualArena
+from odmactl.allocator.config import AllocatorConfig
+from odmactl.errors import AllocationError, ConfigError
+
+
+class InvariantError(AssertionError):
+    """An allocator invariant does not hold: a bug in odmactl, never a user error."""
+
+
+class Allocation:
+    """One request's KV memory, handed out by `reserve` and owned by the allocator until `release`.
+
+    Invariants while live: `nbytes == capacity_tokens * bytes_per_token`; `used_tokens <=
+    capacity_tokens` (the KV tokens written so far: prompt, then prompt + generated);
+    contiguous policies own exactly [offset_bytes, offset_bytes + nbytes) in `region`; `paged`
+    owns `block_ids` (each `block_size` tokens) and `offset_bytes` is its first block's.
+    `bucket` is the bucket index at reservation (or after a move), "large" in ODMA's large pool,
+    None for policies without buckets. Identity, not value, names an allocation (no __eq__).
+    A plain slotted class with a hand-written __init__: a third cheaper to create than the
+    equivalent slotted dataclass, and one is created per reservation.
+    """
+
+    __slots__ = ("request_id", "offset_bytes", "nbytes", "capacity_tokens", "used_tokens", "bucket",
+                 "region", "block_ids", "live")
+
+    def __init__(self, request_id: str, offset_bytes: int, nbytes: int, capacity_tokens: int, used_tokens: int,
+                 bucket: int | str | None, region: str = "main", block_ids: list[int] | None = None) -> None:
+        self.request_id = request_id
+        self.offset_bytes = offset_bytes
+        self.nbytes = nbytes
+        self.capacity_tokens = capacity_tokens
+        self.used_tokens = used_tokens
+        self.bucket = bucket
+        self.region = region
+        self.block_ids = block_ids
+        self.live = True
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"Allocation({fields})"
+
+
+@dataclass(frozen=True)
+class RegionStats:
+    pool_bytes: int
+    reserved_bytes: int
+    free_bytes: int
+    largest_free_extent_bytes: int
+    free_extents: int
+
+
+@dataclass(frozen=True)
+class AllocatorStats:
+    """A snapshot. `largest_free_extent_bytes` and `fragmentation_ratio` (largest free extent /
+    free bytes: 1.0 = the free space is one piece, or there is none) describe the "main" region,
+    where every policy places ordinary reservations; `regions` has the same figures per region
+    (ODMA's large pool is its own). `used_bytes` counts the KV tokens actually written."""
+
+    policy: str
+    arena: str
+    device: str
+    pool_bytes: int
+    bytes_per_token: int
+    reserved_bytes: int
+    used_bytes: int
+    free_bytes: int
+    largest_free_extent_bytes: int
+    fragmentation_ratio: float
+    live_allocations: int
+    peak_reserved_bytes: int
+    reserves: int
+    failed_reserves: int
+    extends: int
+    failed_extends: int
+    migrations: int
+    migrated_bytes: int
+    releases: int
+    regions: dict[str, RegionStats] = field(default_factory=dict)
+    policy_counters: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class Allocator(Protocol):
+    """The API every policy implements (names are a contract replay, plan and users rely on).
+
+    `reserve` and `extend` answer None / False for "does not fit now"; misuse raises AllocationError.
+    """
+
+    name: str
+    pool_bytes: int
+    bytes_per_token: int
+    config: AllocatorConfig
+    arena: Arena
+
+    def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
+                uncertainty: float | None = None) -> Allocation | None: ...
+
+    def extend(self, allocation: Allocation, total_tokens: int) -> bool: ...
+
+    def release(self, allocation: Allocation) -> None: ...
+
+    def stats(self) -> AllocatorStats: ...
+
+    def check_invariants(self) -> None: ...
+
+    def free_extents(self) -> list[tuple[int, int]]: ...
+
+
+class AllocatorBase:
+    """Live-allocation bookkeeping, counters, misuse checks, stats and the tiling invariant.
+
+    Subclasses implement `_ranges(a)` (the byte ranges a live allocation owns), `free_extents()`
+    (free ranges in address order), `_region_stats()` and `_check_structures()`. The tiling check
+    sorts owned and free ranges together and requires them to cover [0, pool_bytes) exactly once:
+    that is "no two live allocations overlap" and "reserved + free == pool" in one pass.
+    """
+
+    name = "base"
+
+    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None) -> None:
+        if not isinstance(pool_bytes, int) or pool_bytes < 1:
+            raise ConfigError(f"pool_bytes must be a positive integer, got {pool_bytes!r}")
+        if not isinstance(bytes_per_token, int) or bytes_per_token < 1:
+            raise ConfigError(f"bytes_per_token must be a positive integer, got {bytes_per_token!r}")
+        self.pool_bytes = pool_bytes
+        self.bytes_per_token = bytes_per_token
+        self.config = config
+        self.arena = arena if arena is not None else VirtualArena(pool_bytes)
+        if self.arena.pool_bytes != pool_bytes:
+            raise ConfigError(f"arena holds {self.arena.pool_bytes:,} bytes but the pool is {pool_bytes:,}")
+        self.max_tokens = config.max_model_len_tokens
+        self._live: dict[str, Allocation] = {}
+        # counters kept on the hot path; reserves (= releases + live) and used tokens (a sum over the
+        # live table) are derived in stats(), so reserve and extend do not pay for them
+        self.reserved_bytes = 0
+        self.peak_reserved_bytes = 0
+        self.failed_reserves = 0
+        self.extends = self.failed_extends = 0
+        self.migrations = self.migrated_bytes = 0
+        self.releases = 0
+
+    # -- shared checks ---------------------------------------------------------------------------
+
+    def _admit(self, request_id: str, prompt_tokens: int) -> None:
+        """Raise AllocationError for a request that is already live or can never fit. Policies
+        inline the test `request_id in self._live or not 1 <= prompt_tokens <= self.max_tokens`
+        and call this only when it holds."""
+        if request_id in self._live:
+            raise AllocationError(f"request '{request_id}' already holds a live allocation")
+        if not 1 <= prompt_tokens <= self.max_tokens:
+            raise AllocationError(
+                f"request '{request_id}': {prompt_tokens} prompt tokens can never fit "
+                f"(1 to max_model_len_tokens = {self.max_tokens})")
+
+    def _own(self, a: Allocation) -> None:
+        if not isinstance(a, Allocation):
+            raise AllocationError(f"expected an Allocation, got {type(a).__name__}")
+        if self._live.get(a.request_id) is not a:
+            state = "already released" if not a.live else "not made by this allocator"
+            raise AllocationError(f"allocation of request '{a.request_id}' is {state}")
+
+    def _growth(self, a: Allocation, total_tokens: int) -> None:
+        self._own(a)
+        if total_tokens < a.used_tokens:
+            raise AllocationError(
+                f"request '{a.request_id}': KV cannot shrink from {a.used_tokens} to {total_tokens} tokens")
+
+    def _admitted(self, a: Allocation) -> Allocation:
+        self._live[a.request_id] = a
+        self.reserved_bytes += a.nbytes
+        if self.reserved_bytes > self.peak_reserved_bytes:
+            self.peak_reserved_bytes = self.reserved_bytes
+        return a
+
+    def _forget(self, a: Allocation) -> None:
+        del self._live[a.request_id]
+        a.live = False
+        self.releases += 1
+        self.reserved_bytes -= a.nbytes
+
+    def live_allocations(self) -> list[Allocation]:
+        return list(self._live.values())
+
+    # -- reporting -------------------------------------------------------------------------------
+
+    def stats(self) -> AllocatorStats:
+        regions = self._region_stats()
+        main = regions["main"]
+        free_bytes = sum(r.free_bytes for r in regions.values())
+        largest = main.largest_free_extent_bytes
+        return AllocatorStats(
+            policy=self.name, arena=self.arena.kind, device=self.arena.device,
+            pool_bytes=self.pool_bytes, bytes_per_token=self.bytes_per_token,
+            reserved_bytes=self.reserved_bytes,
+            used_bytes=sum(a.used_tokens for a in self._live.values()) * self.bytes_per_token,
+            free_bytes=free_bytes, largest_free_extent_bytes=largest,
+            fragmentation_ratio=largest / main.free_bytes if main.free_bytes else 1.0,
+            live_allocations=len(self._live), peak_reserved_bytes=self.peak_reserved_bytes,
+            reserves=self.releases + len(self._live), failed_reserves=self.failed_reserves,
+            extends=self.extends, failed_extends=self.failed_extends,
+            migrations=self.migrations, migrated_bytes=self.migrated_bytes, releases=self.releases,
+            regions=regions, policy_counters=self.policy_counters(),
+        )
+
+    def check_invariants(self) -> None:
+        """Raise InvariantError unless the allocator's state is consistent (O(live + free) log)."""
+        spans: list[tuple[int, int, str]] = []
+        reserved = 0
+        for rid, a in self._live.items():
+            if rid != a.request_id or not a.live:
+                raise InvariantError(f"live table entry '{rid}' holds {a!r}")
+            if a.nbytes != a.capacity_tokens * self.bytes_per_token or not 0 < a.used_tokens <= a.capacity_tokens:
+                raise InvariantError(f"allocation sizes disagree: {a!r}")
+            reserved += a.nbytes
+            spans += [(start, n, f"request '{rid}'") for start, n in self._ranges(a)]
+        spans += [(start, n, "free extent") for start, n in self.free_extents()]
+        spans.sort()
+        pos, prev = 0, "the pool's start"
+        for start, n, what in spans:
+            if start < pos:
+                raise InvariantError(f"{what} at {start} overlaps {prev} (which ends at {pos})")
+            if start > pos:
+                raise InvariantError(f"bytes {pos}..{start} are neither reserved nor free (after {prev})")
+            pos, prev = start + n, f"{what} at {start}"
+        if pos != self.pool_bytes:
+            raise InvariantError(f"owned and free ranges end at {pos}, the pool at {self.pool_bytes}")
+        if reserved != self.reserved_bytes:
+            raise InvariantError(f"reserved-bytes counter drifted: {self.reserved_bytes}, live allocations hold {reserved}")
+        try:
+            self._check_structures()
+        except InvariantError:
+            raise
+        except AssertionError as exc:
+            raise InvariantError(str(exc)) from exc
+
+    # -- per policy ------------------------------------------------------------------------------
+
+    def policy_counters(self) -> dict[str, int]:
+        return {}
+
+    def _ranges(self, a: Allocation) -> list[tuple[int, int]]:
+        raise NotImplementedError
+
+    def free_extents(self) -> list[tuple[int, int]]:
+        raise NotImplementedError
+
+    def _region_stats(self) -> dict[str, RegionStats]:
+        raise NotImplementedError
+
+    def _check_structures(self) -> None:
+        raise NotImplementedError

@@ -1,0 +1,93 @@
+"""AllocatorConfig: every policy knob in one frozen dataclass, read from a mapping (a TOML table)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from odmactl.errors import ConfigError
+
+STATIC_SLOTS = ("max_model_len", "prompt_plus_max_new")
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    """Policy settings; a policy reads the fields it needs and ignores the rest.
+
+    Token counts are KV tokens (prompt + generated). `boundaries_tokens` are bucket upper bounds,
+    strictly increasing; empty means B equal-width buckets over `max_model_len_tokens` until the
+    first refit. The large pool is `large_pool_bytes`, or `large_pool_fraction` of the pool when
+    that is None; each large-pool block holds `max_model_len_tokens` so it never overflows.
+    """
+
+    max_model_len_tokens: int = 4096
+    # static
+    static_slot: str = "max_model_len"
+    max_new_tokens: int | None = None
+    # paged
+    block_size_tokens: int = 16
+    # s3
+    s3_num_buckets: int = 10
+    # odma
+    num_buckets: int = 4
+    boundaries_tokens: tuple[int, ...] = ()
+    gamma: float = 0.2
+    tau: float = 0.8
+    large_pool_bytes: int | None = None
+    large_pool_fraction: float = 0.1
+    granularity_tokens: int = 16
+    refit: bool = True
+    refit_window: int = 10_000
+    refit_every: int = 1_000
+
+    def __post_init__(self) -> None:
+        positive = ("max_model_len_tokens", "block_size_tokens", "s3_num_buckets", "num_buckets",
+                    "granularity_tokens", "refit_window", "refit_every")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"expected an integer >= 1, got {value!r}", key=name)
+        if self.static_slot not in STATIC_SLOTS:
+            raise ConfigError(f"expected one of {', '.join(STATIC_SLOTS)}, got {self.static_slot!r}", key="static_slot")
+        if self.static_slot == "prompt_plus_max_new" and not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
+            raise ConfigError("static_slot = 'prompt_plus_max_new' needs max_new_tokens >= 1", key="max_new_tokens")
+        if not (self.gamma >= 0):
+            raise ConfigError(f"expected gamma >= 0, got {self.gamma!r}", key="gamma")
+        if not (self.tau >= 0):
+            raise ConfigError(f"expected tau >= 0, got {self.tau!r}", key="tau")
+        if not (0 <= self.large_pool_fraction < 1):
+            raise ConfigError(f"expected a fraction in [0, 1), got {self.large_pool_fraction!r}", key="large_pool_fraction")
+        if self.large_pool_bytes is not None and not (isinstance(self.large_pool_bytes, int) and self.large_pool_bytes >= 0):
+            raise ConfigError(f"expected a byte count >= 0, got {self.large_pool_bytes!r}", key="large_pool_bytes")
+        b = self.boundaries_tokens
+        if any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in b) or list(b) != sorted(set(b)):
+            raise ConfigError(f"expected strictly increasing token counts >= 1, got {list(b)}", key="boundaries_tokens")
+        if b and b[-1] > self.max_model_len_tokens:
+            raise ConfigError(f"the last boundary ({b[-1]}) exceeds max_model_len_tokens ({self.max_model_len_tokens})",
+                              key="boundaries_tokens")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, object], source: str | Path | None = None) -> AllocatorConfig:
+        """Build from a TOML table; an unknown key or a bad value names the file and the key."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ConfigError(f"unknown allocator setting '{key}' (known: {', '.join(sorted(known))})",
+                                  file=source, key=key)
+        values = dict(data)
+        if "boundaries_tokens" in values:
+            raw = values["boundaries_tokens"]
+            values["boundaries_tokens"] = tuple(raw) if isinstance(raw, (list, tuple)) else raw
+        try:
+            return cls(**values)
+        except ConfigError as exc:
+            raise ConfigError(exc.message, file=source, key=exc.key) from None
+        except TypeError as exc:
+            raise ConfigError(f"bad allocator settings ({exc})", file=source) from None
+
+    def to_mapping(self) -> dict[str, object]:
+        out = dataclasses.asdict(self)
+        out["boundaries_tokens"] = list(self.boundaries_tokens)
+        return {k: v for k, v in out.items() if v is not None}

@@ -1,0 +1,143 @@
+"""`odma`: one contiguous block per request sized from the predicted length (the ODMA papers)."""
+
+from __future__ import annotations
+
+from math import ceil
+from bisect import bisect_left
+
+from odmactl.allocator.arena import Arena
+from odmactl.allocator.base import Allocation
+from odmactl.allocator.config import AllocatorConfig
+from odmactl.allocator.contiguous import ContiguousAllocator
+from odmactl.buckets import SlidingWindowRefit
+from odmactl.errors import ConfigError
+
+LARGE = "large"
+
+
+def equal_width_boundaries(max_tokens: int, num_buckets: int, granularity_tokens: int) -> tuple[int, ...]:
+    """B equal-width upper bounds over [1, max_tokens], rounded up to the granularity: the start
+    point before a refit has seen realized lengths."""
+    raw = (-(-max_tokens * (i + 1) // num_buckets) for i in range(num_buckets))
+    return tuple(sorted({min(-(-b // granularity_tokens) * granularity_tokens, max_tokens) for b in raw}))
+
+
+def large_pool_bytes(pool_bytes: int, block_bytes: int, config: AllocatorConfig) -> int:
+    """The large pool's size: whole blocks of max_model_len tokens, rounded down."""
+    wanted = config.large_pool_bytes if config.large_pool_bytes is not None else int(pool_bytes * config.large_pool_fraction)
+    if wanted > pool_bytes:
+        raise ConfigError(f"large pool of {wanted:,} bytes exceeds the {pool_bytes:,}-byte pool", key="large_pool_bytes")
+    if 0 < wanted < block_bytes:
+        raise ConfigError(
+            f"large pool of {wanted:,} bytes holds no block of max_model_len_tokens = {config.max_model_len_tokens} "
+            f"({block_bytes:,} bytes); make it larger or 0", key="large_pool_bytes")
+    return wanted // block_bytes * block_bytes
+
+
+class OdmaAllocator(ContiguousAllocator):
+    """Regions "main" (bucket blocks) then "large" (the reserved large pool, blocks of
+    max_model_len tokens). A request needs prompt + ceil(L_hat * (1 + gamma * u)) KV tokens and gets
+    the smallest bucket boundary >= that in "main"; it goes to "large" when u > tau, when it has no
+    prediction, or when the need exceeds the last boundary. Growing past the block migrates into
+    "large" (allocate, contiguous copy, release) or fails. Boundaries change only through
+    `set_boundaries` (or the sliding-window refit on release) and apply to new reservations only:
+    a live allocation keeps its block and its bucket index of the boundaries it was given.
+    """
+
+    name = "odma"
+
+    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
+        super().__init__(pool_bytes, bytes_per_token, config, arena)
+        self.large_block_bytes = self.max_tokens * bytes_per_token
+        large = large_pool_bytes(pool_bytes, self.large_block_bytes, config)
+        self._init_regions({"main": pool_bytes - large, LARGE: large})
+        self._large = self.regions[LARGE]
+        self.gamma = config.gamma
+        self.tau = config.tau
+        self.boundaries_tokens: tuple[int, ...] = ()
+        self.set_boundaries(config.boundaries_tokens or
+                            equal_width_boundaries(self.max_tokens, config.num_buckets, config.granularity_tokens))
+        self.refitter = SlidingWindowRefit(
+            window=config.refit_window, refresh_every=config.refit_every, num_buckets=config.num_buckets,
+            granularity_tokens=config.granularity_tokens, max_tokens=self.max_tokens) if config.refit else None
+        self._realized: list[int] | None = [] if config.refit else None
+        self._refit_every = config.refit_every
+        self.routed_large = 0
+        self.boundary_updates = 0
+
+    def set_boundaries(self, boundaries_tokens: tuple[int, ...] | list[int]) -> None:
+        """Replace the bucket upper bounds (KV tokens) for reservations from now on."""
+        b = tuple(int(x) for x in boundaries_tokens)
+        if not b or list(b) != sorted(set(b)) or b[0] < 1 or b[-1] > self.max_tokens:
+            raise ConfigError(f"bucket boundaries must be strictly increasing token counts in 1..{self.max_tokens}, "
+                              f"got {list(b)}", key="boundaries_tokens")
+        self.boundaries_tokens = b
+
+    def need_tokens(self, prompt_tokens: int, predicted_output_tokens: int, uncertainty: float | None) -> int:
+        """KV tokens to reserve: prompt + ceil(L_hat * (1 + gamma * u)); no u means no inflation."""
+        u = uncertainty if uncertainty is not None else 0.0
+        return prompt_tokens + ceil(predicted_output_tokens * (1.0 + self.gamma * u))
+
+    def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
+                uncertainty: float | None = None) -> Allocation | None:
+        if request_id in self._live or not 1 <= prompt_tokens <= self.max_tokens:
+            self._admit(request_id, prompt_tokens)
+        if predicted_output_tokens is not None:
+            # need_tokens(), written out (the hot path)
+            if uncertainty is None:
+                need = prompt_tokens + ceil(predicted_output_tokens)
+            elif uncertainty <= self.tau:
+                need = prompt_tokens + ceil(predicted_output_tokens * (1.0 + self.gamma * uncertainty))
+            else:
+                need = None
+            if need is not None:
+                if need < prompt_tokens:  # a negative prediction
+                    need = prompt_tokens
+                boundaries = self.boundaries_tokens
+                bucket = bisect_left(boundaries, need)
+                if bucket < len(boundaries):
+                    return self._reserve_in(self._main, "main", request_id, boundaries[bucket], prompt_tokens, bucket)
+        self.routed_large += 1
+        return self._reserve_in(self._large, LARGE, request_id, self.max_tokens, prompt_tokens, LARGE)
+
+    def extend(self, allocation: Allocation, total_tokens: int) -> bool:
+        if self._grow_in_place(allocation, total_tokens):
+            return True
+        if allocation.region == LARGE or total_tokens > self.max_tokens:
+            self.failed_extends += 1
+            return False
+        return self._migrate(allocation, LARGE, self.max_tokens, LARGE, total_tokens)
+
+    def release(self, allocation: Allocation) -> None:
+        try:  # ContiguousAllocator.release, written out
+            rid = allocation.request_id
+        except AttributeError:
+            rid = None
+        if self._live.get(rid) is not allocation:
+            self._own(allocation)
+        self.regions[allocation.region].give(allocation.offset_bytes, allocation.nbytes)
+        del self._live[rid]
+        allocation.live = False
+        self.releases += 1
+        self.reserved_bytes -= allocation.nbytes
+        realized = self._realized
+        if realized is not None:
+            realized.append(allocation.used_tokens)
+            if len(realized) >= self._refit_every:
+                self.flush_refit()
+
+    def flush_refit(self) -> None:
+        """Hand the realized lengths gathered since the last refresh to the sliding window; new
+        boundaries, if a refresh fell due, apply to reservations from now on. Release calls this
+        every `refit_every` requests, so the per-release cost is one list append."""
+        if self.refitter is None or not self._realized:
+            return
+        fresh = self.refitter.observe_many(self._realized)
+        self._realized.clear()
+        if fresh is not None and fresh != self.boundaries_tokens:
+            self.set_boundaries(fresh)
+            self.boundary_updates += 1
+
+    def policy_counters(self) -> dict[str, int]:
+        return {"routed_large": self.routed_large, "boundary_updates": self.boundary_updates,
+                "refits": self.refitter.refits if self.refitter else 0}

@@ -1,0 +1,108 @@
+"""`paged`: vLLM-style fixed-size KV blocks from a free-block queue, grown on demand."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from odmactl.allocator.arena import Arena
+from odmactl.allocator.base import Allocation, AllocatorBase, RegionStats
+from odmactl.allocator.config import AllocatorConfig
+from odmactl.errors import ConfigError
+
+
+class PagedAllocator(AllocatorBase):
+    """`num_blocks` blocks of `block_size_tokens` tokens fill the pool from offset 0; the bytes
+    after the last whole block (`tail_bytes`, less than a block) are free but never handed out.
+
+    Invariants: every block id is in exactly one place, the free queue or one live allocation's
+    `block_ids`; an allocation holds ceil(used_tokens / block_size) blocks or more. Blocks are taken
+    from the queue's front and returned to its back, as in vLLM's free-block queue, so the order
+    is deterministic. `reserve` takes the prompt's blocks; `extend` adds blocks all-or-nothing and
+    answers False when the queue runs dry (the caller preempts: vLLM recomputes the newest request).
+    """
+
+    name = "paged"
+
+    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
+        super().__init__(pool_bytes, bytes_per_token, config, arena)
+        self.block_size_tokens = config.block_size_tokens
+        self.block_bytes = self.block_size_tokens * bytes_per_token
+        self.num_blocks = pool_bytes // self.block_bytes
+        if self.num_blocks == 0:
+            raise ConfigError(f"a {pool_bytes:,}-byte pool holds no {self.block_bytes:,}-byte block", key="block_size_tokens")
+        self.tail_bytes = pool_bytes - self.num_blocks * self.block_bytes
+        self._free: deque[int] = deque(range(self.num_blocks))
+
+    def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
+                uncertainty: float | None = None) -> Allocation | None:
+        self._admit(request_id, prompt_tokens)
+        n = -(-prompt_tokens // self.block_size_tokens)
+        free = self._free
+        if n > len(free):
+            self.failed_reserves += 1
+            return None
+        blocks = [free.popleft() for _ in range(n)]
+        a = Allocation(request_id, blocks[0] * self.block_bytes, n * self.block_bytes, n * self.block_size_tokens,
+                       prompt_tokens, None, "main", blocks)
+        return self._admitted(a)
+
+    def extend(self, allocation: Allocation, total_tokens: int) -> bool:
+        self._growth(allocation, total_tokens)
+        self.extends += 1
+        extra = -(-total_tokens // self.block_size_tokens) - len(allocation.block_ids)
+        if extra > 0:
+            if extra > len(self._free) or total_tokens > self.max_tokens:
+                self.failed_extends += 1
+                return False
+            popleft = self._free.popleft
+            allocation.block_ids += [popleft() for _ in range(extra)]
+            allocation.nbytes += extra * self.block_bytes
+            allocation.capacity_tokens += extra * self.block_size_tokens
+            self.reserved_bytes += extra * self.block_bytes
+            if self.reserved_bytes > self.peak_reserved_bytes:
+                self.peak_reserved_bytes = self.reserved_bytes
+        allocation.used_tokens = total_tokens
+        return True
+
+    def release(self, allocation: Allocation) -> None:
+        self._own(allocation)
+        self._free.extend(allocation.block_ids)
+        self._forget(allocation)
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    def _ranges(self, a: Allocation) -> list[tuple[int, int]]:
+        return [(b * self.block_bytes, self.block_bytes) for b in a.block_ids]
+
+    def free_extents(self) -> list[tuple[int, int]]:
+        """Runs of consecutive free blocks as (offset, nbytes), the tail merged into the last run."""
+        out: list[list[int]] = []
+        for b in sorted(self._free):
+            if out and out[-1][0] + out[-1][1] == b * self.block_bytes:
+                out[-1][1] += self.block_bytes
+            else:
+                out.append([b * self.block_bytes, self.block_bytes])
+        if self.tail_bytes:
+            tail_start = self.num_blocks * self.block_bytes
+            if out and out[-1][0] + out[-1][1] == tail_start:
+                out[-1][1] += self.tail_bytes
+            else:
+                out.append([tail_start, self.tail_bytes])
+        return [(start, n) for start, n in out]
+
+    def _region_stats(self) -> dict[str, RegionStats]:
+        free = self.free_extents()
+        return {"main": RegionStats(pool_bytes=self.pool_bytes, reserved_bytes=self.reserved_bytes,
+                                    free_bytes=sum(n for _, n in free),
+                                    largest_free_extent_bytes=max((n for _, n in free), default=0),
+                                    free_extents=len(free))}
+
+    def _check_structures(self) -> None:
+        owned = sum(len(a.block_ids) for a in self._live.values())
+        assert len(set(self._free)) == len(self._free), "a block is in the free queue twice"
+        assert owned + len(self._free) == self.num_blocks, f"{owned} owned + {len(self._free)} free != {self.num_blocks} blocks"
+        for a in self._live.values():
+            assert a.offset_bytes == a.block_ids[0] * self.block_bytes, f"request '{a.request_id}' offset is not its first block"
+            assert a.capacity_tokens == len(a.block_ids) * self.block_size_tokens, f"request '{a.request_id}' capacity"
