@@ -70,7 +70,7 @@ class SlidingWindowRefit:
         values = np.asarray(kv_tokens, dtype=np.int64)
         if values.size and values.min() < 1:
             raise ValueError(f"KV lengths must be >= 1, got {int(values.min())}")
-        bins = -(-values // self.granularity_tokens)
+        bins = (values + (self.granularity_tokens - 1)) // self.granularity_tokens
         if bins.size and bins.max() >= self._counts.size:
             grown = np.zeros(int(bins.max()) + 1, dtype=np.int64)
             grown[: self._counts.size] = self._counts
@@ -111,9 +111,12 @@ class SlidingWindowRefit:
         else:
             self._forget_overwritten(bins.size)
         pos = self.seen % self.window
-        first = min(bins.size, self.window - pos)
-        self._ring[pos:pos + first] = bins[:first]
-        self._ring[: bins.size - first] = bins[first:]
+        if pos + bins.size <= self.window:
+            self._ring[pos:pos + bins.size] = bins
+        else:
+            first = self.window - pos
+            self._ring[pos:] = bins[:first]
+            self._ring[: bins.size - first] = bins[first:]
         self._counts += np.bincount(bins, minlength=self._counts.size)
         self.seen += bins.size
 
@@ -127,6 +130,8 @@ class SlidingWindowRefit:
             old = self._ring[:drop]
         else:
             pos = self.seen % self.window
-            first = min(drop, self.window - pos)
-            old = np.concatenate([self._ring[pos:pos + first], self._ring[: drop - first]])
+            if pos + drop <= self.window:
+                old = self._ring[pos:pos + drop]
+            else:
+                old = np.concatenate([self._ring[pos:], self._ring[: pos + drop - self.window]])
         self._counts -= np.bincount(old, minlength=self._counts.size)

@@ -54,3 +54,28 @@ def test_histogram_boundaries_equal_the_sorted_quantiles() -> None:
         values = rng.lognormal(6, 1.2, 3 * window).astype(int) + 1
         out = refit.observe_many(values)
         assert out == quantile_boundaries(values[-window:], b, granularity_tokens=g, max_tokens=6000)
+
+
+def test_refit_follows_a_real_distribution_shift(shared_traces) -> None:
+    """Azure conv traffic, then Azure code traffic (real KV lengths: context + generated). The first
+    refresh after the switch already moves the boundaries toward the new distribution; once a whole
+    window of the new traffic has been seen they are exactly its quantiles (issue 4, acceptance 4)."""
+    import polars as pl
+
+    def kv(name: str) -> np.ndarray:
+        f = pl.read_csv(shared_traces / name)
+        return (f["ContextTokens"] + f["GeneratedTokens"]).to_numpy()
+
+    conv, code = kv("AzureLLMInferenceTrace_conv.csv.gz"), kv("AzureLLMInferenceTrace_code.csv.gz")
+    refit = SlidingWindowRefit(window=2000, refresh_every=200, num_buckets=4, max_tokens=16384)
+    before = refit.observe_many(conv[:6000])
+    assert before == quantile_boundaries(conv[4000:6000], 4, max_tokens=16384)
+    first = refit.observe_many(code[:200])  # one refresh period into the new traffic
+    target = quantile_boundaries(code[:2000], 4, max_tokens=16384)
+    assert first != before
+    # the boundary the shift moves most (here the 75th percentile: 1536 -> 2784 tokens) responds at
+    # the first refresh; the top one is the window's maximum and waits for the old maximum to leave
+    k = max(range(len(before) - 1), key=lambda i: abs(target[i] - before[i]))
+    assert abs(target[k] - first[k]) < abs(target[k] - before[k])
+    after = refit.observe_many(code[200:2000])  # a whole window of the new traffic
+    assert after == target

@@ -3,6 +3,8 @@ regions of free extents, release with coalescing, and migration by allocate-copy
 
 from __future__ import annotations
 
+from array import array
+
 from odmactl.allocator.base import Allocation, AllocatorBase, RegionStats
 from odmactl.allocator.extents import FreeExtents
 
@@ -22,6 +24,8 @@ class ContiguousAllocator(AllocatorBase):
             base += size
         assert base == self.pool_bytes
         self._main = self.regions["main"]
+        self._realized: array | None = None  # see _consume_realized
+        self._realized_batch = 0
 
     def _place(self, region: str, request_id: str, capacity_tokens: int, used_tokens: int,
                bucket: int | str | None) -> Allocation | None:
@@ -86,6 +90,17 @@ class ContiguousAllocator(AllocatorBase):
         allocation.live = False
         self.releases += 1
         self.reserved_bytes -= allocation.nbytes
+        realized = self._realized
+        if realized is not None:
+            realized.append(allocation.used_tokens)
+            if len(realized) >= self._realized_batch:
+                self._consume_realized()
+
+    def _consume_realized(self) -> None:
+        """Policies that learn from realized KV lengths set `_realized` to an array('q') and
+        `_realized_batch`; release appends each finished request's length and calls this when a
+        batch is full (the per-release cost is one append)."""
+        raise NotImplementedError
 
     def _ranges(self, a: Allocation) -> list[tuple[int, int]]:
         return [(a.offset_bytes, a.nbytes)]

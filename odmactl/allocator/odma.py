@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from math import ceil
+from array import array
 from bisect import bisect_left
+from math import ceil
+
+import numpy as np
 
 from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation
@@ -60,8 +63,10 @@ class OdmaAllocator(ContiguousAllocator):
         self.refitter = SlidingWindowRefit(
             window=config.refit_window, refresh_every=config.refit_every, num_buckets=config.num_buckets,
             granularity_tokens=config.granularity_tokens, max_tokens=self.max_tokens) if config.refit else None
-        self._realized: list[int] | None = [] if config.refit else None
-        self._refit_every = config.refit_every
+        # realized KV lengths since the last refresh; array('q') appends as cheaply as a list and
+        # hands numpy its buffer without a copy
+        self._realized = array("q") if config.refit else None
+        self._realized_batch = config.refit_every
         self.routed_large = 0
         self.boundary_updates = 0
 
@@ -95,7 +100,7 @@ class OdmaAllocator(ContiguousAllocator):
                     need = prompt_tokens
                 boundaries = self.boundaries_tokens
                 bucket = bisect_left(boundaries, need)
-                if bucket < len(boundaries):
+                if need <= boundaries[-1]:
                     return self._reserve_in(self._main, "main", request_id, boundaries[bucket], prompt_tokens, bucket)
         self.routed_large += 1
         return self._reserve_in(self._large, LARGE, request_id, self.max_tokens, prompt_tokens, LARGE)
@@ -108,32 +113,18 @@ class OdmaAllocator(ContiguousAllocator):
             return False
         return self._migrate(allocation, LARGE, self.max_tokens, LARGE, total_tokens)
 
-    def release(self, allocation: Allocation) -> None:
-        try:  # ContiguousAllocator.release, written out
-            rid = allocation.request_id
-        except AttributeError:
-            rid = None
-        if self._live.get(rid) is not allocation:
-            self._own(allocation)
-        self.regions[allocation.region].give(allocation.offset_bytes, allocation.nbytes)
-        del self._live[rid]
-        allocation.live = False
-        self.releases += 1
-        self.reserved_bytes -= allocation.nbytes
-        realized = self._realized
-        if realized is not None:
-            realized.append(allocation.used_tokens)
-            if len(realized) >= self._refit_every:
-                self.flush_refit()
+    def _consume_realized(self) -> None:
+        self.flush_refit()
 
     def flush_refit(self) -> None:
         """Hand the realized lengths gathered since the last refresh to the sliding window; new
         boundaries, if a refresh fell due, apply to reservations from now on. Release calls this
-        every `refit_every` requests, so the per-release cost is one list append."""
+        every `refit_every` requests (ContiguousAllocator.release), so the per-release cost is one
+        append."""
         if self.refitter is None or not self._realized:
             return
-        fresh = self.refitter.observe_many(self._realized)
-        self._realized.clear()
+        fresh = self.refitter.observe_many(np.frombuffer(self._realized, dtype=np.int64))
+        del self._realized[:]
         if fresh is not None and fresh != self.boundaries_tokens:
             self.set_boundaries(fresh)
             self.boundary_updates += 1
