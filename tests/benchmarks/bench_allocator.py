@@ -6,8 +6,11 @@ Run:  python tests/benchmarks/bench_allocator.py [--requests 100000] [--live 256
 Virtual arena, DeepSeek-R1-Distill-Qwen-7B geometry (57,344 KV bytes per token, fp16) and a KV pool
 of 8 GiB (an MLU370-X4's 24 GB less the 15.2 GB of fp16 weights leaves about that). Sizes are the
 real (prompt, output) pairs of the Azure conv trace (../shared, else the shipped sample), drawn with
-a fixed seed per repeat. Regime "pairs" (the default, the issue's measure): after the first
-`--live` requests fill the pool, each step releases a random live request and reserves the next;
+a fixed seed per repeat. Before a request is released its KV is grown to its real length
+(prompt + output) with `extend`, as decoding would: so ODMA refits from realized lengths and
+migrates when the prediction was short, and paged takes its decode blocks. Regime "pairs" (the
+default, the issue's measure): after the first `--live` requests fill the pool, each step
+releases a random live request and reserves the next;
 a reserve that answers None counts as an operation and turns that request away, so the live set
 settles at what the pool holds and every reserve sees the fragmentation earlier ones left.
 Regime "full" is the harsh case: the pool is kept full and a reserve that answers None is retried
@@ -18,9 +21,10 @@ start from the trace's quantiles and the sliding-window refit runs as in product
 Throughput is measured on an untimed loop (operations = reserve calls, failed ones included, plus
 release calls; for `paged` a block taken or returned counts as one operation); latency on a second
 loop timing each call with perf_counter_ns (for `paged` also per block: the call's time divided by
-its blocks). "ops/s wall" divides by the whole loop's time, the harness's own bookkeeping (picking
-victims, list updates) included; "in calls" divides by the time spent inside reserve and release
-alone: the timed calls' sum less the calibrated cost of the timer pair around each. Policies run
+its blocks; extend calls are timed and reported apart, not counted as operations). "ops/s wall"
+divides by the whole loop's time, the extends and the harness's own bookkeeping (picking victims,
+list updates) included; "in calls" divides by the time spent inside reserve and release alone:
+the timed calls' sum less the calibrated cost of the timer pair around each. Policies run
 interleaved, `--repeat` times; figures are medians over the repeats, with the best repeat's
 throughput beside them (the timeit convention: this shared machine's speed drifts by a third
 between minutes, and the best run is the one least disturbed).
@@ -91,12 +95,14 @@ def steady_state(policy: str, requests: int, live: int, *, timed: bool, seed: in
     draws = np.random.default_rng(seed).random(4 * requests + 64).tolist()  # more than any run uses
     prompts, preds, us = prompt.tolist(), predicted.tolist(), u.tolist()
     ids = [f"r{i}" for i in range(requests)]
-    reserve, release = alloc.reserve, alloc.release
+    final_tokens = dict(zip(ids, (prompt + output).tolist()))  # what each request's KV grows to
+    reserve, release, extend = alloc.reserve, alloc.release, alloc.extend
     paged = policy == "paged"
     held: list = []
     ops = d = 0
     lat_reserve: list[int] = []
     lat_release: list[int] = []
+    lat_extend: list[int] = []
     per_block: list[float] = []
     clock = time.perf_counter_ns
 
@@ -107,6 +113,9 @@ def steady_state(policy: str, requests: int, live: int, *, timed: bool, seed: in
         victim = held[j]
         held[j] = held[-1]
         held.pop()
+        s = clock()
+        extend(victim, final_tokens[victim.request_id])  # decode grew the KV (False: preempted)
+        lat_extend.append(clock() - s)
         n = len(victim.block_ids) if paged else 1
         s = clock()
         release(victim)
@@ -128,6 +137,7 @@ def steady_state(policy: str, requests: int, live: int, *, timed: bool, seed: in
                     victim = held[j]
                     held[j] = held[-1]
                     held.pop()
+                    extend(victim, final_tokens[victim.request_id])
                     ops += len(victim.block_ids) if paged else 1
                     release(victim)
                     if not pairs and len(held) >= live:
@@ -168,7 +178,8 @@ def steady_state(policy: str, requests: int, live: int, *, timed: bool, seed: in
     alloc.check_invariants()
     st = alloc.stats()
     out = {"ops": ops, "wall_s": wall, "ops_per_s": ops / wall, "failed_reserves": st.failed_reserves,
-           "live_at_end": st.live_allocations, "fragmentation_ratio_at_end": round(st.fragmentation_ratio, 4)}
+           "live_at_end": st.live_allocations, "fragmentation_ratio_at_end": round(st.fragmentation_ratio, 4),
+           "migrations": st.migrations, "failed_extends": st.failed_extends}
     if timed:
         both = np.array(lat_reserve + lat_release) / 1000
         call_s = max(both.sum() / 1e6 - both.size * timer_overhead_ns() / 1e9, 1e-9)
@@ -178,6 +189,8 @@ def steady_state(policy: str, requests: int, live: int, *, timed: bool, seed: in
             "p50_us": float(np.percentile(both, 50)), "p99_us": float(np.percentile(both, 99)),
             "reserve_p99_us": float(np.percentile(np.array(lat_reserve) / 1000, 99)),
             "release_p99_us": float(np.percentile(np.array(lat_release) / 1000, 99)),
+            "extend_p50_us": float(np.percentile(np.array(lat_extend) / 1000, 50)),
+            "extend_p99_us": float(np.percentile(np.array(lat_extend) / 1000, 99)),
         })
         if paged:
             pb = np.array(per_block) / 1000
@@ -209,7 +222,8 @@ def main() -> None:
         results[policy]["best_ops_per_s"] = max(r["ops_per_s"] for r in rs)
         results[policy]["best_ops_per_s_in_calls"] = max(r["ops_per_s_in_calls"] for r in rs)
         results[policy]["ops_per_s_runs"] = [round(r["ops_per_s"]) for r in rs]
-        results[policy].update({k: rs[0][k] for k in ("failed_reserves", "live_at_end", "fragmentation_ratio_at_end")})
+        results[policy].update({k: rs[0][k] for k in ("failed_reserves", "live_at_end", "fragmentation_ratio_at_end",
+                                                      "migrations", "failed_extends")})
     summary = {"regime": args.regime, "requests": args.requests, "live": args.live, "repeat": args.repeat, "pool_bytes": POOL_BYTES,
                "bytes_per_token": BYTES_PER_TOKEN, "max_model_len_tokens": MAX_LEN_TOKENS,
                "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} {platform.python_version()}",
@@ -224,7 +238,8 @@ def main() -> None:
         print(f"  {policy:7s} {r['ops_per_s'] / 1e3:6.0f} k ops/s wall, {r['ops_per_s_in_calls'] / 1e3:6.0f} k in calls"
               f" (best {r['best_ops_per_s'] / 1e3:.0f} / {r['best_ops_per_s_in_calls'] / 1e3:.0f} k)"
               f"  p50 {r['p50_us']:.2f} us  p99 {r['p99_us']:.2f} us"
-              f"  (reserve p99 {r['reserve_p99_us']:.2f}, release p99 {r['release_p99_us']:.2f}){extra}")
+              f"  (reserve p99 {r['reserve_p99_us']:.2f}, release p99 {r['release_p99_us']:.2f}){extra}"
+              f"  extend p50/p99 {r['extend_p50_us']:.2f}/{r['extend_p99_us']:.2f} us, {r['migrations']} migrations")
 
 
 if __name__ == "__main__":
