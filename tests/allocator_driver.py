@@ -87,6 +87,8 @@ class Driver:
             self.alloc.release(a)
             assert not a.live
             del self.written[a.request_id]
+            if getattr(self.alloc, "refit_due", False):  # odma with refit_mode = "deferred"
+                self.alloc.flush_refit()
         self.alloc.check_invariants()
         self.verify_bytes()
 

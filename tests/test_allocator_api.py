@@ -158,3 +158,24 @@ def test_stats_track_usage() -> None:
     assert s.reserved_bytes == 256 * BPT and s.used_bytes == 120 * BPT and s.live_allocations == 1
     assert s.reserved_bytes + s.free_bytes == POOL and s.peak_reserved_bytes == 256 * BPT
     assert s.to_dict()["regions"]["large"]["pool_bytes"] == alloc.regions["large"].size_bytes
+
+
+def test_deferred_refit_waits_for_the_caller_and_matches_inline() -> None:
+    base = {"max_model_len_tokens": 4096, "refit_window": 100, "refit_every": 50, "granularity_tokens": 16}
+    inline = make_allocator("odma", 64 << 20, BPT, base)
+    deferred = make_allocator("odma", 64 << 20, BPT, {**base, "refit_mode": "deferred"})
+    lengths = np.random.default_rng(4).integers(50, 900, 120)
+    for i, n in enumerate(lengths):
+        for alloc in (inline, deferred):
+            a = alloc.reserve(f"r{i}", 10, int(n), 0.0)
+            assert a is not None and alloc.extend(a, int(n))
+            alloc.release(a)
+        if i == 49:  # the batch is complete: inline has refit inside release, deferred only says so
+            assert deferred.refit_due and deferred.boundaries_tokens == (1024, 2048, 3072, 4096)
+            assert inline.boundaries_tokens != deferred.boundaries_tokens
+        if deferred.refit_due:
+            deferred.flush_refit()
+        assert not deferred.refit_due and deferred.boundaries_tokens == inline.boundaries_tokens
+    assert deferred.stats().policy_counters == inline.stats().policy_counters
+    with pytest.raises(ConfigError, match="key 'refit_mode'"):
+        AllocatorConfig.from_mapping({"refit_mode": "sometimes"})

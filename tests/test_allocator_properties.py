@@ -24,7 +24,10 @@ operation = st.tuples(
 )
 
 
-VARIANTS = {"static (prompt + max_new_tokens slots)": ("static", {"static_slot": "prompt_plus_max_new", "max_new_tokens": 120})}
+VARIANTS = {
+    "static (prompt + max_new_tokens slots)": ("static", {"static_slot": "prompt_plus_max_new", "max_new_tokens": 120}),
+    "odma (deferred refit)": ("odma", {"refit_mode": "deferred"}),
+}
 
 
 @pytest.mark.parametrize("arena", ["virtual", "torch"])

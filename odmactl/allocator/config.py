@@ -10,6 +10,7 @@ from pathlib import Path
 from odmactl.errors import ConfigError
 
 STATIC_SLOTS = ("max_model_len", "prompt_plus_max_new")
+REFIT_MODES = ("inline", "deferred")
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,9 @@ class AllocatorConfig:
     strictly increasing; empty means B equal-width buckets over `max_model_len_tokens` until the
     first refit. The large pool is `large_pool_bytes`, or `large_pool_fraction` of the pool when
     that is None; each large-pool block holds `max_model_len_tokens` so it never overflows.
+    `refit_mode` "inline" refreshes ODMA's boundaries inside the release that completes a batch of
+    `refit_every`; "deferred" only raises `refit_due` there and leaves `flush_refit()` to the caller,
+    off the reserve/release path (the papers run it on a background thread).
     """
 
     max_model_len_tokens: int = 4096
@@ -39,6 +43,7 @@ class AllocatorConfig:
     large_pool_fraction: float = 0.1
     granularity_tokens: int = 16
     refit: bool = True
+    refit_mode: str = "inline"
     refit_window: int = 10_000
     refit_every: int = 1_000
 
@@ -53,6 +58,8 @@ class AllocatorConfig:
             raise ConfigError(f"expected one of {', '.join(STATIC_SLOTS)}, got {self.static_slot!r}", key="static_slot")
         if self.static_slot == "prompt_plus_max_new" and not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
             raise ConfigError("static_slot = 'prompt_plus_max_new' needs max_new_tokens >= 1", key="max_new_tokens")
+        if self.refit_mode not in REFIT_MODES:
+            raise ConfigError(f"expected one of {', '.join(REFIT_MODES)}, got {self.refit_mode!r}", key="refit_mode")
         if not (self.gamma >= 0):
             raise ConfigError(f"expected gamma >= 0, got {self.gamma!r}", key="gamma")
         if not (self.tau >= 0):

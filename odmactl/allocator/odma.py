@@ -67,6 +67,8 @@ class OdmaAllocator(ContiguousAllocator):
         # hands numpy its buffer without a copy
         self._realized = array("q") if config.refit else None
         self._realized_batch = config.refit_every
+        self._deferred = config.refit_mode == "deferred"
+        self.refit_due = False  # deferred mode: a batch is complete and flush_refit() should run
         self.routed_large = 0
         self.boundary_updates = 0
 
@@ -114,13 +116,18 @@ class OdmaAllocator(ContiguousAllocator):
         return self._migrate(allocation, LARGE, self.max_tokens, LARGE, total_tokens)
 
     def _consume_realized(self) -> None:
-        self.flush_refit()
+        if self._deferred:
+            self.refit_due = True
+        else:
+            self.flush_refit()
 
     def flush_refit(self) -> None:
-        """Hand the realized lengths gathered since the last refresh to the sliding window; new
-        boundaries, if a refresh fell due, apply to reservations from now on. Release calls this
-        every `refit_every` requests (ContiguousAllocator.release), so the per-release cost is one
-        append."""
+        """Hand the realized lengths gathered since the last call to the sliding window; new
+        boundaries, if a refresh fell due among them, apply to reservations from now on. Inline
+        mode calls this from the release that completes each batch of `refit_every`; in deferred
+        mode the caller runs it when `refit_due` (the result is the same as inline as long as it
+        runs before the next reservation)."""
+        self.refit_due = False
         if self.refitter is None or not self._realized:
             return
         fresh = self.refitter.observe_many(np.frombuffer(self._realized, dtype=np.int64))
