@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 
 import numpy as np
 
@@ -27,8 +28,6 @@ def quantile_boundaries(kv_tokens: np.ndarray, num_buckets: int, *, granularity_
 
 def bucket_of(boundaries_tokens: tuple[int, ...], need_tokens: int) -> int | None:
     """Index of the smallest boundary >= need_tokens, or None when it exceeds the last one."""
-    from bisect import bisect_left
-
     i = bisect_left(boundaries_tokens, need_tokens)
     return i if i < len(boundaries_tokens) else None
 

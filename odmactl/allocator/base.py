@@ -56,6 +56,13 @@ class RegionStats:
     largest_free_extent_bytes: int
     free_extents: int
 
+    @classmethod
+    def of(cls, pool_bytes: int, free: list[tuple[int, int]]) -> RegionStats:
+        """From a region's size and its free (start, nbytes) extents, touching pieces merged."""
+        free_bytes = sum(n for _, n in free)
+        return cls(pool_bytes=pool_bytes, reserved_bytes=pool_bytes - free_bytes, free_bytes=free_bytes,
+                   largest_free_extent_bytes=max((n for _, n in free), default=0), free_extents=len(free))
+
 
 @dataclass(frozen=True)
 class AllocatorStats:

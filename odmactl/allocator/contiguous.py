@@ -112,12 +112,7 @@ class ContiguousAllocator(AllocatorBase):
         return out
 
     def _region_stats(self) -> dict[str, RegionStats]:
-        return {
-            name: RegionStats(pool_bytes=r.size_bytes, reserved_bytes=r.size_bytes - r.free_bytes,
-                              free_bytes=r.free_bytes, largest_free_extent_bytes=r.largest_bytes,
-                              free_extents=r.count)
-            for name, r in self.regions.items()
-        }
+        return {name: RegionStats.of(r.size_bytes, r.extents()) for name, r in self.regions.items()}
 
     def _check_structures(self) -> None:
         for name, region in self.regions.items():

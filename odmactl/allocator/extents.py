@@ -103,14 +103,6 @@ class FreeExtents:
                 out.append([start, n])
         return [(start, n) for start, n in out]
 
-    @property
-    def largest_bytes(self) -> int:
-        return max((n for _, n in self.extents()), default=0)
-
-    @property
-    def count(self) -> int:
-        return len(self.extents())
-
     def check(self) -> None:
         """Raise AssertionError if an invariant of the class docstring does not hold."""
         coalesced = sorted(self._size_at.items())

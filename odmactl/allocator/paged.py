@@ -93,11 +93,7 @@ class PagedAllocator(AllocatorBase):
         return [(start, n) for start, n in out]
 
     def _region_stats(self) -> dict[str, RegionStats]:
-        free = self.free_extents()
-        return {"main": RegionStats(pool_bytes=self.pool_bytes, reserved_bytes=self.reserved_bytes,
-                                    free_bytes=sum(n for _, n in free),
-                                    largest_free_extent_bytes=max((n for _, n in free), default=0),
-                                    free_extents=len(free))}
+        return {"main": RegionStats.of(self.pool_bytes, self.free_extents())}
 
     def _check_structures(self) -> None:
         owned = sum(len(a.block_ids) for a in self._live.values())

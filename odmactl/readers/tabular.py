@@ -9,6 +9,7 @@ import polars as pl
 
 from odmactl.errors import TraceError
 from odmactl.readers.common import (
+    TimestampPlan,
     csv_header,
     fill_iso_arrivals,
     numeric,
@@ -16,7 +17,6 @@ from odmactl.readers.common import (
     require_file,
     scan_csv,
     scan_jsonl,
-    TimestampPlan,
     timestamp_seconds,
 )
 from odmactl.readers.options import ReadOptions
