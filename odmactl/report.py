@@ -92,3 +92,38 @@ def render_stats(console: Console, path: str, stats: dict) -> None:
         console.print(_breakdown_table("by tenant", stats["by_tenant"], "tenant"))
     if stats["drift"]:
         console.print(_drift_table(stats))
+
+
+def render_fit(console: Console, out_dir: str, summary: dict, seconds: float) -> None:
+    ev = summary["evaluation"]
+    split = summary["split"]
+    console.print(f"predictor ({summary['family']}, {summary['mode']} heads) -> {out_dir}: trained on "
+                  f"{split['train_rows']:,} rows in {seconds:,.1f} s ({summary['training']['epochs']} epochs); "
+                  f"held out {split['test_rows']:,} rows by {split['by']}")
+    table = Table(title="held-out evaluation", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [("kendall_tau", ev["kendall_tau"]), ("mae_tokens", ev["mae_tokens"]),
+            ("bucket_accuracy (fitted buckets)", ev["bucket_accuracy"]),
+            (f"bucket_accuracy_s3 ({ev['s3_bucket_width_tokens']:g}-token buckets)", ev["bucket_accuracy_s3"]),
+            (f"under_rate (gamma {ev['gamma']:g}, tau {ev['tau']:g})", ev["under_rate"]),
+            ("reserved_over_actual", ev["reserved_over_actual"]), ("kv_utilization", ev["kv_utilization"]),
+            ("routed_large_rate", ev["routed_large_rate"])]
+    for name, value in rows:
+        table.add_row(name, f"{value:.4f}")
+    console.print(table)
+    console.print(f"buckets (KV tokens): {summary['buckets']['boundaries_tokens']}")
+    curve = Table(title="trade-off over gamma (tau fixed)", title_justify="left")
+    for col in ("gamma", "under_rate", "reserved/actual", "kv_utilization", "routed large"):
+        curve.add_column(col, justify="right")
+    for c in ev["gamma_curve"]:
+        curve.add_row(f"{c['gamma']:g}", f"{c['under_rate']:.4f}", f"{c['reserved_over_actual']:.3f}",
+                      f"{c['kv_utilization']:.3f}", f"{c['routed_large_rate']:.3f}")
+    console.print(curve)
+    dec = Table(title="under_rate by u decile (unhedged: the fitted bucket of prompt + L_hat)", title_justify="left")
+    for col in ("decile", "u range", "rows", "under_rate unhedged", "under_rate"):
+        dec.add_column(col, justify="right")
+    for d in ev["u_deciles"]:
+        dec.add_row(str(d["decile"]), f"{d['u_min']:.3f}-{d['u_max']:.3f}", f"{d['rows']:,}",
+                    f"{d['under_rate_unhedged']:.4f}", f"{d['under_rate']:.4f}")
+    console.print(dec)
