@@ -25,12 +25,18 @@ WEIGHTS = "weights.safetensors"
 MANIFEST = "predictor.toml"
 
 
-def file_sha256(path: Path) -> str:
+def files_sha256(paths: list[Path]) -> str:
+    """SHA-256 of the files' contents, one after another, read in 1 MiB blocks."""
     digest = hashlib.sha256()
-    with Path(path).open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
+    for path in paths:
+        with Path(path).open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
     return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    return files_sha256([path])
 
 
 def _drop_none(value):

@@ -7,13 +7,13 @@ pooling of MiniLM-style encoders). Each distinct prompt text is encoded once per
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import polars as pl
 
+from odmactl.artifact import files_sha256
 from odmactl.errors import PredictorError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -21,14 +21,8 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 def encoder_fingerprint(directory: Path) -> str:
     """SHA-256 of the encoder's config.json and weights: an artifact names the exact encoder it used."""
-    digest = hashlib.sha256()
-    for name in ("config.json", *WEIGHT_FILES):
-        path = Path(directory) / name
-        if path.is_file():
-            with path.open("rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(block)
-    return digest.hexdigest()
+    paths = [Path(directory) / name for name in ("config.json", *WEIGHT_FILES)]
+    return files_sha256([p for p in paths if p.is_file()])
 
 
 class TextEncoder:

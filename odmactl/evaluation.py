@@ -26,14 +26,19 @@ class EvalSettings:
     s3_num_buckets: int = 10
 
 
-def reservation_metrics(prompt: np.ndarray, actual: np.ndarray, l_hat: np.ndarray, u: np.ndarray,
+def _reserve(prompt: np.ndarray, l_hat: np.ndarray, u: np.ndarray, s: EvalSettings, *, gamma: float,
+             tau: float) -> tuple[np.ndarray, np.ndarray]:
+    return reserved_kv_tokens(prompt, l_hat, u, s.boundaries_tokens, gamma=gamma, tau=tau,
+                              max_tokens=s.max_model_len_tokens)
+
+
+def reservation_metrics(prompt: np.ndarray, actual: np.ndarray, reserved: np.ndarray, large: np.ndarray,
                         s: EvalSettings, *, gamma: float, tau: float) -> dict:
-    """For one (gamma, tau): under_rate (realized KV > the KV reserved at admission), and from the
-    reservation each request ends with (an overflow migrates to a large-pool block of
-    max_model_len tokens) the mean reserved/actual KV per request and kv_utilization (sum actual /
-    sum reserved); plus the share routed to the large pool at admission."""
-    reserved, large = reserved_kv_tokens(prompt, l_hat, u, s.boundaries_tokens, gamma=gamma, tau=tau,
-                                         max_tokens=s.max_model_len_tokens)
+    """For one (gamma, tau) and the reservation it gives (`_reserve`): under_rate (realized KV >
+    the KV reserved at admission), and from the reservation each request ends with (an overflow
+    migrates to a large-pool block of max_model_len tokens) the mean reserved/actual KV per request
+    and kv_utilization (sum actual / sum reserved); plus the share routed to the large pool at
+    admission."""
     actual_kv = prompt + actual
     under = actual_kv > reserved
     final = np.where(under, s.max_model_len_tokens, reserved)  # an overflow migrates to the large pool
@@ -62,15 +67,14 @@ def evaluate_predictions(prompt_tokens: np.ndarray, output_tokens: np.ndarray, l
     fit_true = np.searchsorted(bounds, prompt + actual, side="left")
     tau_b = kendalltau(l_hat, actual).statistic if np.unique(l_hat).size > 1 else 0.0
 
-    main = reservation_metrics(prompt, actual, l_hat, u, s, gamma=s.gamma, tau=s.tau)
-    curve = [reservation_metrics(prompt, actual, l_hat, u, s, gamma=g, tau=s.tau) for g in GAMMA_CURVE]
+    hedged, large = _reserve(prompt, l_hat, u, s, gamma=s.gamma, tau=s.tau)
+    main = reservation_metrics(prompt, actual, hedged, large, s, gamma=s.gamma, tau=s.tau)
+    curve = [reservation_metrics(prompt, actual, *_reserve(prompt, l_hat, u, s, gamma=g, tau=s.tau), s,
+                                 gamma=g, tau=s.tau) for g in GAMMA_CURVE]
 
     # u deciles: does u mean what it says? The reservation without inflation or routing (the
     # fitted bucket of prompt + L_hat) should fail more often where u is higher.
-    no_hedge, _ = reserved_kv_tokens(prompt, l_hat, u, s.boundaries_tokens, gamma=0.0, tau=np.inf,
-                                     max_tokens=s.max_model_len_tokens)
-    hedged, _ = reserved_kv_tokens(prompt, l_hat, u, s.boundaries_tokens, gamma=s.gamma, tau=s.tau,
-                                   max_tokens=s.max_model_len_tokens)
+    no_hedge, _ = _reserve(prompt, l_hat, u, s, gamma=0.0, tau=np.inf)
     order = np.argsort(u, kind="stable")
     deciles = []
     for d, rows in enumerate(np.array_split(order, NUM_DECILES)):

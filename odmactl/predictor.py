@@ -24,8 +24,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -34,7 +33,6 @@ import polars as pl
 import torch
 from torch import nn
 
-from odmactl import __version__
 from odmactl.buckets import equal_width_classes
 from odmactl.evaluation import EvalSettings, evaluate_predictions
 from odmactl.features import HashedText, build_vocabulary, encode_ids, hash_ngrams, log_prompt_tokens
@@ -154,7 +152,6 @@ class LengthPredictor:
         from odmactl.splits import split_trace
 
         assert settings.family in FAMILIES and settings.mode in MODES
-        started = time.perf_counter()
         encoder = _open_encoder(settings, encoder_dir)
         prompt = frame["prompt_tokens"].to_numpy().astype(np.int64)
         output = frame["output_tokens"].to_numpy().astype(np.int64)
@@ -183,7 +180,6 @@ class LengthPredictor:
         model.state.entropy_quantiles = [float(q) for q in np.quantile(model._raw(feats, rows)[1], U_LEVELS)]
         model.state.training = {"rows": int(frame.height), "epochs": epochs,
                                 "training_data_sha256": training_data_sha256(frame), "seed": seed}
-        model.fit_seconds = time.perf_counter() - started
         return model
 
     def _classes(self, output: np.ndarray) -> np.ndarray:
@@ -293,9 +289,6 @@ class LengthPredictor:
         from odmactl.artifact import read_artifact
 
         return read_artifact(Path(directory), encoder_dir=encoder_dir)
-
-    def describe(self) -> dict:
-        return {"family": self.settings.family, "mode": self.settings.mode, "settings": asdict(self.settings)}
 
 
 def _class_edges(output: np.ndarray, num_classes: int) -> list[int]:
