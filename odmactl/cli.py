@@ -175,6 +175,99 @@ def fit(
         render_fit(out, str(out_dir), outcome.summary, seconds)
 
 
+profiles_app = typer.Typer(help="List and show device and model profiles.", no_args_is_help=True)
+app.add_typer(profiles_app, name="profiles")
+
+
+@profiles_app.command("list")
+def profiles_list(
+    json_out: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
+) -> None:
+    """The shipped (and measured) device profiles and model configs."""
+    from odmactl.profiles import device_paths, model_dirs, read_device, read_model
+    from odmactl.report import device_summary, model_summary, render_profiles_list, to_json
+
+    devices = [device_summary(read_device(p), []) for p in device_paths()]
+    models = [model_summary(read_model(p)) for p in model_dirs()]
+    if json_out:
+        print(to_json({"devices": devices, "models": models}))
+    else:
+        render_profiles_list(out, devices, models)
+
+
+@profiles_app.command("show")
+def profiles_show(
+    name: Annotated[str, typer.Argument(help="a device or model name, a device TOML, or a local HF model directory")],
+    kv_dtype: Annotated[str, typer.Option(help="KV precision for the KV pool figures: fp16, bf16, fp8, int8, int4, oaken")] = "fp16",
+    json_out: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
+) -> None:
+    """One profile with its derived quantities (usable memory, KV pool per model, KV bytes per token)."""
+    from odmactl.errors import ProfileError
+    from odmactl.profiles import load_device, load_model, model_dirs, read_model
+    from odmactl.report import device_summary, model_summary, render_device, render_model, to_json
+
+    as_path = Path(name)
+    is_model = as_path.is_dir() or (not as_path.suffix == ".toml" and
+                                    any(p.name.lower() == name.lower() for p in model_dirs()))
+    if is_model:
+        summary = model_summary(load_model(name, kv_dtype=kv_dtype))
+        render = render_model
+    else:
+        try:
+            device = load_device(name)
+        except ProfileError as exc:
+            if exc.file is None:
+                raise ProfileError(f"'{name}' is neither a device nor a model profile",
+                                   hint="`odmactl profiles list` shows the shipped ones") from None
+            raise
+        models = [read_model(p, kv_dtype=kv_dtype) for p in model_dirs()]
+        summary = device_summary(device, models)
+        render = render_device
+    if json_out:
+        print(to_json(summary))
+    else:
+        render(out, summary)
+
+
+@app.command()
+def calibrate(
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="device profile TOML to write")],
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mlu")] = "auto",
+    quick: Annotated[bool, typer.Option(help="smaller buffers and fewer repeats (about a minute on a CPU)")] = False,
+    seed: Annotated[int, typer.Option(help="seed for the random run offsets and block placement")] = 0,
+    force: Annotated[bool, typer.Option(help="replace --out if it exists")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print the profile as JSON")] = False,
+) -> None:
+    """Measure this machine with torch (bandwidth by run length, copy, matmul, paged attention) into a profile."""
+    import datetime as dt
+    import time
+
+    import tomli_w
+
+    from odmactl.atomic import atomic_output, check_writable
+    from odmactl.calibrate import CalibrationSettings, measure, profile_document, resolve_device
+    from odmactl.profiles import read_device
+    from odmactl.report import render_calibration, to_json
+
+    check_writable(out_path, force=force)
+    resolved = resolve_device(device)
+    settings = CalibrationSettings.for_device(resolved, quick, seed)
+    command = f"odmactl calibrate --device {device}{' --quick' if quick else ''} --out {out_path}"
+    started = time.perf_counter()
+    with progress_bar(not json_out and err.is_terminal) as progress:
+        results = measure(settings, progress)
+    seconds = time.perf_counter() - started
+    doc = profile_document(results, settings, command, dt.datetime.now(dt.timezone.utc))
+    header = "# Measured by odmactl calibrate; see [measurement] for when, where and how.\n"
+    with atomic_output(out_path, force=force) as tmp:
+        tmp.write_text(header + tomli_w.dumps(doc), encoding="utf-8")
+        read_device(tmp)  # what we write must read back as a valid profile
+    if json_out:
+        print(to_json({"out": str(out_path), "seconds": round(seconds, 3), **doc}))
+    else:
+        render_calibration(out, str(out_path), doc, seconds)
+
+
 @app.command()
 def version() -> None:
     """Print the odmactl version."""
