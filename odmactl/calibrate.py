@@ -219,7 +219,7 @@ def _attention_check(torch, timer: _Timer, dev, s: CalibrationSettings, gen) -> 
     q = torch.randn(b, h, 1, d, device=dev, dtype=dtype)
     k = torch.randn(b, h, ctx, d, device=dev, dtype=dtype)
     v = torch.randn(b, h, ctx, d, device=dev, dtype=dtype)
-    # paged pools, one per head: [h, num_blocks, blk, d]; request r's j-th block sits at slot table[r, j]
+    # paged pools, one per head: [h, num_blocks, blk, d]; block i (request i // blocks_per_req) sits at slot table[i]
     table = torch.randperm(num_blocks, generator=gen).to(dev)
     k_pool = torch.empty(h, num_blocks, blk, d, device=dev, dtype=dtype)
     v_pool = torch.empty_like(k_pool)
