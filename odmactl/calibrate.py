@@ -89,10 +89,8 @@ class _Timer:
         self.torch, self.device, self.repeats, self.warmup = torch, device, repeats, warmup
 
     def sync(self) -> None:
-        if self.device == "cuda":
-            self.torch.cuda.synchronize()
-        elif self.device == "mlu":
-            self.torch.mlu.synchronize()
+        if self.device != "cpu":
+            _backend(self.device).synchronize()
 
     def median_s(self, fn: Callable[[], object]) -> float:
         for _ in range(self.warmup):
@@ -115,13 +113,17 @@ class _Timer:
         return float(statistics.median(times))
 
 
-def device_name(device: str) -> str:
+def _backend(device: str):
+    """torch.cuda or torch.mlu: the two expose the same device API."""
     import torch
 
-    if device == "cuda":
-        return torch.cuda.get_device_name(torch.cuda.current_device())
-    if device == "mlu":
-        return torch.mlu.get_device_name(torch.mlu.current_device())
+    return getattr(torch, device)
+
+
+def device_name(device: str) -> str:
+    if device != "cpu":
+        backend = _backend(device)
+        return backend.get_device_name(backend.current_device())
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
@@ -133,14 +135,10 @@ def device_name(device: str) -> str:
 
 
 def device_capacity_bytes(device: str) -> tuple[int, str]:
-    import torch
-
-    if device == "cuda":
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory, \
-            "measured: torch.cuda.get_device_properties().total_memory"
-    if device == "mlu":
-        return torch.mlu.get_device_properties(torch.mlu.current_device()).total_memory, \
-            "measured: torch.mlu.get_device_properties().total_memory"
+    if device != "cpu":
+        backend = _backend(device)
+        return backend.get_device_properties(backend.current_device()).total_memory, \
+            f"measured: torch.{device}.get_device_properties().total_memory"
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "measured: host physical memory (sysconf)"
 
 

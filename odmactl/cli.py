@@ -203,13 +203,10 @@ def profiles_show(
 ) -> None:
     """One profile with its derived quantities (usable memory, KV pool per model, KV bytes per token)."""
     from odmactl.errors import ProfileError
-    from odmactl.profiles import load_device, load_model, model_dirs, read_model
+    from odmactl.profiles import find_model_dir, load_device, load_model, model_dirs, read_model
     from odmactl.report import device_summary, model_summary, render_device, render_model, to_json
 
-    as_path = Path(name)
-    is_model = as_path.is_dir() or (not as_path.suffix == ".toml" and
-                                    any(p.name.lower() == name.lower() for p in model_dirs()))
-    if is_model:
+    if find_model_dir(name) is not None:
         summary = model_summary(load_model(name, kv_dtype=kv_dtype))
         render = render_model
     else:

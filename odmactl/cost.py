@@ -84,15 +84,16 @@ class CostModel:
         tokens = np.asarray(kv_tokens, dtype=np.float64)
         per_layer = self.model.kv_bytes_per_token_layer
         eff = self.device.bandwidth.eff
+
+        def run_cost(run_bytes):  # an empty run costs 0: eff() stays positive at 0 bytes
+            return run_bytes / eff(run_bytes)
+
         if layout.block_tokens is None:
-            run = tokens * per_layer
-            cost = np.where(run > 0, run / eff(np.maximum(run, 1.0)), 0.0)
+            cost = run_cost(tokens * per_layer)
         else:
             block = layout.block_tokens
             full, rest = np.floor_divide(tokens, block), np.mod(tokens, block)
-            block_bytes = block * per_layer
-            rest_bytes = rest * per_layer
-            cost = full * (block_bytes / eff(block_bytes)) + np.where(rest > 0, rest_bytes / eff(np.maximum(rest_bytes, 1.0)), 0.0)
+            cost = full * run_cost(block * per_layer) + run_cost(rest * per_layer)
         return cost * self.model.num_layers
 
     def decode_step(self, kv_tokens: np.ndarray, layout: KvLayout) -> DecodeStep:

@@ -50,14 +50,13 @@ class BandwidthTable:
     Invariant: `chunk_bytes` strictly increasing and >= 1, every efficiency in (0, 1]. `eff(c)` is
     linear in log2(c) between entries; below the smallest run the throughput shrinks with the run
     (a fixed cost per access dominates), and at or beyond the largest run it stays at that run's
-    value. `sequential_efficiency` is one unbroken stream (weights, migration copies).
+    value. `sequential_efficiency` is one unbroken stream (weights, migration copies). Where the
+    figures come from is in DeviceProfile.sources ("bandwidth.scattered", "bandwidth.sequential").
     """
 
     chunk_bytes: tuple[int, ...]
     efficiency: tuple[float, ...]
     sequential_efficiency: float
-    source: str
-    sequential_source: str
 
     def eff(self, chunk_bytes: float | np.ndarray) -> np.ndarray:
         c = np.maximum(np.asarray(chunk_bytes, dtype=np.float64), 1e-9)
@@ -138,14 +137,12 @@ class _Table:
         value = self.raw(name, required)
         return None if value is None else _Table(value, self.file, self.key(name))
 
-    def string(self, name: str, choices: tuple[str, ...] | None = None, required: bool = True) -> str | None:
+    def string(self, name: str, required: bool = True) -> str | None:
         value = self.raw(name, required)
         if value is None:
             return None
         if not isinstance(value, str) or not value.strip():
             raise self.error(name, f"expected a non-empty string, got {value!r}")
-        if choices is not None and value not in choices:
-            raise self.error(name, f"expected one of {', '.join(choices)}, got {value!r}")
         return value
 
     def number(self, name: str, low: float, high: float, required: bool = True) -> float | None:
@@ -156,25 +153,30 @@ class _Table:
             raise self.error(name, f"expected a number in ({low:g}, {high:g}], got {value!r}")
         return float(value)
 
+    def quantity(self, name: str, kind: str) -> float:
+        """A string with its unit (units.KINDS), in base units."""
+        try:
+            return parse_quantity(self.raw(name), kind)
+        except ValueError as exc:
+            raise self.error(name, str(exc)) from None
+
     def figure(self, name: str, kind: str | None, sources: dict[str, str], required: bool = True,
-               low: float = 0.0, high: float = math.inf) -> float | str | None:
-        """A `{ value, source }` pair; `kind` is a unit kind, None for a plain number, "text" for a string."""
+               high: float = math.inf, allow_zero: bool = False) -> float | str | None:
+        """A `{ value, source }` pair; `kind` is a unit kind, None for a plain number in (0, high],
+        "text" for a string. A quantity must be positive (or zero, with `allow_zero`)."""
         pair = self.table(name, required)
         if pair is None:
             return None
         sources[pair.prefix] = pair.string("source")
-        raw = pair.raw("value")
         if kind == "text":
             value = pair.string("value")
         elif kind is None:
-            value = pair.number("value", low, high)
+            value = pair.number("value", 0.0, high)
         else:
-            try:
-                value = parse_quantity(raw, kind)
-            except ValueError as exc:
-                raise pair.error("value", str(exc)) from None
-            if not (low < value <= high):
-                raise pair.error("value", f"impossible value {raw!r}: must be positive")
+            value = pair.quantity("value", kind)
+            if value < 0 or (value == 0 and not allow_zero):
+                limit = "must not be negative" if allow_zero else "must be positive"
+                raise pair.error("value", f"impossible value {pair.raw('value')!r}: {limit}")
         pair.finish()
         return value
 
@@ -185,10 +187,10 @@ class _Table:
 
 
 def _bandwidth(table: _Table, sources: dict[str, str]) -> BandwidthTable:
-    source = table.string("source")
+    sources[table.key("scattered")] = table.string("source")
     sequential = table.table("sequential")
     seq_eff = sequential.number("efficiency", 0.0, 1.0)
-    seq_source = sequential.string("source")
+    sources[sequential.prefix] = sequential.string("source")
     sequential.finish()
     rows = table.raw("scattered")
     if not isinstance(rows, list) or not rows:
@@ -196,10 +198,7 @@ def _bandwidth(table: _Table, sources: dict[str, str]) -> BandwidthTable:
     chunks, effs = [], []
     for i, row in enumerate(rows):
         entry = _Table(row, table.file, f"{table.key('scattered')}[{i}]")
-        try:
-            chunk = parse_quantity(entry.raw("chunk"), "bytes")
-        except ValueError as exc:
-            raise entry.error("chunk", str(exc)) from None
+        chunk = entry.quantity("chunk", "bytes")
         if chunk < 1 or chunk != int(chunk) or (chunks and chunk <= chunks[-1]):
             raise entry.error("chunk", "expected whole byte counts >= 1, strictly increasing down the table")
         chunks.append(int(chunk))
@@ -208,9 +207,7 @@ def _bandwidth(table: _Table, sources: dict[str, str]) -> BandwidthTable:
             sources[entry.key("source")] = entry.string("source")
         entry.finish()
     table.finish()
-    sources[table.key("scattered")] = source
-    sources[table.key("sequential")] = seq_source
-    return BandwidthTable(tuple(chunks), tuple(effs), seq_eff, source, seq_source)
+    return BandwidthTable(tuple(chunks), tuple(effs), seq_eff)
 
 
 def _parse_file(path: Path, loads, decode_error: type[Exception], what: str) -> object:
@@ -244,10 +241,10 @@ def read_device(path: Path) -> DeviceProfile:
     memory.finish()
     fp16 = compute.figure("peak_fp16", "flops", sources)
     bf16 = compute.figure("peak_bf16", "flops", sources, required=False)
-    overhead = compute.figure("step_overhead", "seconds", sources, required=False, low=-1e-300)
+    overhead = compute.figure("step_overhead", "seconds", sources, required=False, allow_zero=True)
     compute.finish()
     fraction = budget.figure("memory_fraction", None, sources, high=1.0)
-    reserve = budget.figure("activation_reserve", "bytes", sources, low=-1e-300)
+    reserve = budget.figure("activation_reserve", "bytes", sources, allow_zero=True)
     budget.finish()
     if reserve >= capacity * fraction:
         raise budget.error("activation_reserve", f"impossible value: {reserve:.4g} bytes is not below the usable "
@@ -300,8 +297,9 @@ class ModelProfile:
     """A decoder-only transformer's shape, from its config.json, and the KV precision it is served at.
 
     Invariant: all counts positive, `num_attention_heads` a multiple of `num_kv_heads`,
-    `num_experts_per_token <= num_experts` (1 and 1 for dense models). Parameter counts are
-    computed from the shapes (embeddings, attention, gated MLP or experts, norms, untied head).
+    `num_experts_per_token <= num_experts` (1 and 1 for dense models), `kv_dtype` a key of
+    KV_DTYPE_BITS. Parameter counts are computed from the shapes (embeddings, attention, gated MLP
+    or experts, norms, untied head).
     """
 
     name: str
@@ -326,6 +324,8 @@ class ModelProfile:
     active_params: int = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.kv_dtype not in KV_DTYPE_BITS:
+            raise ProfileError(f"unknown KV dtype '{self.kv_dtype}'", hint=f"one of {', '.join(KV_DTYPE_BITS)}")
         total, active = _count_params(self)
         object.__setattr__(self, "total_params", total)
         object.__setattr__(self, "active_params", active)
@@ -353,8 +353,6 @@ class ModelProfile:
         return int(math.ceil(self.kv_bytes_per_token_layer * self.num_layers - 1e-9))
 
     def with_kv_dtype(self, kv_dtype: str) -> ModelProfile:
-        if kv_dtype not in KV_DTYPE_BITS:
-            raise ProfileError(f"unknown KV dtype '{kv_dtype}'", hint=f"one of {', '.join(KV_DTYPE_BITS)}")
         return replace(self, kv_dtype=kv_dtype)
 
 
@@ -409,11 +407,13 @@ def read_model(model_dir: Path, name: str | None = None, kv_dtype: str = "fp16",
     if heads % kv_heads:
         raise ProfileError(f"num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})",
                            file=file, key="num_key_value_heads")
-    head_dim = raw.get("head_dim") or (hidden // heads if hidden % heads == 0 else None)
-    if head_dim is None:
+    if raw.get("head_dim"):
+        head_dim = _config_int(raw, "head_dim", file)
+    elif hidden % heads:
         raise ProfileError(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads})",
                            file=file, key="hidden_size")
-    head_dim = _config_int({"head_dim": head_dim}, "head_dim", file)
+    else:
+        head_dim = hidden // heads
     experts = _config_int(raw, "num_local_experts", file, default=1)
     per_token = _config_int(raw, "num_experts_per_tok", file, default=1)
     if per_token > experts:
@@ -425,8 +425,6 @@ def read_model(model_dir: Path, name: str | None = None, kv_dtype: str = "fp16",
     if dtype not in WEIGHT_DTYPE_BYTES:
         raise ProfileError(f"unknown weight dtype {dtype!r}", file=file, key="torch_dtype",
                            hint=f"one of {', '.join(WEIGHT_DTYPE_BYTES)}")
-    if kv_dtype not in KV_DTYPE_BITS:
-        raise ProfileError(f"unknown KV dtype '{kv_dtype}'", hint=f"one of {', '.join(KV_DTYPE_BITS)}")
     max_pos = raw.get("max_position_embeddings")
     return ModelProfile(
         name=name or model_dir.name, path=model_dir, model_type=raw["model_type"], num_layers=layers,
@@ -459,15 +457,20 @@ def model_dirs() -> list[Path]:
     return sorted(p.parent for p in (profiles_dir() / "models").glob("*/config.json"))
 
 
-def load_model(ref: str | Path, kv_dtype: str = "fp16", weight_dtype: str | None = None) -> ModelProfile:
-    """A model by shipped name (any case) or by path to a local HF model directory."""
+def find_model_dir(ref: str | Path) -> Path | None:
+    """The directory `ref` names: itself if it is one, else the shipped model of that name (any case)."""
     candidate = Path(ref)
     if candidate.is_dir():
-        if not (candidate / "config.json").is_file():
-            raise ProfileError("no config.json in this directory", file=candidate)
-        return read_model(candidate, kv_dtype=kv_dtype, weight_dtype=weight_dtype)
-    for path in model_dirs():
-        if path.name.lower() == str(ref).lower():
-            return read_model(path, kv_dtype=kv_dtype, weight_dtype=weight_dtype)
+        return candidate
+    return next((p for p in model_dirs() if p.name.lower() == str(ref).lower()), None)
+
+
+def load_model(ref: str | Path, kv_dtype: str = "fp16", weight_dtype: str | None = None) -> ModelProfile:
+    """A model by shipped name (any case) or by path to a local HF model directory."""
+    model_dir = find_model_dir(ref)
+    if model_dir is not None:
+        if not (model_dir / "config.json").is_file():
+            raise ProfileError("no config.json in this directory", file=model_dir)
+        return read_model(model_dir, kv_dtype=kv_dtype, weight_dtype=weight_dtype)
     names = ", ".join(p.name for p in model_dirs())
     raise ProfileError(f"unknown model '{ref}'", hint=f"shipped: {names}; or give a local HF model directory")

@@ -63,9 +63,3 @@ def format_rate(value: float, unit: str) -> str:
             return f"{value / size:.6g} {prefix}{unit}"
     return f"{value:.6g} {unit}"
 
-
-def format_seconds(value_s: float) -> str:
-    for unit, size in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(value_s) >= size:
-            return f"{value_s / size:.6g} {unit}"
-    return f"{value_s / 1e-9:.6g} ns"

@@ -92,7 +92,7 @@ def test_device_figures_match_design_table(name):
 def test_bandwidth_tables_follow_their_stated_derivation(name):
     """Each shipped table says `eff(c) = S * c / (c + A B) [* c / (c + B B)]`; recompute it from that text."""
     d = load_device(name)
-    source = d.bandwidth.source
+    source = d.sources["bandwidth.scattered"]
     match = re.search(r"eff\(c\) = ([0-9.]+) \* c / \(c \+ ([0-9.]+) B\)(?: \* c / \(c \+ ([0-9.]+) B\))?", source)
     assert match, source
     seq, a = float(match.group(1)), float(match.group(2))
