@@ -175,6 +175,64 @@ def fit(
         render_fit(out, str(out_dir), outcome.summary, seconds)
 
 
+@app.command()
+def replay(
+    trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest`")],
+    device: Annotated[str, typer.Option(help="device profile name or TOML path (`odmactl profiles list`)")],
+    model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
+    policy: Annotated[str, typer.Option(help="allocator policy: static, paged, s3, odma")] = "odma",
+    compare: Annotated[Optional[str], typer.Option(help="comma-separated policies replayed on the same trace, side by side")] = None,
+    predictor: Annotated[str, typer.Option(help="`odmactl fit` artifact folder, `oracle` (true lengths) or `none`")] = "none",
+    config: Annotated[Optional[Path], typer.Option(help="config TOML with [allocator] and [scheduler] tables (plan's output)")] = None,
+    rate: Annotated[Optional[float], typer.Option(help="rescale arrivals to this many requests/s")] = None,
+    offline: Annotated[bool, typer.Option(help="every request arrives at t=0")] = False,
+    limit: Annotated[Optional[int], typer.Option(help="replay only the first N requests")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the trace's longest, within model and pool)")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,
+    kv_dtype: Annotated[str, typer.Option(help="KV precision: fp16, bf16, fp8, int8, int4, oaken")] = "fp16",
+    stepping: Annotated[bool, typer.Option(help="advance token by token instead of in closed form (slow; a check)")] = False,
+    seed: Annotated[int, typer.Option(help="seed for generated arrivals (--rate on a trace without timestamps)")] = 0,
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the full result (metrics and time series) as JSON")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="write a PNG of occupancy, batch, queue and boundaries over time")] = None,
+    force: Annotated[bool, typer.Option(help="replace --out / --plot if they exist")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print the full result as JSON")] = False,
+) -> None:
+    """Replay a trace through allocator policies under continuous batching; report DESIGN.md's metrics."""
+    from odmactl.allocator import ALLOCATORS
+    from odmactl.atomic import atomic_output, check_writable
+    from odmactl.report import render_replay, to_json, write_replay_plot
+    from odmactl.trace import read_trace
+    from odmactl.workload import LoadOptions, ReplaySpec, run_policies
+
+    policies = [p.strip() for p in compare.split(",") if p.strip()] if compare else [policy]
+    for p in policies:
+        if p not in ALLOCATORS:
+            raise OdmaError(f"unknown policy '{p}' (choose from: {', '.join(ALLOCATORS)})")
+    if len(set(policies)) != len(policies):
+        raise OdmaError(f"--compare names a policy twice: {compare}")
+    for path in (out_path, plot):
+        if path is not None:
+            check_writable(path, force=force)
+    spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, config=config,
+                      load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit, seed=seed),
+                      max_model_len=max_model_len, max_num_seqs=max_num_seqs, fast_forward=not stepping)
+    frame = read_trace(trace_path)
+    with progress_bar(not json_out and err.is_terminal) as progress:
+        doc = run_policies(frame, policies, spec, progress=progress)
+    doc["trace"]["path"] = str(trace_path)
+    text = to_json(doc)
+    if out_path is not None:
+        with atomic_output(out_path, force=force) as tmp:
+            tmp.write_text(text + "\n")
+    if plot is not None:
+        with atomic_output(plot, force=force) as tmp:
+            write_replay_plot(doc, tmp)
+    if json_out:
+        print(text)
+    else:
+        render_replay(out, doc)
+
+
 profiles_app = typer.Typer(help="List and show device and model profiles.", no_args_is_help=True)
 app.add_typer(profiles_app, name="profiles")
 

@@ -1,14 +1,20 @@
 """Step-time model for one device running one model: decode, prefill and migration times.
 
-decode:    t = max((weight_bytes / eff_seq + sum_r kv_read_bytes(r)) / peak_bw,
-                   2 * active_params * batch / peak_flops) + step_overhead
-           kv_read_bytes(r) = sum over the request's runs of run_bytes / eff(run_bytes)
+decode:    t = max(weight_bytes / seq_bw + sum_r kv_read_s(r), 2 * active_params * batch / peak_flops)
+               + step_overhead
+           kv_read_s(r) = sum over the request's runs of (run_bytes / stream_bw + access_s)
 prefill:   t = max((2 * active_params * P + 2 * layers * heads * head_dim * P^2) summed over prompts / peak_flops,
                    (weight_bytes + new KV bytes) / sequential_bw) + step_overhead
 migration: t = 2 * bytes / sequential_bw   (read the old block, write the new one)
 
 `eff(c)` is the device's bandwidth table: the share of peak bandwidth reached reading runs of c bytes
-at scattered offsets. A contiguous request (static, S3, ODMA) is one run per layer of
+at scattered offsets. The model reads it in its two-parameter form, a run of c bytes costing
+`c / stream_bw + access_s` (a fixed cost per scattered access plus streaming): `stream_bw` is the
+table's rate at its longest run (the table stays flat beyond it) and `access_s` makes the form exact
+at the reference run, one 16-token paged block of this model in one layer. So the model agrees with
+the table on both runs the paged-versus-contiguous comparison turns on, and a batch's KV time is
+linear in its tokens plus its run count, which lets the replay sum many iterations in closed form
+(replay.py). A contiguous request (static, S3, ODMA) is one run per layer of
 `tokens * kv_bytes_per_token_layer` bytes; a paged request is one run per block per layer. Weights
 stream in one sequential pass, so they read at the sequential efficiency (DESIGN.md writes them at
 peak; that would read a contiguous KV run slower than the weights beside it). The causal attention
@@ -69,50 +75,100 @@ class DecodeStep:
         return "memory" if self.memory_s >= self.compute_s else "compute"
 
 
-class CostModel:
-    """Step times for `model` on `device`; `compute_dtype` picks the peak rate (fp16 or bf16)."""
+@dataclass(frozen=True)
+class StepCoefficients:
+    """The decode-step model in integer picoseconds, for the replay's exact arithmetic:
+    step = max(weights + per_token * sum(kv tokens) + per_run * runs, compute_per_seq * batch) + overhead,
+    where `runs` counts one per request (contiguous, `block_tokens` None) or one per started block
+    (paged), each across all layers."""
 
-    def __init__(self, device: DeviceProfile, model: ModelProfile, compute_dtype: str = "fp16") -> None:
+    weights_ps: int
+    per_token_ps: int
+    per_run_ps: int
+    compute_per_seq_ps: int
+    overhead_ps: int
+    block_tokens: int | None
+
+    def runs(self, kv_tokens: int) -> int:
+        if kv_tokens <= 0:
+            return 0
+        return 1 if self.block_tokens is None else -(-kv_tokens // self.block_tokens)
+
+    def step_ps(self, kv_tokens: list[int]) -> int:
+        """One iteration over a batch, request by request (the replay's reference form)."""
+        memory = self.weights_ps + sum(self.per_token_ps * c + self.per_run_ps * self.runs(c) for c in kv_tokens)
+        return max(memory, self.compute_per_seq_ps * len(kv_tokens)) + self.overhead_ps
+
+
+def to_ps(seconds: float) -> int:
+    return int(round(seconds * 1e12))
+
+
+class CostModel:
+    """Step times for `model` on `device`; `compute_dtype` picks the peak rate (fp16 or bf16);
+    `reference_block_tokens` is the paged block at which the run cost matches the table exactly."""
+
+    def __init__(self, device: DeviceProfile, model: ModelProfile, compute_dtype: str = "fp16",
+                 reference_block_tokens: int = 16) -> None:
         self.device = device
         self.model = model
         self.peak_flops = device.peak_flops(compute_dtype)
         self.peak_bw = device.peak_bandwidth_bytes_per_s
         self.seq_bw = device.sequential_bandwidth_bytes_per_s
+        table = device.bandwidth
+        self.stream_bw = self.peak_bw * table.efficiency[-1]
+        ref = reference_block_tokens * model.kv_bytes_per_token_layer
+        self.access_s = max(0.0, ref / (float(table.eff(ref)) * self.peak_bw) - ref / self.stream_bw)
 
-    def kv_read_bytes(self, kv_tokens: np.ndarray, layout: KvLayout) -> np.ndarray:
-        """Per request: bytes at peak bandwidth that take as long as reading its KV once (bytes / eff)."""
+    def run_s(self, run_bytes: np.ndarray) -> np.ndarray:
+        """Time to read runs of these sizes at scattered offsets; an empty run costs nothing."""
+        b = np.asarray(run_bytes, dtype=np.float64)
+        return np.where(b > 0, b / self.stream_bw + self.access_s, 0.0)
+
+    def kv_read_s(self, kv_tokens: np.ndarray, layout: KvLayout) -> np.ndarray:
+        """Per request: seconds to read its KV once, every layer."""
         tokens = np.asarray(kv_tokens, dtype=np.float64)
         per_layer = self.model.kv_bytes_per_token_layer
-        eff = self.device.bandwidth.eff
-
-        def run_cost(run_bytes):  # an empty run costs 0: eff() stays positive at 0 bytes
-            return run_bytes / eff(run_bytes)
-
         if layout.block_tokens is None:
-            cost = run_cost(tokens * per_layer)
+            cost = self.run_s(tokens * per_layer)
         else:
             block = layout.block_tokens
             full, rest = np.floor_divide(tokens, block), np.mod(tokens, block)
-            cost = full * run_cost(block * per_layer) + run_cost(rest * per_layer)
+            cost = full * self.run_s(block * per_layer) + self.run_s(rest * per_layer)
         return cost * self.model.num_layers
+
+    def weights_s(self) -> float:
+        return self.model.weight_bytes / self.seq_bw
 
     def decode_step(self, kv_tokens: np.ndarray, layout: KvLayout) -> DecodeStep:
         """One decode iteration for a batch whose requests hold `kv_tokens` each."""
         tokens = np.asarray(kv_tokens)
-        weights_s = self.model.weight_bytes / self.seq_bw
-        kv_s = float(self.kv_read_bytes(tokens, layout).sum()) / self.peak_bw
+        kv_s = float(self.kv_read_s(tokens, layout).sum())
         compute_s = 2.0 * self.model.active_params * tokens.size / self.peak_flops
-        return DecodeStep(weights_s, kv_s, compute_s, self.device.step_overhead_s)
+        return DecodeStep(self.weights_s(), kv_s, compute_s, self.device.step_overhead_s)
+
+    def step_coefficients(self, layout: KvLayout) -> StepCoefficients:
+        """This model's decode step in integer picoseconds (each coefficient rounded once)."""
+        layers = self.model.num_layers
+        return StepCoefficients(
+            weights_ps=to_ps(self.weights_s()),
+            per_token_ps=to_ps(self.model.kv_bytes_per_token_layer * layers / self.stream_bw),
+            per_run_ps=to_ps(self.access_s * layers),
+            compute_per_seq_ps=to_ps(2.0 * self.model.active_params / self.peak_flops),
+            overhead_ps=to_ps(self.device.step_overhead_s),
+            block_tokens=layout.block_tokens,
+        )
 
     def decode_step_s(self, kv_tokens: np.ndarray, layout: KvLayout) -> float:
         return self.decode_step(kv_tokens, layout).total_s
 
-    def prefill_s(self, prompt_tokens: np.ndarray) -> float:
+    def prefill_s(self, prompt_tokens) -> float:
         """One prefill iteration over the given prompts (batched: the weights are read once)."""
-        p = np.asarray(prompt_tokens, dtype=np.float64)
+        p = [int(x) for x in prompt_tokens]  # few prompts per call: plain Python beats numpy here
+        total, squares = float(sum(p)), float(sum(x * x for x in p))
         m = self.model
-        flops = 2.0 * m.active_params * p.sum() + 2.0 * m.num_layers * m.num_attention_heads * m.head_dim * (p * p).sum()
-        memory_bytes = m.weight_bytes + p.sum() * m.kv_bytes_per_token
+        flops = 2.0 * m.active_params * total + 2.0 * m.num_layers * m.num_attention_heads * m.head_dim * squares
+        memory_bytes = m.weight_bytes + total * m.kv_bytes_per_token
         return max(flops / self.peak_flops, memory_bytes / self.seq_bw) + self.device.step_overhead_s
 
     def migration_s(self, num_bytes: float) -> float:

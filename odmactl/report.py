@@ -286,3 +286,77 @@ def render_calibration(console: Console, out_path: str, doc: dict, seconds: floa
         bw.add_row(format_bytes(row["chunk_bytes"]), format_rate(row["gather_bytes_per_s"], "B/s"),
                    format_rate(row["contiguous_bytes_per_s"], "B/s"), f"{entry['efficiency']:.4f}")
     console.print(bw)
+
+
+REPLAY_COLUMNS = (
+    ("kv_utilization", "KV util", "{:.1%}"), ("pool_occupancy", "pool occ.", "{:.1%}"), ("tps", "TPS", "{:,.1f}"),
+    ("ttft_p50", "TTFT p50 s", "{:.3g}"), ("ttft_p99", "TTFT p99 s", "{:.3g}"),
+    ("tpot_p50", "TPOT p50 ms", "ms"), ("tpot_p99", "TPOT p99 ms", "ms"),
+    ("migration_rate", "migr. rate", "{:.2%}"), ("preemptions", "preempt.", "{:,}"),
+    ("rejections", "rejected", "{:,}"), ("peak_concurrency", "peak conc.", "{:,}"), ("completed", "completed", "{:,}"),
+)
+
+
+def _metric(value: float | int, fmt: str) -> str:
+    if fmt == "ms":
+        return f"{value * 1e3:.1f}"
+    return fmt.format(value)
+
+
+def render_replay(console: Console, doc: dict) -> None:
+    t = doc["trace"]
+    console.print(f"[bold]{t['path']}[/]: {t['requests']:,} requests ({t['arrivals']}), "
+                  f"{doc['model']} on {doc['device']}; KV pool {doc['kv_pool_bytes'] / 2**30:.2f} GiB = "
+                  f"{doc['kv_pool_bytes'] // doc['kv_bytes_per_token']:,} tokens; max_model_len {doc['max_model_len']:,}; "
+                  f"predictor {doc['predictor']}; {doc['time_advance']}", highlight=False)
+    table = Table(show_header=True, header_style="bold")  # policies side by side, a metric per row
+    table.add_column("metric")
+    for policy in doc["results"]:
+        table.add_column(policy, justify="right")
+    for key, title, fmt in REPLAY_COLUMNS:
+        table.add_row(title, *(_metric(r["metrics"][key], fmt) for r in doc["results"].values()))
+    console.print(table)
+    for policy, r in doc["results"].items():
+        m = r["metrics"]
+        extra = []
+        if m["truncated"]:
+            extra.append(f"{m['truncated']:,} outputs truncated at max_model_len")
+        for key, note in r["notes"].items():
+            extra.append(f"{key.replace('_', ' ')}: {note}")
+        if extra:
+            console.print(f"{policy}: " + "; ".join(extra), highlight=False)
+
+
+def write_replay_plot(doc: dict, path) -> None:
+    """Pool occupancy, batch size and queue length over time per policy, and ODMA's boundaries."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = doc["results"]
+    has_bounds = any(r["series"]["bucket_boundaries"] for r in results.values())
+    rows = 4 if has_bounds else 3
+    fig, axes = plt.subplots(rows, 1, figsize=(10, 2.6 * rows), sharex=True)
+    for policy, r in results.items():
+        s = r["series"]
+        axes[0].step(s["time_s"], s["pool_occupancy"], where="post", label=policy)
+        axes[1].step(s["time_s"], s["batch_size"], where="post", label=policy)
+        axes[2].step(s["time_s"], s["queue_length"], where="post", label=policy)
+        if has_bounds and s["bucket_boundaries"]:
+            times = [b["time_s"] for b in s["bucket_boundaries"]]
+            width = max(len(b["boundaries_tokens"]) for b in s["bucket_boundaries"])
+            for j in range(width):
+                values = [b["boundaries_tokens"][j] if j < len(b["boundaries_tokens"]) else float("nan")
+                          for b in s["bucket_boundaries"]]
+                axes[3].step(times, values, where="post", label=f"{policy} b{j + 1}")
+    labels = ["pool occupancy (reserved / pool)", "batch size", "queue length", "bucket boundaries (KV tokens)"]
+    for ax, label in zip(axes, labels):
+        ax.set_ylabel(label, fontsize=8)
+        ax.legend(fontsize=7, loc="upper right")
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("time (s)")
+    fig.suptitle(f"{doc['model']} on {doc['device']}: {doc['trace']['path']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,195 @@
+"""The replay engine: closed-form fast-forward against token-by-token stepping, conservation on the
+Azure conv trace for every policy, determinism, and the `odmactl replay` command."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import polars as pl
+import pytest
+
+from odmactl.allocator import ALLOCATORS, make_allocator
+from odmactl.cli import main
+from odmactl.cost import CostModel, StepCoefficients
+from odmactl.profiles import load_device, load_model
+from odmactl.replay import PS, Replay, SchedulerSettings, Workload
+from odmactl.report import to_json
+from odmactl.segment import Segment
+from odmactl.trace import read_trace
+from odmactl.workload import LoadOptions, ReplaySpec, run_policies
+
+from conftest import SAMPLES
+
+DEVICE, MODEL = "mlu370-x4", "DeepSeek-R1-Distill-Qwen-7B"
+
+
+@pytest.fixture(scope="module")
+def conv_sample(tmp_path_factory) -> pl.DataFrame:
+    out = tmp_path_factory.mktemp("conv") / "conv.parquet"
+    assert main(["ingest", str(SAMPLES / "azure_conv_2023_sample.csv.gz"), "--out", str(out)]) == 0
+    return read_trace(out)
+
+
+@pytest.fixture(scope="module")
+def cost() -> CostModel:
+    return CostModel(load_device(DEVICE), load_model(MODEL))
+
+
+def test_segment_sums_equal_step_by_step_sums():
+    rng = random.Random(7)
+    for _ in range(400):
+        block = rng.choice([None, 1, 4, 16])
+        coeff = StepCoefficients(weights_ps=rng.randint(0, 10**6), per_token_ps=rng.randint(1, 999),
+                                 per_run_ps=rng.randint(0, 5000), compute_per_seq_ps=rng.randint(0, 10**6),
+                                 overhead_ps=rng.randint(0, 99), block_tokens=block)
+        v = [rng.randint(1, 200) for _ in range(rng.randint(1, 12))]
+        period = block or 1
+        runs = [sum(coeff.runs(x + i) for x in v) for i in range(period + 1)]
+        seg = Segment(coeff, len(v), sum(v), runs, block is not None)
+        k = rng.randint(1, 80)
+        limit = runs[0] + rng.randint(0, 60)
+        elapsed = held = 0
+        first = k
+        for j in range(k):
+            dt = coeff.step_ps([x + j for x in v])
+            elapsed += dt
+            blocks = sum(coeff.runs(x + j + 1) for x in v)
+            held += blocks * dt
+            if blocks > limit and first == k:
+                first = j
+        assert seg.elapsed_ps(k) == elapsed
+        if block is not None:
+            assert seg.held_runs_ps(k) == held
+            assert seg.first_over(limit, k) == first
+        deadline = rng.randint(1, elapsed + 10)
+        expected = next((j for j in range(1, k + 1) if seg.elapsed_ps(j) >= deadline), k)
+        assert seg.iterations_until(deadline, k) == expected
+
+
+def _workload(frame: pl.DataFrame, l_hat=None, u=None, offline=False) -> Workload:
+    arrival = np.zeros(frame.height) if offline else frame["arrival_s"].to_numpy()
+    return Workload(frame["request_id"].to_list(), np.round(arrival * PS).astype(np.int64),
+                    frame["prompt_tokens"].to_numpy().astype(np.int64), frame["output_tokens"].to_numpy().astype(np.int64),
+                    l_hat, u)
+
+
+def _replay(workload, cost, policy, pool_tokens, config, fast_forward, max_len=8192, max_num_seqs=256):
+    bpt = cost.model.kv_bytes_per_token
+    allocator = make_allocator(policy, pool_tokens * bpt, bpt, {"max_model_len_tokens": max_len, **config})
+    return Replay(workload, allocator, cost, max_len,
+                  SchedulerSettings(fast_forward=fast_forward, max_num_seqs=max_num_seqs)).run()
+
+
+CASES = [
+    # policy, pool tokens, allocator settings, predictor, offline: chosen to exercise preemption
+    # (paged, small pool), ODMA migrations and refits, S3 moves, and arrivals into an idle system
+    ("static", 60_000, {}, "none", False),
+    ("paged", 20_000, {}, "none", False),
+    ("paged", 20_000, {"block_size_tokens": 4}, "none", True),
+    ("s3", 40_000, {}, "half", False),
+    ("odma", 40_000, {"large_pool_bytes": 8192 * 57344 * 2, "boundaries_tokens": [512, 1024, 2048, 4096],
+                      "refit_every": 50, "refit_window": 200}, "half", False),
+    ("odma", 30_000, {"large_pool_bytes": 8192 * 57344, "boundaries_tokens": [600, 1400, 3000, 8192]}, "oracle", True),
+]
+
+
+@pytest.mark.parametrize("policy,pool_tokens,config,predictor,offline", CASES)
+def test_fast_forward_equals_token_by_token_stepping(conv_sample, cost, policy, pool_tokens, config, predictor, offline):
+    frame = conv_sample.head(220)
+    out = frame["output_tokens"].to_numpy().astype(np.float64)
+    l_hat = u = None
+    if predictor == "oracle":
+        l_hat, u = out, np.zeros(frame.height)
+    elif predictor == "half":  # a predictor that undershoots: every mistake is charged
+        l_hat, u = np.maximum(out // 2, 1), np.random.default_rng(0).uniform(0, 1, frame.height)
+    w = _workload(frame, l_hat, u, offline)
+    fast = _replay(w, cost, policy, pool_tokens, config, True, max_num_seqs=48)
+    slow = _replay(w, cost, policy, pool_tokens, config, False, max_num_seqs=48)
+    assert fast.metrics == slow.metrics
+    m = fast.metrics
+    assert m["completed"] == frame.height and m["generated_tokens"] == int(out.sum())
+    if policy == "paged" and pool_tokens == 20_000:
+        assert m["preemptions"] > 0
+    if policy in ("s3", "odma") and predictor == "half":
+        assert m["migrations"] > 0
+    assert fast.metrics["decode_iterations"] > 10 * fast.metrics["prefill_iterations"] / 10
+
+
+def _conservation(frame: pl.DataFrame) -> None:
+    spec = ReplaySpec(device=DEVICE, model=MODEL, predictor="oracle")
+    doc = run_policies(frame, list(ALLOCATORS), spec)
+    total = int(frame["output_tokens"].cast(pl.Int64).sum())
+    for policy, r in doc["results"].items():
+        m = r["metrics"]
+        assert m["completed"] == frame.height, policy
+        assert m["generated_tokens"] == total, policy
+        assert m["rejections"] == m["truncated"] == 0, policy
+        assert r["allocator"]["live_allocations"] == 0 and r["allocator"]["reserved_bytes"] == 0
+        assert 0 < m["kv_utilization"] <= 1 and 0 < m["pool_occupancy"] <= 1
+    assert to_json(run_policies(frame, list(ALLOCATORS), spec)) == to_json(doc)
+
+
+def test_conservation_and_determinism_on_the_shipped_conv_sample(conv_sample):
+    _conservation(conv_sample)
+
+
+def test_conservation_and_determinism_on_the_full_azure_conv_trace(shared_traces, tmp_path):
+    out = tmp_path / "conv.parquet"
+    assert main(["ingest", str(shared_traces / "AzureLLMInferenceTrace_conv.csv.gz"), "--out", str(out)]) == 0
+    frame = read_trace(out)
+    assert frame.height == 19_366
+    _conservation(frame)
+
+
+def test_paged_beats_static_and_odma_oracle_migrates_nothing(conv_sample):
+    doc = run_policies(conv_sample, ["static", "paged", "odma"], ReplaySpec(device=DEVICE, model=MODEL, predictor="oracle"))
+    r = {p: v["metrics"] for p, v in doc["results"].items()}
+    assert r["paged"]["kv_utilization"] > 0.95 > r["static"]["kv_utilization"]
+    assert r["paged"]["tps"] > r["static"]["tps"] and r["odma"]["tps"] > r["static"]["tps"]
+    assert r["odma"]["migrations"] == 0  # oracle lengths always fit their bucket
+
+
+def test_load_options_shape_arrivals(conv_sample):
+    spec = ReplaySpec(device=DEVICE, model=MODEL, load=LoadOptions(offline=True, limit=50))
+    doc = run_policies(conv_sample, ["paged"], spec)
+    assert doc["trace"]["requests"] == 50 and doc["results"]["paged"]["metrics"]["completed"] == 50
+    slow = run_policies(conv_sample, ["paged"], ReplaySpec(device=DEVICE, model=MODEL, load=LoadOptions(rate_per_s=0.5, limit=50)))
+    fast = run_policies(conv_sample, ["paged"], ReplaySpec(device=DEVICE, model=MODEL, load=LoadOptions(rate_per_s=50, limit=50)))
+    assert slow["results"]["paged"]["metrics"]["makespan_s"] > 90  # 49 gaps at 2 s
+    assert fast["results"]["paged"]["metrics"]["ttft_p99"] > slow["results"]["paged"]["metrics"]["ttft_p99"]
+
+
+def test_cli_replay_compare_json_plot_and_errors(cli, conv_sample, tmp_path):
+    trace = tmp_path / "t.parquet"
+    conv_sample.head(300).write_parquet(trace)
+    out, plot = tmp_path / "r.json", tmp_path / "r.png"
+    r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--compare", "static,paged,s3,odma",
+            "--predictor", "oracle", "--out", out, "--plot", plot)
+    assert r.code == 0, r.err
+    assert "paged" in r.out and "KV util" in r.out
+    doc = json.loads(out.read_text())
+    assert set(doc["results"]) == {"static", "paged", "s3", "odma"}
+    series = doc["results"]["odma"]["series"]
+    assert len(series["time_s"]) == len(series["pool_occupancy"]) > 10 and series["bucket_boundaries"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    good = out.read_text()
+    # existing outputs are not clobbered; bad input exits 1 with a message, no traceback
+    assert cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--out", out).code == 1
+    for args, words in [
+        (["--policy", "buddy"], "unknown policy"),
+        (["--compare", "paged,paged"], "twice"),
+        (["--rate", "0"], "--rate"),
+        (["--offline", "--rate", "3"], "exclude"),
+        (["--device", "nope"], "nope"),
+    ]:
+        r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, *args, "--out", tmp_path / "x.json")
+        assert r.code == 1 and words in r.err and "Traceback" not in r.err, (args, r.err)
+    bad = tmp_path / "c.toml"
+    bad.write_text("[allocator]\ngama = 0.3\n")
+    r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--config", bad)
+    assert r.code == 1 and "gama" in r.err and str(bad) in r.err
+    assert out.read_text() == good and not (tmp_path / "x.json").exists()
+    r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "paged", "--json", "--limit", "20")
+    assert r.code == 0 and json.loads(r.out)["results"]["paged"]["metrics"]["completed"] == 20
