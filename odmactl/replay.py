@@ -171,12 +171,18 @@ class Replay:
             del running[i]
             seq_of[i] = -1
 
+        def catch_up(i: int) -> int:
+            """Tell the allocator request i's KV length now (growth inside a block, and paged blocks
+            when fast-forwarding, reach it lazily); returns that length."""
+            v = base[i] + it
+            if allocs[i].used_tokens != v:
+                alloc.extend(allocs[i], v)
+            return v
+
         def finish_request(i: int) -> None:
             nonlocal completed, dirty
             a = allocs[i]
-            v = base[i] + it
-            if a.used_tokens != v:
-                alloc.extend(a, v)
+            catch_up(i)
             reserved_tokens[i] = a.capacity_tokens
             leave(i)
             alloc.release(a)
@@ -273,9 +279,7 @@ class Replay:
             """Request i needs one more token than its block holds: extend (migrate) or preempt it."""
             nonlocal t
             a = allocs[i]
-            v = base[i] + it
-            if a.used_tokens != v:
-                alloc.extend(a, v)
+            v = catch_up(i)
             before = alloc.migrated_bytes
             if alloc.extend(a, v + 1):
                 copied = alloc.migrated_bytes - before
@@ -294,9 +298,7 @@ class Replay:
             """Paged: preempt the newest running requests until the next iteration's blocks fit."""
             if ff:
                 for i in running:  # hand the lazily counted blocks to the allocator first
-                    v = base[i] + it
-                    if allocs[i].used_tokens != v:
-                        alloc.extend(allocs[i], v)
+                    catch_up(i)
             while running and need_at > num_blocks:
                 newest = next(reversed(running))
                 v = base[newest] + it
@@ -413,11 +415,11 @@ class Replay:
                 self.progress("replay", completed, num)
 
         return self._result(c, series, boundaries, arrival, first_ps, done_ps, target, prompt,
-                            reserved_tokens, first_arrival_ps, t)
+                            reserved_tokens, first_arrival_ps)
 
     def _result(self, c: dict, series: _Series, boundaries: list, arrival: list[int], first_ps: list[int],
                 done_ps: list[int], target: list[int], prompt: list[int], reserved_tokens: list[int],
-                first_arrival_ps: int, end_ps: int) -> ReplayResult:
+                first_arrival_ps: int) -> ReplayResult:
         alloc = self.alloc
         assert not alloc.live_allocations(), "allocations outlived the replay"
         alloc.check_invariants()
