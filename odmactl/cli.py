@@ -175,10 +175,32 @@ def fit(
         render_fit(out, str(out_dir), outcome.summary, seconds)
 
 
+def _replay_inputs(policies: list[str], outputs: list[Path | None], force: bool, kv_pool: str | None) -> int | None:
+    """What replay and check validate before any work: policy names, writable outputs, the
+    --kv-pool size (returned in bytes, None when not given)."""
+    from odmactl.allocator import ALLOCATORS
+    from odmactl.atomic import check_writable
+    from odmactl.units import parse_quantity
+
+    for p in policies:
+        if p not in ALLOCATORS:
+            raise OdmaError(f"unknown policy '{p}' (choose from: {', '.join(ALLOCATORS)})")
+    for path in outputs:
+        if path is not None:
+            check_writable(path, force=force)
+    if kv_pool is None:
+        return None
+    try:
+        return int(parse_quantity(kv_pool, "bytes"))
+    except ValueError as exc:
+        raise OdmaError(f"--kv-pool: {exc}") from None
+
+
 @app.command()
 def replay(
     trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest`")],
-    device: Annotated[str, typer.Option(help="device profile name or TOML path (`odmactl profiles list`)")],
+    device: Annotated[str, typer.Option(help="device profile name or TOML path (`odmactl profiles list`); "
+                                             "with --on-device the torch device: auto, cpu, cuda or mlu")],
     model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
     policy: Annotated[str, typer.Option(help="allocator policy: static, paged, s3, odma")] = "odma",
     compare: Annotated[Optional[str], typer.Option(help="comma-separated policies replayed on the same trace, side by side")] = None,
@@ -192,30 +214,40 @@ def replay(
     kv_dtype: Annotated[str, typer.Option(help="KV precision: fp16, bf16, fp8, int8, int4, oaken")] = "fp16",
     stepping: Annotated[bool, typer.Option(help="advance token by token instead of in closed form (slow; a check)")] = False,
     seed: Annotated[int, typer.Option(help="seed for generated arrivals (--rate on a trace without timestamps)")] = 0,
+    kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: what the device profile leaves)")] = None,
+    on_device: Annotated[bool, typer.Option(help="also run every decode iteration on the torch device given by --device and time it")] = False,
+    profile: Annotated[Optional[str], typer.Option(help="with --on-device: the device profile the measured steps are compared with "
+                                                        "(default: the measured profile of this device)")] = None,
+    scale: Annotated[float, typer.Option(help="with --on-device: keep this share of the model's layers (the pool keeps its tokens)")] = 1.0,
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the full result (metrics and time series) as JSON")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="write a PNG of occupancy, batch, queue and boundaries over time")] = None,
     force: Annotated[bool, typer.Option(help="replace --out / --plot if they exist")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the full result as JSON")] = False,
 ) -> None:
     """Replay a trace through allocator policies under continuous batching; report DESIGN.md's metrics."""
-    from odmactl.allocator import ALLOCATORS
-    from odmactl.atomic import atomic_output, check_writable
+    from odmactl.atomic import atomic_output
     from odmactl.report import render_replay, to_json, write_replay_plot
     from odmactl.trace import read_trace
     from odmactl.workload import LoadOptions, ReplaySpec, run_policies
 
     policies = [p.strip() for p in compare.split(",") if p.strip()] if compare else [policy]
-    for p in policies:
-        if p not in ALLOCATORS:
-            raise OdmaError(f"unknown policy '{p}' (choose from: {', '.join(ALLOCATORS)})")
     if len(set(policies)) != len(policies):
         raise OdmaError(f"--compare names a policy twice: {compare}")
-    for path in (out_path, plot):
-        if path is not None:
-            check_writable(path, force=force)
+    pool_bytes = _replay_inputs(policies, [out_path, plot], force, kv_pool)
+    device_spec = None
+    if on_device:
+        from odmactl.calibrate import resolve_device
+        from odmactl.ondevice import OnDeviceSpec, measured_profile
+
+        torch_device = resolve_device(device)
+        device_spec = OnDeviceSpec(torch_device, scale)
+        device = profile if profile is not None else str(measured_profile(torch_device).path)
+    elif profile is not None or scale != 1.0:
+        raise OdmaError("--profile and --scale apply to --on-device replays only")
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, config=config,
                       load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit, seed=seed),
-                      max_model_len=max_model_len, max_num_seqs=max_num_seqs, fast_forward=not stepping)
+                      max_model_len=max_model_len, max_num_seqs=max_num_seqs, fast_forward=not stepping,
+                      kv_pool_bytes=pool_bytes, on_device=device_spec)
     frame = read_trace(trace_path)
     with progress_bar(not json_out and err.is_terminal) as progress:
         doc = run_policies(frame, policies, spec, progress=progress)
@@ -231,6 +263,78 @@ def replay(
         print(text)
     else:
         render_replay(out, doc)
+
+
+@app.command()
+def check(
+    trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest`")],
+    config: Annotated[Path, typer.Option(help="config TOML (plan's output): [allocator], [scheduler], [thresholds]")],
+    device: Annotated[str, typer.Option(help="device profile name or TOML path")],
+    model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
+    policy: Annotated[str, typer.Option(help="the policy the config is for")] = "odma",
+    predictor: Annotated[str, typer.Option(help="`odmactl fit` artifact folder, `oracle` or `none`")] = "none",
+    min_utilization: Annotated[Optional[float], typer.Option(help="fail when kv_utilization is below this (0-1)")] = None,
+    max_migration_rate: Annotated[Optional[float], typer.Option(help="fail when migration_rate is above this")] = None,
+    max_rejection_rate: Annotated[Optional[float], typer.Option(help="fail when rejections / requests is above this")] = None,
+    min_tps_gain: Annotated[Optional[float], typer.Option(help="fail when tps / baseline tps - 1 is below this (0.2 = +20%)")] = None,
+    baseline: Annotated[Optional[str], typer.Option(help="policy min_tps_gain compares with (default static)")] = None,
+    rate: Annotated[Optional[float], typer.Option(help="rescale arrivals to this many requests/s")] = None,
+    offline: Annotated[bool, typer.Option(help="every request arrives at t=0")] = False,
+    limit: Annotated[Optional[int], typer.Option(help="replay only the first N requests")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's)")] = None,
+    kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
+    kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: the profile's)")] = None,
+    junit: Annotated[Optional[Path], typer.Option(help="write the verdicts as JUnit XML")] = None,
+    markdown_path: Annotated[Optional[Path], typer.Option("--markdown", help="write a markdown summary (for a pull request)")] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the replay result as JSON")] = None,
+    force: Annotated[bool, typer.Option(help="replace --junit / --markdown / --out if they exist")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print the verdicts and metrics as JSON")] = False,
+) -> int:
+    """Replay a trace with a config and test it against thresholds: exit 0 when all hold, 1 when one fails."""
+    import dataclasses
+    import time
+
+    from odmactl.atomic import atomic_output
+    from odmactl.check import Thresholds, evaluate, junit_xml, markdown, policies_needed
+    from odmactl.report import render_check, to_json
+    from odmactl.trace import read_trace
+    from odmactl.workload import LoadOptions, ReplaySpec, read_config, run_policies
+
+    flags = {"min_utilization": min_utilization, "max_migration_rate": max_migration_rate,
+             "max_rejection_rate": max_rejection_rate, "min_tps_gain": min_tps_gain, "baseline": baseline}
+    thresholds = Thresholds.merged(read_config(config)["thresholds"], flags, config)
+    if thresholds.empty:
+        raise OdmaError("nothing to check: give a threshold flag or a [thresholds] table in the config",
+                        hint="e.g. --min-utilization 0.6 --max-migration-rate 0.005")
+    policies = policies_needed(policy, thresholds)
+    pool_bytes = _replay_inputs(policies, [junit, markdown_path, out_path], force, kv_pool)
+    spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, config=config,
+                      load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit), max_model_len=max_model_len,
+                      kv_pool_bytes=pool_bytes)
+    started = time.perf_counter()
+    frame = read_trace(trace_path)
+    with progress_bar(not json_out and err.is_terminal) as progress:
+        doc = run_policies(frame, policies, spec, progress=progress)
+    doc["trace"]["path"] = str(trace_path)
+    verdicts = evaluate(doc, policy, thresholds)
+    seconds = time.perf_counter() - started
+    passed = all(v.passed for v in verdicts)
+    if out_path is not None:
+        with atomic_output(out_path, force=force) as tmp:
+            tmp.write_text(to_json(doc) + "\n")
+    if junit is not None:
+        with atomic_output(junit, force=force) as tmp:
+            tmp.write_text(junit_xml(verdicts, f"{trace_path.name} / {config.name} / {policy}", seconds), encoding="utf-8")
+    if markdown_path is not None:
+        with atomic_output(markdown_path, force=force) as tmp:
+            tmp.write_text(markdown(verdicts, doc, policy, config), encoding="utf-8")
+    if json_out:
+        print(to_json({"passed": passed, "policy": policy, "config": str(config),
+                       "verdicts": [dataclasses.asdict(v) for v in verdicts],
+                       "metrics": {p: r["metrics"] for p, r in doc["results"].items()}}))
+    else:
+        render_check(out, doc, policy, verdicts, passed)
+    return 0 if passed else 1
 
 
 profiles_app = typer.Typer(help="List and show device and model profiles.", no_args_is_help=True)

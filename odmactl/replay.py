@@ -18,7 +18,9 @@ iterations in closed form and the clock jumps to the next completion, overflow, 
 same scheduler advances one iteration at a time, computes each step request by request, and extends
 every allocation every token: the reference the closed form is tested against. Paged blocks are
 handed to the allocator lazily when fast-forwarding (at completion, preemption and exhaustion); the
-scheduler counts the blocks every request needs, so decisions are those of eager growth.
+scheduler counts the blocks every request needs, so decisions are those of eager growth. An
+on-device replay (ondevice.py) steps and hands each decode iteration's batch to a `probe`, which
+runs and times it on the device; the clock still advances by the modelled step.
 """
 
 from __future__ import annotations
@@ -100,7 +102,9 @@ class Replay:
     that leave no room for one output token are rejected (counted)."""
 
     def __init__(self, workload: Workload, allocator: Allocator, cost: CostModel, max_model_len: int,
-                 settings: SchedulerSettings = SchedulerSettings(), progress=None) -> None:
+                 settings: SchedulerSettings = SchedulerSettings(), progress=None, probe=None) -> None:
+        if probe is not None and settings.fast_forward:
+            raise ValueError("an on-device probe runs every decode iteration: replay with fast_forward=False")
         self.w = workload
         self.alloc = allocator
         self.settings = settings
@@ -111,6 +115,7 @@ class Replay:
         self.coeff = cost.step_coefficients(self.layout)
         self.cost = cost
         self.progress = progress
+        self.probe = probe  # ondevice.DecodeProbe: runs and times each decode iteration on the device
 
     # ------------------------------------------------------------------------------------ run
 
@@ -399,7 +404,10 @@ class Replay:
                     c["occupancy_byte_ps"] += alloc.reserved_bytes * dt
             else:
                 k = 1
-                dt = self.coeff.step_ps([base[i] + it for i in running])
+                kv_now = [base[i] + it for i in running]
+                dt = self.coeff.step_ps(kv_now)
+                if self.probe is not None:
+                    self.probe.step([allocs[i] for i in running], kv_now, dt)
                 c["occupancy_byte_ps"] += alloc.reserved_bytes * dt
             t += dt
             it += k

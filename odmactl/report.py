@@ -7,6 +7,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
+from odmactl.check import format_threshold
 from odmactl.stats import json_safe
 
 
@@ -15,7 +16,7 @@ def to_json(data: object) -> str:
     return json.dumps(json_safe(data), sort_keys=True, indent=2, ensure_ascii=False)
 
 
-def _fmt(value: object) -> str:
+def format_value(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -33,7 +34,7 @@ def render_ingest(console: Console, summary: dict) -> None:
         table.add_column(col, overflow="fold")
     for s in summary["sources"]:
         excluded = "; ".join(f"{v:,} {k}" for k, v in s["excluded"].items()) or "-"
-        table.add_row(s["path"], s["format"], _fmt(s["rows"]), excluded, s["token_source"])
+        table.add_row(s["path"], s["format"], format_value(s["rows"]), excluded, s["token_source"])
     console.print(table)
     console.print(
         f"{summary['requests']:,} requests over {summary['duration_s']:,.1f} s; "
@@ -53,7 +54,7 @@ def _length_table(stats: dict) -> Table:
     for col in ("mean", "p50", "p90", "p99", "max"):
         table.add_column(col, justify="right")
     for key in ("prompt_tokens", "output_tokens"):
-        table.add_row(key, *(_fmt(stats[key][c]) for c in ("mean", "p50", "p90", "p99", "max")))
+        table.add_row(key, *(format_value(stats[key][c]) for c in ("mean", "p50", "p90", "p99", "max")))
     return table
 
 
@@ -62,8 +63,8 @@ def _breakdown_table(title: str, rows: list[dict], key: str, limit: int = 20) ->
     for col in (key, "requests", "share", "prompt mean", "output mean", "output p50", "output p99"):
         table.add_column(col, justify="left" if col == key else "right")
     for r in rows[:limit]:
-        table.add_row(str(r[key]), _fmt(r["requests"]), f"{r['share']:.1%}", _fmt(r["prompt_mean"]),
-                      _fmt(r["output_mean"]), _fmt(r["output_p50"]), _fmt(r["output_p99"]))
+        table.add_row(str(r[key]), format_value(r["requests"]), f"{r['share']:.1%}", format_value(r["prompt_mean"]),
+                      format_value(r["output_mean"]), format_value(r["output_p50"]), format_value(r["output_p99"]))
     return table
 
 
@@ -74,9 +75,9 @@ def _drift_table(stats: dict, limit: int = 48) -> Table:
     for col in ("start s", "requests", "req/s", "prompt p50", "prompt p99", "output mean", "output p50", "output p90", "output p99"):
         table.add_column(col, justify="right")
     for r in rows[:limit]:
-        table.add_row(_fmt(r["start_s"]), _fmt(r["requests"]), _fmt(r["rate_per_s"]), _fmt(r["prompt_p50"]),
-                      _fmt(r["prompt_p99"]), _fmt(r["output_mean"]), _fmt(r["output_p50"]), _fmt(r["output_p90"]),
-                      _fmt(r["output_p99"]))
+        table.add_row(format_value(r["start_s"]), format_value(r["requests"]), format_value(r["rate_per_s"]), format_value(r["prompt_p50"]),
+                      format_value(r["prompt_p99"]), format_value(r["output_mean"]), format_value(r["output_p50"]), format_value(r["output_p90"]),
+                      format_value(r["output_p99"]))
     return table
 
 
@@ -303,19 +304,24 @@ def _metric(value: float | int, fmt: str) -> str:
     return fmt.format(value)
 
 
+def _metrics_table(doc: dict) -> Table:
+    """Policies side by side, a metric per row."""
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("metric")
+    for policy in doc["results"]:
+        table.add_column(policy, justify="right")
+    for key, title, fmt in REPLAY_COLUMNS:
+        table.add_row(title, *(_metric(r["metrics"][key], fmt) for r in doc["results"].values()))
+    return table
+
+
 def render_replay(console: Console, doc: dict) -> None:
     t = doc["trace"]
     console.print(f"[bold]{t['path']}[/]: {t['requests']:,} requests ({t['arrivals']}), "
                   f"{doc['model']} on {doc['device']}; KV pool {doc['kv_pool_bytes'] / 2**30:.2f} GiB = "
                   f"{doc['kv_pool_bytes'] // doc['kv_bytes_per_token']:,} tokens; max_model_len {doc['max_model_len']:,}; "
                   f"predictor {doc['predictor']}; {doc['time_advance']}", highlight=False)
-    table = Table(show_header=True, header_style="bold")  # policies side by side, a metric per row
-    table.add_column("metric")
-    for policy in doc["results"]:
-        table.add_column(policy, justify="right")
-    for key, title, fmt in REPLAY_COLUMNS:
-        table.add_row(title, *(_metric(r["metrics"][key], fmt) for r in doc["results"].values()))
-    console.print(table)
+    console.print(_metrics_table(doc))
     for policy, r in doc["results"].items():
         m = r["metrics"]
         extra = []
@@ -325,10 +331,47 @@ def render_replay(console: Console, doc: dict) -> None:
             extra.append(f"{key.replace('_', ' ')}: {note}")
         if extra:
             console.print(f"{policy}: " + "; ".join(extra), highlight=False)
+    measured = {p: r["on_device"] for p, r in doc["results"].items() if "on_device" in r}
+    if measured:
+        first = next(iter(measured.values()))
+        console.print(f"[bold]on device[/]: {first['device_name']} ({first['torch_device']}, torch {first['torch']}), "
+                      f"model {first['model']}" + (f", scaled to {first['layers']} of {first['layers_full']} layers"
+                                                   if first["layers"] != first["layers_full"] else "")
+                      + f"; modelled with profile {first['profile']}", highlight=False)
+        table = Table(show_header=True, header_style="bold")
+        table.add_column("decode step time")
+        for policy in measured:
+            table.add_column(policy, justify="right")
+        rows = [("steps", "decode_steps", "{:,}"), ("measured total (s)", "measured_decode_s", "{:.4g}"),
+                ("modelled total (s)", "modelled_decode_s", "{:.4g}"), ("total error", "total_error", "{:+.1%}"),
+                ("per-step error p50", "step_error_p50", "{:+.1%}"),
+                ("per-step |error| p50", "step_abs_error_p50", "{:.1%}"),
+                ("per-step |error| p90", "step_abs_error_p90", "{:.1%}")]
+        for title, key, fmt in rows:
+            table.add_row(title, *(fmt.format(m[key]) for m in measured.values()))
+        console.print(table)
+
+
+def render_check(console: Console, doc: dict, policy: str, verdicts: list, passed: bool) -> None:
+    """The verdict per threshold, then the replayed policies' metrics."""
+    t = doc["trace"]
+    console.print(f"[bold]{t['path']}[/]: {t['requests']:,} requests, {doc['model']} on {doc['device']}, "
+                  f"policy {policy}, predictor {doc['predictor']}", highlight=False)
+    table = Table(show_header=True, header_style="bold")
+    for title in ("check", "metric", "threshold", "value", "result"):
+        table.add_column(title, justify="left" if title in ("check", "metric") else "right")
+    for v in verdicts:
+        table.add_row(v.name, v.metric, f"{v.comparison} {format_threshold(v.name, v.threshold)}", format_threshold(v.name, v.value),
+                      "[green]pass[/]" if v.passed else "[bold red]FAIL[/]")
+    console.print(table)
+    console.print(_metrics_table(doc))
+    console.print("[bold green]PASS[/]" if passed else
+                  f"[bold red]FAIL[/]: {sum(not v.passed for v in verdicts)} of {len(verdicts)} thresholds violated")
 
 
 def write_replay_plot(doc: dict, path) -> None:
-    """Pool occupancy, batch size and queue length over time per policy, and ODMA's boundaries."""
+    """Pool occupancy, batch size and queue length over time per policy, ODMA's boundaries, and for
+    an on-device replay the measured against the modelled decode step time."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -336,26 +379,40 @@ def write_replay_plot(doc: dict, path) -> None:
 
     results = doc["results"]
     has_bounds = any(r["series"]["bucket_boundaries"] for r in results.values())
-    rows = 4 if has_bounds else 3
-    fig, axes = plt.subplots(rows, 1, figsize=(10, 2.6 * rows), sharex=True)
+    has_device = any("on_device" in r for r in results.values())
+    labels = ["pool occupancy (reserved / pool)", "batch size", "queue length"]
+    labels += ["bucket boundaries (KV tokens)"] if has_bounds else []
+    labels += ["decode step (s): measured, modelled dashed"] if has_device else []
+    fig = plt.figure(figsize=(10, 2.6 * len(labels)))
+    over_time = len(labels) - (1 if has_device else 0)  # the panels that share the time axis
+    axes = [fig.add_subplot(len(labels), 1, 1)]
+    for j in range(1, len(labels)):
+        axes.append(fig.add_subplot(len(labels), 1, j + 1, sharex=axes[0] if j < over_time else None))
     for policy, r in results.items():
         s = r["series"]
         axes[0].step(s["time_s"], s["pool_occupancy"], where="post", label=policy)
         axes[1].step(s["time_s"], s["batch_size"], where="post", label=policy)
         axes[2].step(s["time_s"], s["queue_length"], where="post", label=policy)
         if has_bounds and s["bucket_boundaries"]:
-            times = [b["time_s"] for b in s["bucket_boundaries"]]
-            width = max(len(b["boundaries_tokens"]) for b in s["bucket_boundaries"])
-            for j in range(width):
-                values = [b["boundaries_tokens"][j] if j < len(b["boundaries_tokens"]) else float("nan")
-                          for b in s["bucket_boundaries"]]
+            bounds = s["bucket_boundaries"]
+            times = [b["time_s"] for b in bounds] + [max(s["time_s"][-1], bounds[-1]["time_s"])]
+            rows = [b["boundaries_tokens"] for b in bounds] + [bounds[-1]["boundaries_tokens"]]  # held to the end
+            for j in range(max(len(row) for row in rows)):
+                values = [row[j] if j < len(row) else float("nan") for row in rows]
                 axes[3].step(times, values, where="post", label=f"{policy} b{j + 1}")
-    labels = ["pool occupancy (reserved / pool)", "batch size", "queue length", "bucket boundaries (KV tokens)"]
-    for ax, label in zip(axes, labels):
+        if "on_device" in r:
+            d = r["on_device"]["series"]
+            line, = axes[-1].plot(d["step"], d["measured_s"], linewidth=0.8, label=policy)
+            axes[-1].plot(d["step"], d["modelled_s"], linewidth=0.8, linestyle="--", color=line.get_color())
+    for j, (ax, label) in enumerate(zip(axes, labels)):
         ax.set_ylabel(label, fontsize=8)
         ax.legend(fontsize=7, loc="upper right")
         ax.grid(alpha=0.3)
-    axes[-1].set_xlabel("time (s)")
+        if j < over_time - 1:
+            ax.tick_params(labelbottom=False)
+    axes[over_time - 1].set_xlabel("time (s)")
+    if has_device:
+        axes[-1].set_xlabel("decode iteration")
     fig.suptitle(f"{doc['model']} on {doc['device']}: {doc['trace']['path']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=110)

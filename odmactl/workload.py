@@ -15,10 +15,11 @@ import polars as pl
 from odmactl.allocator import AllocatorConfig
 from odmactl.buckets import quantile_boundaries
 from odmactl.errors import ConfigError
+from odmactl.ondevice import DecodeProbe, OnDeviceSpec, check_fits, compute_dtype, scaled_model
 from odmactl.replay import PS, SchedulerSettings, Workload
 
 PREDICTOR_CHOICES = ("none", "oracle")
-CONFIG_TABLES = ("allocator", "scheduler")
+CONFIG_TABLES = ("allocator", "scheduler", "thresholds")
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,11 @@ def build_workload(frame: pl.DataFrame, load: LoadOptions, predictor: str) -> tu
     return workload, frame, label
 
 
-def read_config(path: Path | None) -> tuple[dict, dict]:
-    """The [allocator] and [scheduler] tables of a config TOML (plan's output), unknown tables refused."""
+def read_config(path: Path | None) -> dict[str, dict]:
+    """The tables of a config TOML (plan's output): "allocator", "scheduler" and "thresholds" (read
+    by check.py), each {} when absent; unknown tables refused, and bad allocator and scheduler keys."""
     if path is None:
-        return {}, {}
+        return {name: {} for name in CONFIG_TABLES}
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
@@ -95,13 +97,17 @@ def read_config(path: Path | None) -> tuple[dict, dict]:
     for key in data:
         if key not in CONFIG_TABLES and not key.startswith("meta"):
             raise ConfigError(f"unknown table '{key}' (known: {', '.join(CONFIG_TABLES)}, meta*)", file=path, key=key)
-    allocator, scheduler = data.get("allocator", {}), data.get("scheduler", {})
+    for name in CONFIG_TABLES:
+        if not isinstance(data.get(name, {}), dict):
+            raise ConfigError(f"'{name}' must be a table", file=path, key=name)
+    tables = {name: dict(data.get(name, {})) for name in CONFIG_TABLES}
+    allocator, scheduler = tables["allocator"], tables["scheduler"]
     AllocatorConfig.from_mapping(allocator, source=path)  # reject bad keys now, naming the file
     known = {f.name for f in dataclasses.fields(SchedulerSettings)} - {"fast_forward", "series_points"}
     for key in scheduler:
         if key not in known:
             raise ConfigError(f"unknown scheduler setting '{key}' (known: {', '.join(sorted(known))})", file=path, key=key)
-    return dict(allocator), dict(scheduler)
+    return tables
 
 
 def default_max_model_len(frame: pl.DataFrame, model_max_positions: int | None, pool_tokens: int) -> int:
@@ -154,39 +160,61 @@ class ReplaySpec:
     max_model_len: int | None = None
     max_num_seqs: int | None = None
     fast_forward: bool = True
+    kv_pool_bytes: int | None = None  # None: the profile's (capacity * fraction - weights - reserve)
+    on_device: OnDeviceSpec | None = None  # run every decode iteration on a torch device too
 
 
 def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, progress=None) -> dict:
-    """Replay the trace once per policy; returns the JSON-ready document (settings, one result each)."""
+    """Replay the trace once per policy; returns the JSON-ready document (settings, one result each).
+    On device, the model is scaled to `spec.on_device.scale` of its layers with the pool's size in
+    tokens kept, each policy gets a torch arena, and each result gains an "on_device" section."""
     from odmactl.allocator import make_allocator
     from odmactl.cost import CostModel
     from odmactl.profiles import load_device, load_model
     from odmactl.replay import Replay
 
     device = load_device(spec.device)
-    model = load_model(spec.model, kv_dtype=spec.kv_dtype)
-    cost = CostModel(device, model)
-    pool_bytes = cost.kv_pool_bytes()
+    full_model = load_model(spec.model, kv_dtype=spec.kv_dtype)
+    pool_bytes = spec.kv_pool_bytes if spec.kv_pool_bytes is not None else device.kv_pool_bytes(full_model)
+    if pool_bytes < full_model.kv_bytes_per_token:
+        raise ConfigError(f"{full_model.name} leaves no KV pool on {device.name} "
+                          f"(weights {full_model.weight_bytes:,} bytes, usable {int(device.usable_bytes):,})")
+    on_device = spec.on_device
+    model = full_model
+    if on_device is not None and on_device.scale < 1.0:
+        model = scaled_model(full_model, on_device.scale)
+        pool_bytes = pool_bytes // full_model.kv_bytes_per_token * model.kv_bytes_per_token
+    dtype = compute_dtype(device)  # the faster 16-bit rate (they are equal on every shipped accelerator)
+    cost = CostModel(device, model, compute_dtype=dtype)
     bpt = model.kv_bytes_per_token
-    if pool_bytes < bpt:
-        raise ConfigError(f"{model.name} leaves no KV pool on {device.name} "
-                          f"(weights {model.weight_bytes:,} bytes, usable {int(device.usable_bytes):,})")
-    allocator_settings, scheduler_settings = read_config(spec.config)
+    tables = read_config(spec.config)
+    allocator_settings, scheduler_settings = tables["allocator"], tables["scheduler"]
     workload, frame, label = build_workload(frame, spec.load, spec.predictor)
     max_len = spec.max_model_len or allocator_settings.get("max_model_len_tokens") or \
         default_max_model_len(frame, model.max_position_embeddings, pool_bytes // bpt)
     if spec.max_num_seqs is not None:
         scheduler_settings["max_num_seqs"] = spec.max_num_seqs
-    scheduler = SchedulerSettings(fast_forward=spec.fast_forward, **scheduler_settings)
+    fast_forward = spec.fast_forward and on_device is None
+    scheduler = SchedulerSettings(fast_forward=fast_forward, **scheduler_settings)
     results = {}
     for policy in policies:
         config, notes = allocator_config(policy, allocator_settings, frame, max_model_len=max_len,
                                          pool_bytes=pool_bytes, bytes_per_token=bpt)
-        allocator = make_allocator(policy, pool_bytes, bpt, config)
         tick = (lambda label_, done, total, p=policy: progress(f"replay {p}", done, total)) if progress else None
-        result = Replay(workload, allocator, cost, max_len, scheduler, progress=tick).run()
+        probe = None
+        if on_device is None:
+            allocator = make_allocator(policy, pool_bytes, bpt, config)
+        else:
+            check_fits(on_device.torch_device, pool_bytes, model.weight_bytes, on_device.scale)
+            allocator = make_allocator(policy, pool_bytes, bpt, config, arena="torch", device=on_device.torch_device)
+            probe = DecodeProbe(allocator.arena, model, allocator.block_size_tokens if policy == "paged" else None,
+                                scheduler.max_num_seqs, dtype)
+        result = Replay(workload, allocator, cost, max_len, scheduler, progress=tick, probe=probe).run()
         results[policy] = {"metrics": result.metrics, "config": config.to_mapping(), "notes": notes,
                            "allocator": result.allocator, "series": result.series}
+        if probe is not None:
+            results[policy]["on_device"] = probe.summary(device, model, full_model, on_device.scale)
+            del probe, allocator  # free the arena before the next policy takes its own
     return {
         "trace": {"requests": workload.size, "arrivals": "offline" if spec.load.offline else
                   (f"rescaled to {spec.load.rate_per_s} req/s" if spec.load.rate_per_s else "trace timestamps"),
@@ -195,6 +223,8 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
         "kv_pool_bytes": pool_bytes, "kv_bytes_per_token": bpt, "max_model_len": max_len,
         "predictor": label, "scheduler": {"max_num_seqs": scheduler.max_num_seqs,
                                           "max_prefill_tokens": scheduler.max_prefill_tokens or max_len},
-        "time_advance": "closed-form fast-forward" if spec.fast_forward else "token-by-token stepping",
+        "time_advance": "closed-form fast-forward" if fast_forward else
+                        ("token-by-token stepping, each decode iteration run on " + on_device.torch_device
+                         if on_device else "token-by-token stepping"),
         "results": results,
     }

@@ -35,3 +35,23 @@ def cli(capsys):
         return CliResult(code, captured.out, captured.err)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def conv_sample_head(tmp_path_factory):
+    """The shipped Azure conv sample, ingested; `head(n)` writes its first n requests to a parquet
+    file and returns the path."""
+    from odmactl.trace import read_trace
+
+    folder = tmp_path_factory.mktemp("conv-sample")
+    full = folder / "conv.parquet"
+    assert main(["ingest", str(SAMPLES / "azure_conv_2023_sample.csv.gz"), "--out", str(full)]) == 0
+    frame = read_trace(full)
+
+    def head(n: int) -> Path:
+        path = folder / f"head-{n}.parquet"
+        if not path.exists():
+            frame.head(n).write_parquet(path)
+        return path
+
+    return head

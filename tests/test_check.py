@@ -1,0 +1,105 @@
+"""`odmactl check`: exit 0 when every threshold holds and 1 when one is violated, thresholds from the
+flags or the config's [thresholds] table, JUnit XML a standard parser reads, a markdown summary,
+and clear errors."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from odmactl.check import Thresholds, evaluate, junit_xml
+from odmactl.errors import ConfigError
+
+DEVICE, MODEL = "mlu370-x4", "DeepSeek-R1-Distill-Qwen-7B"
+
+
+@pytest.fixture(scope="module")
+def trace(conv_sample_head):
+    return conv_sample_head(300)
+
+
+def _config(path, thresholds: str = "") -> object:
+    path.write_text("[allocator]\nnum_buckets = 4\nlarge_pool_fraction = 0.2\n\n" + thresholds)
+    return path
+
+
+def _run(cli, trace, config, *args):
+    return cli("check", trace, "--config", config, "--device", DEVICE, "--model", MODEL, "--predictor", "oracle", *args)
+
+
+def test_pass_exits_0_and_writes_junit_and_markdown(cli, trace, tmp_path):
+    config = _config(tmp_path / "c.toml", "[thresholds]\nmin_utilization = 0.3\nmax_migration_rate = 0.005\n")
+    junit, summary = tmp_path / "j.xml", tmp_path / "s.md"
+    r = _run(cli, trace, config, "--min-tps-gain", "0.1", "--junit", junit, "--markdown", summary)
+    assert r.code == 0, r.err
+    assert "PASS" in r.out and "tps gain over static" in r.out
+    root = ET.parse(junit).getroot()  # a standard parser reads it
+    suite = root.find("testsuite")
+    assert root.tag == "testsuites" and suite.get("tests") == "3" and suite.get("failures") == "0"
+    assert [c.get("name") for c in suite.iter("testcase")] == ["min_utilization", "max_migration_rate", "min_tps_gain"]
+    assert not list(suite.iter("failure"))
+    text = summary.read_text()
+    assert text.startswith("### odmactl check: PASS") and "| min_tps_gain |" in text and "| static |" in text
+
+
+def test_violation_exits_1_with_a_failure_per_violated_threshold(cli, trace, tmp_path):
+    config = _config(tmp_path / "c.toml", "[thresholds]\nmin_utilization = 0.99\n")
+    junit = tmp_path / "j.xml"
+    r = _run(cli, trace, config, "--max-rejection-rate", "0", "--junit", junit, "--json")
+    assert r.code == 1
+    doc = json.loads(r.out)
+    assert doc["passed"] is False
+    by_name = {v["name"]: v for v in doc["verdicts"]}
+    assert by_name["min_utilization"]["passed"] is False and by_name["min_utilization"]["value"] < 0.99
+    assert by_name["max_rejection_rate"]["passed"] is True
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.get("failures") == "1"
+    failed = [c for c in suite.iter("testcase") if c.find("failure") is not None]
+    assert [c.get("name") for c in failed] == ["min_utilization"]
+    assert "violates >= 99.0%" in failed[0].find("failure").get("message")
+    # a flag overrides the config's value: the same run passes with a lower bound
+    r = _run(cli, trace, config, "--min-utilization", "0.2")
+    assert r.code == 0, r.err
+
+
+def test_thresholds_merge_and_validate(tmp_path):
+    t = Thresholds.merged({"min_utilization": 0.5, "baseline": "paged"}, {"min_utilization": 0.6, "min_tps_gain": None},
+                          tmp_path / "c.toml")
+    assert t.min_utilization == 0.6 and t.baseline == "paged" and t.min_tps_gain is None and not t.empty
+    assert Thresholds().empty
+    for table, words in [({"min_util": 0.5}, "unknown threshold"), ({"min_utilization": "high"}, "a number"),
+                         ({"max_migration_rate": 2.0}, "between 0 and 1"), ({"baseline": 3}, "policy name")]:
+        with pytest.raises(ConfigError, match=words) as info:
+            Thresholds.merged(table, {}, tmp_path / "c.toml")
+        assert info.value.file == str(tmp_path / "c.toml") and info.value.key.startswith("thresholds.")
+    with pytest.raises(ConfigError, match="> -1"):
+        Thresholds(min_tps_gain=-2)
+
+
+def test_evaluate_compares_with_the_baseline():
+    doc = {"results": {"odma": {"metrics": {"kv_utilization": 0.7, "migration_rate": 0.01, "rejections": 0,
+                                            "requests": 10, "tps": 120.0}},
+                       "static": {"metrics": {"tps": 100.0}}}}
+    verdicts = evaluate(doc, "odma", Thresholds(min_utilization=0.7, max_migration_rate=0.005, min_tps_gain=0.2))
+    assert [(v.name, v.passed) for v in verdicts] == [("min_utilization", True), ("max_migration_rate", False),
+                                                       ("min_tps_gain", True)]
+    assert verdicts[2].value == pytest.approx(0.2)
+    root = ET.fromstring(junit_xml(verdicts, "suite", 1.5))
+    assert root.get("failures") == "1" and root.find("testsuite").get("time") == "1.500"
+
+
+def test_errors_exit_1_without_output(cli, trace, tmp_path):
+    config = _config(tmp_path / "c.toml")
+    junit = tmp_path / "j.xml"
+    for args, words in [([], "nothing to check"), (["--min-utilization", "1.5"], "between 0 and 1"),
+                        (["--min-tps-gain", "0.2", "--baseline", "buddy"], "unknown policy")]:
+        r = _run(cli, trace, config, *args, "--junit", junit)
+        assert r.code == 1 and words in r.err and "Traceback" not in r.err, (args, r.err)
+    bad = _config(tmp_path / "bad.toml", "[thresholds]\nmin_utilisation = 0.5\n")
+    r = _run(cli, trace, bad, "--junit", junit)
+    assert r.code == 1 and "min_utilisation" in r.err and str(bad) in r.err
+    r = _run(cli, trace, tmp_path / "missing.toml", "--min-utilization", "0.5")
+    assert r.code == 1 and "no such file" in r.err
+    assert not junit.exists()

@@ -1,0 +1,153 @@
+"""On-device replay on the CPU torch device: the bytes each step reads are exactly the running
+requests' KV as the layout places it, the replay itself equals the virtual one under --stepping,
+--scale keeps the pool's tokens, and bad options are clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from odmactl.allocator import make_allocator
+from odmactl.ondevice import DecodeProbe, scaled_model
+from odmactl.profiles import load_model
+from odmactl.replay import Replay, SchedulerSettings, Workload
+
+PROFILE = str(Path(__file__).resolve().parents[1] / "profiles" / "devices" / "measured" / "cpu-xeon-2vcpu.toml")
+TINY = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 688, "vocab_size": 4096, "max_position_embeddings": 8192,
+        "torch_dtype": "float16", "tie_word_embeddings": False}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    (folder / "config.json").write_text(json.dumps(TINY))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def small_trace(conv_sample_head):
+    return conv_sample_head(24)
+
+
+def _owned_bytes(alloc, a, model, block_tokens, kv: int) -> set[int]:
+    """The bytes of request a's first kv tokens, from the layout's definition, byte by byte."""
+    bpt, bpl = model.kv_bytes_per_token, int(model.kv_bytes_per_token_layer)
+    out: set[int] = set()
+    if block_tokens is None:
+        out.update(range(a.offset_bytes, a.offset_bytes + kv * bpt))
+        return out
+    for t in range(kv):
+        block = a.block_ids[t // block_tokens]
+        for layer in range(model.num_layers):
+            start = block * alloc.block_bytes + (layer * block_tokens + t % block_tokens) * bpl
+            out.update(range(start, start + bpl))
+    return out
+
+
+def _read_bytes(probe: DecodeProbe, allocations, kv_tokens) -> list[int]:
+    """The bytes the probe's gathers read, as offsets into the arena (each row's full width)."""
+    read: list[int] = []
+    base = probe.arena.buffer.data_ptr()
+    for rows, idx, _ in probe._gathers(allocations, kv_tokens):
+        width = rows.shape[1] * 4
+        for r in idx.tolist():
+            start = rows[r].data_ptr() - base
+            read.extend(range(start, start + width))
+    return read
+
+
+@pytest.mark.parametrize("policy", ["static", "paged", "s3", "odma"])
+def test_each_step_reads_exactly_the_running_requests_kv(tiny_model, policy):
+    model = load_model(tiny_model)
+    bpt = model.kv_bytes_per_token
+    alloc = make_allocator(policy, 1000 * bpt, bpt, {"max_model_len_tokens": 96, "block_size_tokens": 16,
+                                                     "large_pool_fraction": 0.25},
+                           arena="torch", device="cpu")
+    probe = DecodeProbe(alloc.arena, model, 16 if policy == "paged" else None, max_batch=8)
+    rng = np.random.default_rng(3)
+    live = []
+    for i in range(3):
+        prompt = int(rng.integers(5, 40))
+        a = alloc.reserve(f"r{i}", prompt, 30, 0.1)
+        assert a is not None
+        kv = prompt + int(rng.integers(0, 25))
+        assert alloc.extend(a, kv)
+        live.append((a, kv))
+    allocations, kv_tokens = [a for a, _ in live], [kv for _, kv in live]
+    read = _read_bytes(probe, allocations, kv_tokens)
+    want: set[int] = set()
+    for a, kv in live:
+        want |= _owned_bytes(alloc, a, model, 16 if policy == "paged" else None, kv)
+    assert len(read) == len(set(read)) == len(want) and set(read) == want  # each byte once, nothing else
+    seconds = probe.step(allocations, kv_tokens, modelled_ps=10**9)
+    assert seconds > 0 and probe.measured_s == [seconds] and probe.modelled_ps == [10**9]
+
+
+def test_probe_needs_token_by_token_stepping(tiny_model):
+    model = load_model(tiny_model)
+    bpt = model.kv_bytes_per_token
+    alloc = make_allocator("odma", 1000 * bpt, bpt, {"max_model_len_tokens": 96, "large_pool_fraction": 0.25},
+                           arena="torch", device="cpu")
+    probe = DecodeProbe(alloc.arena, model, None, max_batch=4)
+    empty = Workload([], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    with pytest.raises(ValueError, match="fast_forward"):
+        Replay(empty, alloc, None, 96, SchedulerSettings(fast_forward=True), probe=probe)
+
+
+def test_cli_on_device_cpu_matches_the_virtual_stepping_replay(cli, tiny_model, small_trace, tmp_path):
+    common = ["--model", tiny_model, "--compare", "static,paged,s3,odma", "--predictor", "oracle",
+              "--kv-pool", "64 MiB", "--max-model-len", "4096"]
+    out = tmp_path / "device.json"
+    r = cli("replay", small_trace, "--device", "cpu", "--on-device", "--profile", PROFILE, *common, "--out", out)
+    assert r.code == 0, r.err
+    assert "measured total" in r.out and "modelled total" in r.out
+    doc = json.loads(out.read_text())
+    assert "run on cpu" in doc["time_advance"]
+    r = cli("replay", small_trace, "--device", PROFILE, "--stepping", *common, "--json")
+    assert r.code == 0, r.err
+    virtual = json.loads(r.out)
+    assert doc["kv_pool_bytes"] == virtual["kv_pool_bytes"]
+    for policy, result in doc["results"].items():
+        assert result["metrics"] == virtual["results"][policy]["metrics"], policy  # the clock is the model's
+        assert result["metrics"]["completed"] == 24
+        measured = result["on_device"]
+        assert measured["torch_device"] == "cpu" and measured["layers"] == measured["layers_full"] == 4
+        assert measured["decode_steps"] == result["metrics"]["decode_iterations"] > 0
+        assert measured["measured_decode_s"] > 0 and measured["modelled_decode_s"] > 0
+        assert len(measured["series"]["measured_s"]) == len(measured["series"]["modelled_s"]) > 0
+        assert result["allocator"]["arena"] == "torch"
+
+
+def test_cli_on_device_scale_keeps_the_pool_tokens(cli, tiny_model, small_trace):
+    args = ["replay", small_trace, "--model", tiny_model, "--policy", "odma", "--predictor", "oracle",
+            "--kv-pool", "32 MiB", "--limit", "6", "--json"]
+    r = cli(*args, "--device", "cpu", "--on-device", "--profile", PROFILE, "--scale", "0.5")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    measured = doc["results"]["odma"]["on_device"]
+    assert measured["layers"] == 2 and measured["layers_full"] == 4
+    full = load_model(tiny_model)
+    half = scaled_model(full, 0.5)
+    assert doc["kv_bytes_per_token"] == half.kv_bytes_per_token == full.kv_bytes_per_token // 2
+    assert doc["kv_pool_bytes"] // doc["kv_bytes_per_token"] == (32 << 20) // full.kv_bytes_per_token
+    assert half.weight_bytes < full.weight_bytes
+
+
+def test_cli_on_device_errors(cli, tiny_model, small_trace, tmp_path):
+    base = ["replay", small_trace, "--model", tiny_model, "--out", tmp_path / "x.json"]
+    for args, words in [
+        (["--device", "mlu370-x4", "--on-device"], "--device expects one of"),
+        (["--device", PROFILE, "--scale", "0.5"], "--on-device"),
+        (["--device", PROFILE, "--profile", PROFILE], "--on-device"),
+        (["--device", "cpu", "--on-device", "--profile", PROFILE, "--scale", "0"], "--scale"),
+        (["--device", "cpu", "--on-device", "--profile", PROFILE, "--kv-pool", "12 GB/s"], "--kv-pool"),
+        (["--device", "cpu", "--on-device", "--profile", PROFILE, "--kv-pool", "100 TiB"], "--scale"),
+        (["--device", "cpu", "--on-device", "--profile", PROFILE, "--kv-dtype", "oaken", "--kv-pool", "8 MiB"], "4-byte"),
+    ]:
+        r = cli(*base, *args)
+        assert r.code == 1 and words in r.err and "Traceback" not in r.err, (args, r.err)
+    assert not (tmp_path / "x.json").exists()
