@@ -8,9 +8,18 @@ from bisect import bisect_left
 import numpy as np
 
 
+def bucket_levels(num_buckets: int, levels: tuple[float, ...] | None = None) -> tuple[float, ...]:
+    """The quantile levels of B buckets: `levels` when given (strictly increasing in (0, 1], the last
+    1.0), else i/B for i = 1..B, the levels that equalise occupancy (ODMA eq. 2)."""
+    if levels:
+        return tuple(float(x) for x in levels)
+    return tuple(i / num_buckets for i in range(1, num_buckets + 1))
+
+
 def quantile_boundaries(kv_tokens: np.ndarray, num_buckets: int, *, granularity_tokens: int = 16,
-                        max_tokens: int | None = None) -> tuple[int, ...]:
-    """Bucket upper bounds b_i = Q_{i/B}(L), i = 1..B (ODMA eq. 2), rounded up to `granularity_tokens`.
+                        max_tokens: int | None = None, levels: tuple[float, ...] | None = None) -> tuple[int, ...]:
+    """Bucket upper bounds b_i = Q_{l_i}(L) at `bucket_levels(num_buckets, levels)` (by default
+    l_i = i/B, ODMA eq. 2), rounded up to `granularity_tokens`.
 
     Quantiles use the "higher" rule, so every boundary is a length that occurred and the last one is
     the window's maximum; rounding can merge neighbours, so fewer than B boundaries may come back.
@@ -18,8 +27,7 @@ def quantile_boundaries(kv_tokens: np.ndarray, num_buckets: int, *, granularity_
     """
     values = np.asarray(kv_tokens)
     assert values.size > 0 and num_buckets >= 1 and granularity_tokens >= 1
-    levels = np.arange(1, num_buckets + 1) / num_buckets
-    q = np.quantile(values, levels, method="higher")
+    q = np.quantile(values, np.asarray(bucket_levels(num_buckets, levels)), method="higher")
     rounded = -(-q.astype(np.int64) // granularity_tokens) * granularity_tokens
     if max_tokens is not None:
         rounded = np.minimum(rounded, max_tokens)
@@ -46,11 +54,13 @@ class SlidingWindowRefit:
     """
 
     def __init__(self, *, window: int = 10_000, refresh_every: int = 1_000, num_buckets: int = 4,
-                 granularity_tokens: int = 16, max_tokens: int | None = None) -> None:
+                 granularity_tokens: int = 16, max_tokens: int | None = None,
+                 levels: tuple[float, ...] | None = None) -> None:
         assert window >= 1 and refresh_every >= 1 and granularity_tokens >= 1
         self.window = window
         self.refresh_every = refresh_every
         self.num_buckets = num_buckets
+        self.levels = bucket_levels(num_buckets, levels)
         self.granularity_tokens = granularity_tokens
         self.max_tokens = max_tokens
         self._ring = np.zeros(window, dtype=np.int64)
@@ -89,9 +99,8 @@ class SlidingWindowRefit:
         final rounding in plain Python: with B values, numpy's per-call overhead would dominate)."""
         n = min(self.seen, self.window)
         assert n > 0
-        b = self.num_buckets
-        # numpy's "higher" rule, computed as numpy does ((i / B) * (n - 1) in floats, then ceil), 1-based
-        ranks = [math.ceil((i / b) * (n - 1)) + 1 for i in range(1, b + 1)]
+        # numpy's "higher" rule, computed as numpy does (level * (n - 1) in floats, then ceil), 1-based
+        ranks = [math.ceil(level * (n - 1)) + 1 for level in self.levels]
         cut = np.searchsorted(np.cumsum(self._counts), ranks).tolist()
         out: list[int] = []
         for granules in cut:

@@ -266,6 +266,67 @@ def replay(
 
 
 @app.command()
+def plan(
+    trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest`")],
+    device: Annotated[str, typer.Option(help="device profile name or TOML path")],
+    model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="config TOML to write (read by `replay --config` and `check`)")],
+    predictor: Annotated[str, typer.Option(help="`odmactl fit` artifact folder or `oracle` (true lengths, the upper bound)")] = "oracle",
+    report: Annotated[Optional[Path], typer.Option(help="write an HTML report with plots")] = None,
+    objective: Annotated[str, typer.Option(help="what to maximise: tps or utilization")] = "tps",
+    max_migration_rate: Annotated[float, typer.Option(help="most migrations per request the recommendation may cause")] = 0.005,
+    ttft_p99: Annotated[Optional[float], typer.Option(help="most seconds of TTFT p99 the recommendation may cause")] = None,
+    holdout: Annotated[float, typer.Option(help="share of the trace, at its end, held out to validate on")] = 0.3,
+    replays: Annotated[int, typer.Option(help="candidates replayed after the cheap bounds")] = 12,
+    workers: Annotated[int, typer.Option(help="worker processes for the replays")] = 1,
+    executor: Annotated[str, typer.Option(help="process (local workers) or ray (a Ray cluster; the ray extra)")] = "process",
+    max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the trace's longest, within model and pool)")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,
+    kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
+    kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: the profile's)")] = None,
+    force: Annotated[bool, typer.Option(help="replace --out / --report if they exist")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print the plan (search, replays, validation) as JSON")] = False,
+) -> None:
+    """Search ODMA's buckets, gamma, tau, large pool and refit on the trace's earlier part; validate on its later part."""
+    import shlex
+
+    import tomli_w
+
+    from odmactl.atomic import atomic_output
+    from odmactl.plan import PlanSpec, config_document, plan as run_plan
+    from odmactl.plan_report import write_plan_report
+    from odmactl.report import render_plan, to_json
+    from odmactl.trace import read_trace
+    from odmactl.workload import read_config
+
+    pool_bytes = _replay_inputs([], [out_path, report], force, kv_pool)
+    spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, objective=objective,
+                    max_migration_rate=max_migration_rate, ttft_p99_s=ttft_p99, holdout=holdout, replays=replays,
+                    workers=workers, executor=executor, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                    kv_pool_bytes=pool_bytes)
+    frame = read_trace(trace_path)
+    with progress_bar(not json_out and err.is_terminal) as progress:
+        doc = run_plan(frame, spec, progress=progress)
+    doc["trace"]["path"] = str(trace_path)
+    command = " ".join(shlex.quote(str(a)) for a in [
+        "odmactl", "plan", trace_path, "--device", device, "--model", model, "--predictor", predictor,
+        "--objective", objective, "--max-migration-rate", max_migration_rate, "--holdout", holdout,
+        "--replays", replays, "--out", out_path] + (["--ttft-p99", ttft_p99] if ttft_p99 is not None else []))
+    config = config_document(doc, command)
+    with atomic_output(out_path, force=force) as tmp:
+        tmp.write_text("# Written by odmactl plan; [meta] says how and what it expects.\n" + tomli_w.dumps(config),
+                       encoding="utf-8")
+        read_config(tmp)  # what we write must read back as a valid config
+    if report is not None:
+        with atomic_output(report, force=force) as tmp:
+            write_plan_report(doc, config, tmp)
+    if json_out:
+        print(to_json({"out": str(out_path), **doc}))
+    else:
+        render_plan(out, doc, str(out_path))
+
+
+@app.command()
 def check(
     trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest`")],
     config: Annotated[Path, typer.Option(help="config TOML (plan's output): [allocator], [scheduler], [thresholds]")],

@@ -55,6 +55,14 @@ class Workload:
     def size(self) -> int:
         return len(self.request_ids)
 
+    def take(self, start: int, stop: int) -> Workload:
+        """Requests start..stop-1, arrival times unchanged (a replay starts at its first arrival)."""
+        def cut(a):
+            return None if a is None else a[start:stop]
+
+        return Workload(self.request_ids[start:stop], self.arrival_ps[start:stop], self.prompt_tokens[start:stop],
+                        self.output_tokens[start:stop], cut(self.predicted_output_tokens), cut(self.uncertainty))
+
 
 @dataclass(frozen=True)
 class SchedulerSettings:
@@ -154,7 +162,8 @@ class Replay:
         next_arrival = 0
         next_seq = 0
         dirty = False
-        c = {"preemptions": 0, "rejections": 0, "truncated": 0, "recomputed_tokens": 0, "migrations": 0,
+        c = {"preemptions": 0, "rejections": 0, "rejected_prompt_too_long": 0, "truncated": 0,
+             "recomputed_tokens": 0, "migrations": 0,
              "migrated_bytes": 0, "peak_concurrency": 0, "prefill_iterations": 0, "decode_iterations": 0,
              "occupancy_byte_ps": 0, "migration_ps": 0}
         series = _Series(self.settings.series_points)
@@ -318,6 +327,7 @@ class Replay:
                 next_arrival += 1
                 if prompt[i] >= self.max_len:
                     reject(i)
+                    c["rejected_prompt_too_long"] += 1  # no policy could serve it
                     continue
                 if target[i] < w.output_tokens[i]:
                     c["truncated"] += 1
@@ -453,6 +463,7 @@ class Replay:
             "requests": num,
             "completed": int(ok.sum()),
             "rejections": c["rejections"],
+            "rejected_prompt_too_long": c["rejected_prompt_too_long"],
             "truncated": c["truncated"],
             "generated_tokens": generated,
             "kv_utilization": float(kv_final.sum() / kv_reserved.sum()) if kv_reserved.size else 0.0,

@@ -417,3 +417,39 @@ def write_replay_plot(doc: dict, path) -> None:
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=110)
     plt.close(fig)
+
+
+PLAN_ROWS = (("kv_utilization", "KV util", "{:.1%}"), ("tps", "TPS", "{:,.1f}"), ("migration_rate", "migr. rate", "{:.3%}"),
+             ("rejections", "rejected", "{:,}"), ("preemptions", "preempt.", "{:,}"), ("ttft_p99", "TTFT p99 s", "{:.3g}"),
+             ("tpot_p99", "TPOT p99 ms", "ms"), ("peak_concurrency", "peak conc.", "{:,}"))
+
+
+def render_plan(console: Console, doc: dict, out_path: str) -> None:
+    """The recommendation, then every policy on the held-out part, side by side."""
+    t = doc["trace"]
+    console.print(f"[bold]{t['path']}[/]: {t['requests']:,} requests, {doc['model']} on {doc['device']}, predictor "
+                  f"{doc['predictor']}; searched on the first {t['search_requests']:,}, validated on the last "
+                  f"{t['holdout_requests']:,}", highlight=False)
+    console.print(f"{doc['candidates']} candidates: {doc['pruned']} pruned by the cheap bounds, {doc['replayed']} "
+                  f"replayed; objective {doc['objective']}, migration rate <= {doc['max_migration_rate']:.2%}"
+                  + (f", TTFT p99 <= {doc['ttft_p99_s']:g} s" if doc["ttft_p99_s"] else ""), highlight=False)
+    a = doc["chosen"]["allocator"]
+    console.print(f"[bold]recommended[/]: {doc['chosen']['label']}; boundaries {a['boundaries_tokens']} tokens, "
+                  f"max_model_len {doc['max_model_len']:,}" + ("" if doc["constraints_met_on_search"] else
+                  " [bold red](no replayed candidate met every constraint on the search part: the closest is shown)[/]"),
+                  highlight=False)
+    table = Table(show_header=True, header_style="bold", title="held-out later part")
+    table.add_column("metric")
+    for name in doc["validation"]:
+        table.add_column(name, justify="right")
+    for key, title, fmt in PLAN_ROWS:
+        table.add_row(title, *(_metric(v["metrics"][key], fmt) for v in doc["validation"].values()))
+    console.print(table)
+    lines = [f"{name}: KV utilization {d['kv_utilization_points']:+.1f} points, TPS {d['tps_gain']:+.1%}"
+             for name, d in doc["against_baselines"].items()]
+    console.print("recommended odma against " + "; ".join(lines), highlight=False)
+    faster = [name for name, d in doc["against_baselines"].items() if d["tps_gain"] < 0]
+    if faster:
+        console.print(f"[yellow]note:[/] {', '.join(faster)} served more tokens per second than the recommended odma "
+                      "on the held-out part", highlight=False)
+    console.print(f"wrote {out_path}", highlight=False)

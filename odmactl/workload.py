@@ -135,7 +135,7 @@ def allocator_config(policy: str, settings: dict, frame: pl.DataFrame, *, max_mo
             kv = np.minimum((window["prompt_tokens"].cast(pl.Int64) + window["output_tokens"].cast(pl.Int64)).to_numpy(),
                             max_model_len)
             bounds = quantile_boundaries(kv, config.num_buckets, granularity_tokens=config.granularity_tokens,
-                                         max_tokens=max_model_len)
+                                         max_tokens=max_model_len, levels=config.quantile_levels)
             config = dataclasses.replace(config, boundaries_tokens=bounds)
             notes["initial_boundaries"] = f"quantiles of the first {window.height} requests' KV lengths"
         block = max_model_len * bytes_per_token

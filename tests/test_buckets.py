@@ -56,6 +56,15 @@ def test_histogram_boundaries_equal_the_sorted_quantiles() -> None:
         assert out == quantile_boundaries(values[-window:], b, granularity_tokens=g, max_tokens=6000)
 
 
+def test_quantile_levels_other_than_equal_occupancy() -> None:
+    x = np.random.default_rng(2).lognormal(5, 1, 4000).astype(int) + 1
+    levels = (0.4375, 0.75, 0.9375, 1.0)
+    got = quantile_boundaries(x, 4, granularity_tokens=1, levels=levels)
+    assert got == tuple(int(v) for v in np.quantile(x, levels, method="higher"))
+    refit = SlidingWindowRefit(window=1000, refresh_every=1000, num_buckets=4, granularity_tokens=16, levels=levels)
+    assert refit.observe_many(x) == quantile_boundaries(x[-1000:], 4, granularity_tokens=16, levels=levels)
+
+
 def test_refit_follows_a_real_distribution_shift(shared_traces) -> None:
     """Azure conv traffic, then Azure code traffic (real KV lengths: context + generated). The first
     refresh after the switch already moves the boundaries toward the new distribution; once a whole

@@ -36,6 +36,7 @@ class AllocatorConfig:
     s3_num_buckets: int = 10
     # odma
     num_buckets: int = 4
+    quantile_levels: tuple[float, ...] = ()  # empty: i / num_buckets (equal occupancy)
     boundaries_tokens: tuple[int, ...] = ()
     gamma: float = 0.2
     tau: float = 0.8
@@ -68,6 +69,11 @@ class AllocatorConfig:
             raise ConfigError(f"expected a fraction in [0, 1), got {self.large_pool_fraction!r}", key="large_pool_fraction")
         if self.large_pool_bytes is not None and not (isinstance(self.large_pool_bytes, int) and self.large_pool_bytes >= 0):
             raise ConfigError(f"expected a byte count >= 0, got {self.large_pool_bytes!r}", key="large_pool_bytes")
+        q = self.quantile_levels
+        if q and (len(q) != self.num_buckets or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in q)
+                  or list(q) != sorted(set(q)) or not 0 < q[0] or q[-1] != 1):
+            raise ConfigError(f"expected num_buckets ({self.num_buckets}) strictly increasing levels in (0, 1] "
+                              f"ending at 1, got {list(q)}", key="quantile_levels")
         b = self.boundaries_tokens
         if any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in b) or list(b) != sorted(set(b)):
             raise ConfigError(f"expected strictly increasing token counts >= 1, got {list(b)}", key="boundaries_tokens")
@@ -84,9 +90,10 @@ class AllocatorConfig:
                 raise ConfigError(f"unknown allocator setting '{key}' (known: {', '.join(sorted(known))})",
                                   file=source, key=key)
         values = dict(data)
-        if "boundaries_tokens" in values:
-            raw = values["boundaries_tokens"]
-            values["boundaries_tokens"] = tuple(raw) if isinstance(raw, (list, tuple)) else raw
+        for key in ("boundaries_tokens", "quantile_levels"):
+            if key in values:
+                raw = values[key]
+                values[key] = tuple(raw) if isinstance(raw, (list, tuple)) else raw
         try:
             return cls(**values)
         except ConfigError as exc:
@@ -97,4 +104,5 @@ class AllocatorConfig:
     def to_mapping(self) -> dict[str, object]:
         out = dataclasses.asdict(self)
         out["boundaries_tokens"] = list(self.boundaries_tokens)
+        out["quantile_levels"] = list(self.quantile_levels)
         return {k: v for k, v in out.items() if v is not None}

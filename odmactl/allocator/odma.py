@@ -62,7 +62,8 @@ class OdmaAllocator(ContiguousAllocator):
                             equal_width_boundaries(self.max_tokens, config.num_buckets, config.granularity_tokens))
         self.refitter = SlidingWindowRefit(
             window=config.refit_window, refresh_every=config.refit_every, num_buckets=config.num_buckets,
-            granularity_tokens=config.granularity_tokens, max_tokens=self.max_tokens) if config.refit else None
+            granularity_tokens=config.granularity_tokens, max_tokens=self.max_tokens,
+            levels=config.quantile_levels) if config.refit else None
         # realized KV lengths since the last refresh; array('q') appends as cheaply as a list and
         # hands numpy its buffer without a copy
         self._realized = array("q") if config.refit else None

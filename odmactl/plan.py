@@ -1,0 +1,469 @@
+"""`odmactl plan`: choose ODMA's settings on the earlier part of a trace and validate the choice on
+the later part, against static, paged and s3.
+
+The search space (`candidate_grid`, 1,200 candidates):
+  num_buckets B          4, 6, 8, 12, 16
+  quantile levels        "equal": i/B (ODMA eq. 2, equal occupancy); "tail": 1 - (1 - i/B)^2, finer
+                         buckets in the long tail, where rounding a request up costs the most
+  gamma                  0, 0.25, 0.5, 1, 2 (need = prompt + ceil(L_hat * (1 + gamma * u)))
+  tau                    0.5, 0.8, or never (u > tau sends a request to the large pool)
+  large_pool_fraction    0.05, 0.1, 0.2, 0.3 of the KV pool (at least one max_model_len block: without
+                         one, a request longer than the last boundary could never be served)
+  refit window / every   10,000 / 1,000 (the papers) and 2,000 / 200 (faster drift)
+
+1. Cheap bounds, no replay (`estimate`): for every candidate, ODMA's reservation rule applied to the
+   search part with vectorised numpy (as `buckets.reserved_kv_tokens`), the boundaries refitted per
+   refresh period from the realized lengths before it (arrival order stands in for completion
+   order). From it: the overflow rate (a main-pool block the realized length outgrows), the KV
+   utilization (realized / reserved at completion), and a capacity index: how much decode time the
+   two pools sustain, min(main tokens / main token-time, large tokens / large token-time), where a
+   request holds its block for as many steps as it generates. Candidates whose estimated overflow
+   rate exceeds 1.5 x the limit are pruned; the rest are ranked by the objective's estimate.
+2. The best `replays` survivors are replayed on the search part, in worker processes (or on Ray);
+   the chosen one is the best by the objective (tps or kv_utilization) among those that keep the
+   overflow rate (migrations plus preemptions, per request: an overflow the large pool cannot take
+   preempts the request) within the migration-rate limit, reject nothing a policy could serve (a
+   prompt past max_model_len is rejected by all) and, when asked, keep TTFT p99 within its bound;
+   when none does, the one closest to doing so.
+3. Validation on time: the chosen config, static (at max_model_len, and at 8,192 when that is
+   tighter), paged and s3 are replayed on the held-out later part; those are the expected metrics
+   written to the config and the report.
+
+Deterministic: candidates are evaluated independently and collected in grid order, so the result
+does not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import multiprocessing
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from odmactl.buckets import bucket_levels
+from odmactl.errors import ConfigError
+from odmactl.replay import SchedulerSettings, Workload
+
+BUCKETS = (4, 6, 8, 12, 16)
+LEVELS = ("equal", "tail")
+GAMMAS = (0.0, 0.25, 0.5, 1.0, 2.0)
+TAUS = (0.5, 0.8, math.inf)
+LARGE_FRACTIONS = (0.05, 0.1, 0.2, 0.3)
+REFITS = ((10_000, 1_000), (2_000, 200))
+OBJECTIVES = ("tps", "utilization")
+PRUNE_SLACK = 1.5  # keep candidates whose estimated migration rate is within 1.5 x the limit
+STATIC_TIGHT_TOKENS = 8192
+EXECUTORS = ("process", "ray")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search space; `allocator_table()` is its [allocator] settings."""
+
+    num_buckets: int
+    levels: str
+    gamma: float
+    tau: float
+    large_pool_fraction: float
+    refit_window: int
+    refit_every: int
+
+    def quantile_levels(self) -> tuple[float, ...]:
+        equal = bucket_levels(self.num_buckets)
+        if self.levels == "equal":
+            return equal
+        return tuple(round(1.0 - (1.0 - level) ** 2, 6) for level in equal)
+
+    def allocator_table(self) -> dict:
+        return {"num_buckets": self.num_buckets, "quantile_levels": list(self.quantile_levels()),
+                "gamma": self.gamma, "tau": self.tau if math.isfinite(self.tau) else 1.0e9,
+                "large_pool_fraction": self.large_pool_fraction, "refit_window": self.refit_window,
+                "refit_every": self.refit_every}
+
+    @property
+    def label(self) -> str:
+        tau = f"{self.tau:g}" if math.isfinite(self.tau) else "never"
+        large = f"{self.large_pool_fraction:.0%}"
+        return (f"B={self.num_buckets} {self.levels} gamma={self.gamma:g} tau={tau} "
+                f"large={large} refit={self.refit_window}/{self.refit_every}")
+
+
+def candidate_grid() -> list[Candidate]:
+    return [Candidate(b, lv, g, t, f, w, e) for b in BUCKETS for lv in LEVELS for g in GAMMAS for t in TAUS
+            for f in LARGE_FRACTIONS for w, e in REFITS]
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    device: str
+    model: str
+    kv_dtype: str = "fp16"
+    predictor: str = "oracle"
+    objective: str = "tps"
+    max_migration_rate: float = 0.005
+    ttft_p99_s: float | None = None
+    holdout: float = 0.3
+    replays: int = 12
+    workers: int = 1
+    executor: str = "process"
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    kv_pool_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"--objective expects one of {', '.join(OBJECTIVES)}, got '{self.objective}'")
+        if not 0.0 <= self.max_migration_rate <= 1.0:
+            raise ConfigError(f"--max-migration-rate must be in [0, 1], got {self.max_migration_rate}")
+        if self.ttft_p99_s is not None and not self.ttft_p99_s > 0:
+            raise ConfigError(f"--ttft-p99 must be > 0 seconds, got {self.ttft_p99_s}")
+        if not 0.05 <= self.holdout <= 0.8:
+            raise ConfigError(f"--holdout must be between 0.05 and 0.8 (a share of the trace), got {self.holdout}")
+        if self.replays < 1:
+            raise ConfigError(f"--replays must be >= 1, got {self.replays}")
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"--executor expects one of {', '.join(EXECUTORS)}, got '{self.executor}'")
+
+
+# ------------------------------------------------------------------------------------------ bounds
+
+@dataclass(frozen=True)
+class _Periods:
+    """The boundaries in force over a workload, one row per refresh period: row 0 is the warm start
+    (quantiles of the first window) until the first refresh, row j the quantiles of the
+    `refit_window` realized lengths before request j * refit_every. Rows are nondecreasing (merged
+    boundaries repeat). `shifted` is the rows raveled with row j offset by j * (max_len + 1), so one
+    searchsorted finds every request's bucket within its own period."""
+
+    rows: np.ndarray      # [periods, B]
+    period: np.ndarray    # [n]: the period of each request
+    shifted: np.ndarray   # [periods * B]
+
+    @classmethod
+    def of(cls, kv: np.ndarray, c: Candidate, max_len: int, granularity: int) -> _Periods:
+        levels = np.asarray(c.quantile_levels())
+
+        def bounds(values: np.ndarray) -> np.ndarray:
+            q = np.quantile(values, levels, method="higher")
+            return np.minimum(-(-q.astype(np.int64) // granularity) * granularity, max_len)
+
+        rows = [bounds(kv[: c.refit_window])]
+        rows += [bounds(kv[max(0, start - c.refit_window):start]) for start in range(c.refit_every, kv.size, c.refit_every)]
+        table = np.asarray(rows, dtype=np.int64)
+        period = np.arange(kv.size, dtype=np.int64) // c.refit_every
+        offsets = np.arange(table.shape[0], dtype=np.int64)[:, None] * (max_len + 1)
+        return cls(table, period, (table + offsets).ravel())
+
+
+def estimate(candidates: list[Candidate], w: Workload, max_len: int, pool_tokens: int,
+             granularity: int = 16, progress=None) -> list[dict]:
+    """Each candidate's cheap figures on workload `w` (see the module docstring). The boundaries
+    depend on (B, levels, refit), the reservations also on gamma, the routing also on tau, and the
+    large pool only scales the capacity: each is computed once for the candidates that share it."""
+    prompt = w.prompt_tokens.astype(np.int64)
+    output = np.minimum(w.output_tokens, np.maximum(max_len - prompt, 0)).astype(np.int64)
+    kv = np.minimum(prompt + output, max_len)
+    assert w.predicted_output_tokens is not None and w.uncertainty is not None, "plan needs predictions"
+    l_hat, u = np.maximum(w.predicted_output_tokens, 1.0), w.uncertainty
+    total_output = float(output.sum())
+    periods: dict[tuple, _Periods] = {}
+    reserved_of: dict[tuple, np.ndarray] = {}
+    routed: dict[tuple, dict] = {}
+    out = []
+    for j, c in enumerate(candidates):
+        key = (c.num_buckets, c.levels, c.refit_window, c.refit_every)
+        if key not in periods:
+            periods[key] = _Periods.of(kv, c, max_len, granularity)
+        if key + (c.gamma,) not in reserved_of:
+            reserved_of[key + (c.gamma,)] = _reserve_rows(prompt, l_hat, u, periods[key], c.gamma, max_len)
+        if key + (c.gamma, c.tau) not in routed:
+            reserved, fits = reserved_of[key + (c.gamma,)]
+            large = (u > c.tau) | ~fits
+            migrate = ~large & (kv > reserved)
+            final = np.where(large | migrate, max_len, reserved)
+            routed[key + (c.gamma, c.tau)] = {
+                "overflow_rate": float(migrate.mean()) if kv.size else 0.0,
+                "kv_utilization": float(kv.sum() / final.sum()) if kv.size else 0.0,
+                "routed_large": float(large.mean()) if kv.size else 0.0,
+                "main_tt": float(np.sum(np.where(large, 0, reserved * np.where(migrate, np.maximum(reserved - prompt, 1), output)))),
+                "large_tt": float(np.sum(np.where(large, max_len * output, np.where(migrate, max_len * (kv - reserved), 0))))}
+        r = routed[key + (c.gamma, c.tau)]
+        large_tokens = max(int(pool_tokens * c.large_pool_fraction) // max_len, 1) * max_len  # >= one block
+        main_tokens = pool_tokens - large_tokens
+        sustain = min(main_tokens / r["main_tt"] if r["main_tt"] else math.inf,
+                      large_tokens / r["large_tt"] if r["large_tt"] else math.inf)
+        out.append({"candidate": c, "overflow_rate": r["overflow_rate"], "kv_utilization": r["kv_utilization"],
+                    "capacity_index": sustain * total_output, "routed_large": r["routed_large"]})
+        if progress is not None and (j + 1) % 16 == 0:
+            progress("plan: bounds", j + 1, len(candidates))
+    return out
+
+
+def _reserve_rows(prompt, l_hat, u, periods: _Periods, gamma: float, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """`buckets.reserved_kv_tokens` before the tau test, each request with the boundaries of its
+    refresh period, vectorised: (the smallest boundary >= need, whether there is one)."""
+    need = np.maximum(prompt + np.ceil(l_hat * (1.0 + gamma * u)).astype(np.int64), prompt)
+    b = periods.rows.shape[1]
+    fits = need <= periods.rows[periods.period, -1]
+    found = np.searchsorted(periods.shifted, np.minimum(need, max_len) + periods.period * (max_len + 1), side="left")
+    index = np.minimum(found, periods.period * b + b - 1)  # where nothing fits the slot is not used
+    return periods.rows.ravel()[index], fits
+
+
+def _distinct(ranked: list[dict]) -> list[dict]:
+    """The ranked candidates less those whose estimates equal a better one's (with exact predictions
+    gamma and tau change nothing, for one): replays go to candidates that behave differently."""
+    seen, out = set(), []
+    for e in ranked:
+        key = tuple(round(e[k], 9) for k in ("overflow_rate", "kv_utilization", "capacity_index", "routed_large"))
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
+
+
+def rank(estimates: list[dict], objective: str, max_migration_rate: float) -> tuple[list[dict], int]:
+    """Survivors of the pruning, best first by the objective's estimate; and how many were pruned."""
+    keep = [e for e in estimates if e["overflow_rate"] <= max_migration_rate * PRUNE_SLACK + 1e-12]
+    key = "capacity_index" if objective == "tps" else "kv_utilization"
+    order = sorted(range(len(keep)), key=lambda i: (-keep[i][key], -keep[i]["kv_utilization"], i))
+    return [keep[i] for i in order], len(estimates) - len(keep)
+
+
+# ------------------------------------------------------------------------------------------ replays
+
+@dataclass(frozen=True)
+class _Context:
+    """What a worker needs to replay a policy on one part of the trace."""
+
+    frame: pl.DataFrame
+    workload: Workload
+    cost: object
+    max_len: int
+    pool_bytes: int
+    bytes_per_token: int
+    scheduler: SchedulerSettings
+
+
+def replay_candidate(ctx: _Context, table: dict, policy: str = "odma", series: bool = False) -> dict:
+    """One replay of `policy` with the [allocator] settings `table` on the context's workload: its
+    metrics, or (series=True) metrics, time series and the config used."""
+    from odmactl.allocator import make_allocator
+    from odmactl.replay import Replay
+    from odmactl.workload import allocator_config
+
+    config, _ = allocator_config(policy, table, ctx.frame, max_model_len=ctx.max_len,
+                                 pool_bytes=ctx.pool_bytes, bytes_per_token=ctx.bytes_per_token)
+    allocator = make_allocator(policy, ctx.pool_bytes, ctx.bytes_per_token, config)
+    result = Replay(ctx.workload, allocator, ctx.cost, ctx.max_len, ctx.scheduler).run()
+    if not series:
+        return result.metrics
+    return {"policy": policy, "max_model_len": ctx.max_len, "metrics": result.metrics, "series": result.series,
+            "config": config.to_mapping()}
+
+
+def run_jobs(jobs: list[tuple], workers: int, label: str, progress=None) -> list:
+    """`replay_candidate(*job)` for every job, in `workers` processes; results in the jobs' order
+    (whichever finishes first), so the outcome does not depend on the number of workers."""
+    results: list = [None] * len(jobs)
+    if workers == 1 or len(jobs) == 1:
+        for i, job in enumerate(jobs):
+            results[i] = replay_candidate(*job)
+            if progress is not None:
+                progress(label, i + 1, len(jobs))
+        return results
+    method = "fork" if sys.platform == "linux" else "spawn"
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method)) as pool:
+        futures = {pool.submit(replay_candidate, *job): i for i, job in enumerate(jobs)}
+        for done, future in enumerate(as_completed(futures), start=1):
+            results[futures[future]] = future.result()
+            if progress is not None:
+                progress(label, done, len(jobs))
+    return results
+
+
+def _replay_on_ray(ctx: _Context, tables: list[dict], progress=None) -> list[dict]:
+    """The same replays as Ray tasks (the context is put in the object store once)."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--executor ray needs Ray installed", hint="pip install 'odmactl[ray]'") from None
+    ray.init(ignore_reinit_error=True)
+    remote = ray.remote(replay_candidate)
+    shared = ray.put(ctx)
+    refs = [remote.remote(shared, table) for table in tables]
+    results = []
+    for i, ref in enumerate(refs):
+        results.append(ray.get(ref))
+        if progress is not None:
+            progress("plan: replay candidates", i + 1, len(tables))
+    return results
+
+
+def overflow_rate(metrics: dict) -> float:
+    """Overflows per request: migrations, plus preemptions (for ODMA, an overflow the large pool had
+    no room for). The migration-rate limit applies to this, the rate the cheap bound estimates."""
+    return (metrics["migrations"] + metrics["preemptions"]) / max(metrics["requests"], 1)
+
+
+def choose(replayed: list[tuple[dict, dict]], spec: PlanSpec) -> tuple[int, bool]:
+    """Index of the chosen (estimate, metrics) pair and whether it meets every constraint."""
+    def violation(m: dict) -> float:
+        # rejections the policy caused (a prompt past max_model_len is rejected whatever the policy)
+        over = max(0.0, overflow_rate(m) - spec.max_migration_rate) + \
+            (m["rejections"] - m["rejected_prompt_too_long"]) / max(m["requests"], 1)
+        if spec.ttft_p99_s is not None:
+            over += max(0.0, m["ttft_p99"] / spec.ttft_p99_s - 1.0)
+        return over
+
+    key = "tps" if spec.objective == "tps" else "kv_utilization"
+    feasible = [i for i, (_, m) in enumerate(replayed) if violation(m) == 0.0]
+    if feasible:
+        return max(feasible, key=lambda i: (replayed[i][1][key], replayed[i][1]["kv_utilization"], -i)), True
+    return min(range(len(replayed)), key=lambda i: (violation(replayed[i][1]), -replayed[i][1][key], i)), False
+
+
+# ------------------------------------------------------------------------------------------ the plan
+
+def trace_digest(frame: pl.DataFrame) -> str:
+    cols = frame.select(["arrival_s", "prompt_tokens", "output_tokens"])
+    return hashlib.sha256(cols.write_ipc(None).getvalue()).hexdigest()[:16]
+
+
+def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
+    """Search, replay, choose and validate; returns the JSON-ready plan document."""
+    from odmactl.cost import CostModel
+    from odmactl.ondevice import compute_dtype
+    from odmactl.profiles import load_device, load_model
+    from odmactl.workload import LoadOptions, build_workload, default_max_model_len
+
+    device = load_device(spec.device)
+    model = load_model(spec.model, kv_dtype=spec.kv_dtype)
+    cost = CostModel(device, model, compute_dtype=compute_dtype(device))
+    pool_bytes = spec.kv_pool_bytes if spec.kv_pool_bytes is not None else device.kv_pool_bytes(model)
+    bpt = model.kv_bytes_per_token
+    if pool_bytes < bpt:
+        raise ConfigError(f"{model.name} leaves no KV pool on {device.name}")
+    if spec.predictor == "none":
+        raise ConfigError("plan sizes ODMA's blocks from predicted lengths: give --predictor P/ (from `odmactl fit`) "
+                          "or --predictor oracle (the upper bound)")
+    if frame.height < 200:
+        raise ConfigError(f"plan needs at least 200 requests to search and validate on, the trace has {frame.height}")
+    workload, frame, label = build_workload(frame, LoadOptions(), spec.predictor)
+    max_len = spec.max_model_len or default_max_model_len(frame, model.max_position_embeddings, pool_bytes // bpt)
+    split = int(round(frame.height * (1.0 - spec.holdout)))
+    search_w, hold_w = workload.take(0, split), workload.take(split, frame.height)
+    search_f, hold_f = frame.head(split), frame.slice(split)
+    scheduler = SchedulerSettings(**({"max_num_seqs": spec.max_num_seqs} if spec.max_num_seqs else {}))
+
+    grid = candidate_grid()
+    estimates = estimate(grid, search_w, max_len, pool_bytes // bpt, progress=progress)
+    ranked, pruned = rank(estimates, spec.objective, spec.max_migration_rate)
+    if not ranked:  # nothing keeps migrations near the limit by the bounds: replay the closest ones
+        ranked = sorted(estimates, key=lambda e: (e["overflow_rate"], -e["kv_utilization"]))
+    shortlist = _distinct(ranked)[: spec.replays]
+    ctx = _Context(search_f, search_w, cost, max_len, pool_bytes, bpt, scheduler)
+    tables = [e["candidate"].allocator_table() for e in shortlist]
+    if spec.executor == "ray":
+        metrics = _replay_on_ray(ctx, tables, progress)
+    else:
+        metrics = run_jobs([(ctx, t) for t in tables], spec.workers, "plan: replay candidates", progress)
+    replayed = list(zip(shortlist, metrics))
+    best, feasible = choose(replayed, spec)
+    chosen = shortlist[best]["candidate"]
+
+    # validation on the later part: the recommendation and the baselines
+    hold_ctx = _Context(hold_f, hold_w, cost, max_len, pool_bytes, bpt, scheduler)
+    final_table = {**chosen.allocator_table(), "boundaries_tokens": _final_boundaries(search_w, chosen, max_len)}
+    runs = [("odma", "odma", final_table, max_len), ("static", "static", {}, max_len)]
+    if max_len > STATIC_TIGHT_TOKENS:
+        runs.append((f"static@{STATIC_TIGHT_TOKENS}", "static", {}, STATIC_TIGHT_TOKENS))
+    runs += [("paged", "paged", {}, max_len), ("s3", "s3", {}, max_len)]
+    jobs = [(hold_ctx if length == max_len else dataclasses.replace(hold_ctx, max_len=length), table, policy, True)
+            for _, policy, table, length in runs]
+    done = run_jobs(jobs, spec.workers, "plan: validate on the later part", progress)
+    validation = {name: result for (name, *_), result in zip(runs, done)}
+    return {
+        "trace": {"requests": frame.height, "search_requests": split, "holdout_requests": frame.height - split,
+                  "digest": trace_digest(frame)},
+        "device": device.name, "model": model.name, "kv_dtype": spec.kv_dtype, "predictor": label,
+        "kv_pool_bytes": pool_bytes, "kv_bytes_per_token": bpt, "max_model_len": max_len,
+        "max_num_seqs": scheduler.max_num_seqs,
+        "objective": spec.objective, "max_migration_rate": spec.max_migration_rate, "ttft_p99_s": spec.ttft_p99_s,
+        "candidates": len(grid), "pruned": pruned, "replayed": len(replayed),
+        "constraints_met_on_search": feasible,
+        "chosen": {"label": chosen.label, "allocator": final_table},
+        "search": {"estimates": [_estimate_row(e) for e in estimates],
+                   "replays": [{**_estimate_row(e), "measured": m} for e, m in replayed]},
+        "validation": validation,
+        "against_baselines": _against(validation),
+        "holdout_histogram": _histogram(hold_w, max_len),
+    }
+
+
+def _against(validation: dict) -> dict:
+    """On the held-out part: the recommendation's KV-utilization lead in points, its TPS gain and
+    its migration rate minus each baseline's."""
+    odma = validation["odma"]["metrics"]
+    out = {}
+    for name, v in validation.items():
+        if name == "odma":
+            continue
+        m = v["metrics"]
+        out[name] = {"kv_utilization_points": 100.0 * (odma["kv_utilization"] - m["kv_utilization"]),
+                     "tps_gain": odma["tps"] / m["tps"] - 1.0 if m["tps"] > 0 else math.inf,
+                     "migration_rate_difference": odma["migration_rate"] - m["migration_rate"]}
+    return out
+
+
+def _histogram(w: Workload, max_len: int, bins: int = 80) -> dict:
+    kv = np.minimum(w.prompt_tokens.astype(np.int64) + w.output_tokens.astype(np.int64), max_len)
+    counts, edges = np.histogram(kv, bins=bins, range=(0, max_len))
+    return {"edges_tokens": edges.tolist(), "counts": counts.tolist()}
+
+
+def _final_boundaries(w: Workload, c: Candidate, max_len: int) -> list[int]:
+    """The boundaries the refit would hold at the end of the search part (the start for serving)."""
+    prompt = w.prompt_tokens.astype(np.int64)
+    kv = np.minimum(prompt + w.output_tokens.astype(np.int64), max_len)
+    from odmactl.buckets import quantile_boundaries
+
+    return list(quantile_boundaries(kv[-c.refit_window:], c.num_buckets, max_tokens=max_len, levels=c.quantile_levels()))
+
+
+def _estimate_row(e: dict) -> dict:
+    c: Candidate = e["candidate"]
+    return {"label": c.label, "allocator": c.allocator_table(),
+            "estimate": {k: e[k] for k in ("overflow_rate", "kv_utilization", "capacity_index", "routed_large")}}
+
+
+def config_document(doc: dict, command: str) -> dict:
+    """The config TOML plan writes: what `replay --config` and `check` read, and the expected metrics."""
+    odma = doc["validation"]["odma"]["metrics"]
+    allocator = {**doc["chosen"]["allocator"], "max_model_len_tokens": doc["max_model_len"]}
+    baselines = {name: {k: v["metrics"][k] for k in EXPECTED_KEYS} for name, v in doc["validation"].items()
+                 if name != "odma"}
+    return {
+        "meta": {"generated_by": command, "policy": "odma", "device": doc["device"], "model": doc["model"],
+                 "predictor": doc["predictor"], "objective": doc["objective"], "trace_digest": doc["trace"]["digest"],
+                 "search_requests": doc["trace"]["search_requests"],
+                 "holdout_requests": doc["trace"]["holdout_requests"],
+                 "candidates": doc["candidates"], "replayed": doc["replayed"], "chosen": doc["chosen"]["label"],
+                 "constraints_met_on_search": doc["constraints_met_on_search"],
+                 "expected": {k: odma[k] for k in EXPECTED_KEYS}, "baselines": baselines},
+        "allocator": allocator,
+        "scheduler": {"max_num_seqs": doc["max_num_seqs"]},
+        "thresholds": {"min_utilization": math.floor(odma["kv_utilization"] * 0.9 * 1000) / 1000,
+                       "max_migration_rate": doc["max_migration_rate"], "max_rejection_rate": 0.0},
+    }
+
+
+EXPECTED_KEYS = ("kv_utilization", "tps", "migration_rate", "rejections", "ttft_p99", "tpot_p99", "peak_concurrency")

@@ -1,0 +1,150 @@
+"""The HTML report of `odmactl plan`: one self-contained file (plots embedded as PNG), comparing the
+recommendation with static, paged and s3 on the held-out part of the trace.
+
+Plots: the utilization / migration-rate Pareto front of the search (every candidate's cheap
+estimate, the replayed ones measured), the recommended boundaries over the held-out KV-length
+histogram (with S3's equal-width buckets for contrast), and pool occupancy over time per policy.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+
+import numpy as np
+
+from odmactl.plan import overflow_rate
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _pareto(doc: dict) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    est = doc["search"]["estimates"]
+    ax.scatter([e["estimate"]["overflow_rate"] for e in est], [e["estimate"]["kv_utilization"] for e in est],
+               s=8, color="0.7", label="every candidate (cheap estimate)")
+    rep = doc["search"]["replays"]
+    xs = np.array([overflow_rate(r["measured"]) for r in rep])
+    ys = np.array([r["measured"]["kv_utilization"] for r in rep])
+    ax.scatter(xs, ys, s=24, color="tab:blue", label="replayed on the search part")
+    order = np.lexsort((-ys, xs))
+    front, best = [], -1.0
+    for i in order:  # non-dominated: no other point has lower migration rate and higher utilization
+        if ys[i] > best:
+            front.append(i)
+            best = ys[i]
+    ax.step(xs[front], ys[front], where="post", color="tab:blue", linewidth=1, label="Pareto front (replayed)")
+    chosen = next(i for i, r in enumerate(rep) if r["label"] == doc["chosen"]["label"])
+    ax.scatter([xs[chosen]], [ys[chosen]], s=160, marker="*", color="tab:red", label="recommended", zorder=5)
+    ax.axvline(doc["max_migration_rate"], color="tab:red", linestyle=":", linewidth=1, label="migration-rate limit")
+    ax.set_xlabel("overflow rate ((migrations + preemptions) / request)")
+    ax.set_ylabel("KV utilization")
+    ax.set_xscale("symlog", linthresh=1e-3)
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _boundaries(doc: dict) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    odma = doc["validation"]["odma"]
+    s3 = doc["validation"]["s3"]["config"]
+    hist = doc["holdout_histogram"]
+    edges = np.asarray(hist["edges_tokens"])
+    ax.bar(edges[:-1], hist["counts"], width=np.diff(edges), align="edge", color="0.75",
+           label="held-out KV lengths (prompt + output)")
+    for j, b in enumerate(odma["config"]["boundaries_tokens"]):
+        ax.axvline(b, color="tab:red", linewidth=1.5, label="recommended boundaries (start)" if j == 0 else None)
+    max_len = doc["max_model_len"]
+    width = -(-max_len // s3["s3_num_buckets"])
+    for j in range(1, s3["s3_num_buckets"] + 1):
+        ax.axvline(min(j * width, max_len), color="tab:green", linestyle=":", linewidth=1,
+                   label="s3 equal-width buckets" if j == 1 else None)
+    ax.set_xlabel("KV tokens")
+    ax.set_ylabel("requests")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _occupancy(doc: dict) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for name, v in doc["validation"].items():
+        s = v["series"]
+        ax.step(s["time_s"], s["pool_occupancy"], where="post", linewidth=1, label=name)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("pool occupancy (reserved / pool)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def write_plan_report(doc: dict, config: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    esc = html.escape
+    t = doc["trace"]
+    rows = ["kv_utilization", "tps", "migration_rate", "rejections", "preemptions", "ttft_p99", "tpot_p99",
+            "peak_concurrency"]
+    head = "".join(f"<th>{esc(name)}</th>" for name in doc["validation"])
+    body = "".join(f"<tr><td>{k}</td>" + "".join(f"<td>{_fmt(k, v['metrics'][k])}</td>" for v in doc["validation"].values())
+                   + "</tr>" for k in rows)
+    replays = "".join(f"<tr><td>{esc(r['label'])}</td><td>{r['estimate']['kv_utilization']:.1%}</td>"
+                      f"<td>{r['estimate']['overflow_rate']:.3%}</td><td>{r['measured']['kv_utilization']:.1%}</td>"
+                      f"<td>{r['measured']['migration_rate']:.3%}</td><td>{r['measured']['tps']:,.1f}</td>"
+                      f"<td>{r['measured']['rejections']}</td></tr>" for r in doc["search"]["replays"])
+    allocator = "".join(f"<tr><td>{esc(k)}</td><td>{esc(str(v))}</td></tr>" for k, v in config["allocator"].items())
+    text = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>odmactl plan: {esc(t['path'])}</title>
+<style>body{{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child{{text-align:left}}img{{max-width:100%}}</style>
+</head><body>
+<h1>odmactl plan</h1>
+<p><code>{esc(t['path'])}</code>: {t['requests']:,} requests; {esc(doc['model'])} on {esc(doc['device'])}; predictor
+<code>{esc(doc['predictor'])}</code>; KV pool {doc['kv_pool_bytes'] / 2**30:.2f} GiB; max_model_len {doc['max_model_len']:,}.
+Searched on the first {t['search_requests']:,} requests, validated on the last {t['holdout_requests']:,}.</p>
+<p>{doc['candidates']} candidates, {doc['pruned']} pruned by the cheap bounds, {doc['replayed']} replayed; objective
+<b>{esc(doc['objective'])}</b>, migration rate at most {doc['max_migration_rate']:.2%}.
+Recommended: <b>{esc(doc['chosen']['label'])}</b>{'' if doc['constraints_met_on_search'] else
+' (no replayed candidate met every constraint: the closest is shown)'}.</p>
+<h2>Held-out later part: the recommendation against the baselines</h2>
+<table><tr><th>metric</th>{head}</tr>{body}</table>
+<h2>Recommended [allocator]</h2><table>{allocator}</table>
+<h2>Utilization against overflow rate: the Pareto front</h2><img src="data:image/png;base64,{_pareto(doc)}">
+<h2>Bucket boundaries over the held-out lengths</h2><img src="data:image/png;base64,{_boundaries(doc)}">
+<h2>Pool occupancy over time (held-out part)</h2><img src="data:image/png;base64,{_occupancy(doc)}">
+<h2>Replayed candidates (search part)</h2>
+<table><tr><th>candidate</th><th>est. util</th><th>est. overflow</th><th>util</th><th>migr. rate</th><th>TPS</th><th>rejected</th></tr>
+{replays}</table>
+</body></html>
+"""
+    path.write_text(text, encoding="utf-8")
+
+
+def _fmt(key: str, value: float) -> str:
+    if key in ("kv_utilization",):
+        return f"{value:.1%}"
+    if key == "migration_rate":
+        return f"{value:.3%}"
+    if key == "tpot_p99":
+        return f"{value * 1e3:.1f} ms"
+    if key == "ttft_p99":
+        return f"{value:.3g} s"
+    return f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"

@@ -1,0 +1,94 @@
+"""`odmactl plan`: the cheap bounds agree with replay, the search is deterministic whatever the
+number of workers, the config it writes drives `replay --config` and passes `check`, the report
+has its plots, and bad options are clear errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+
+import pytest
+
+from odmactl.allocator import AllocatorConfig
+from odmactl.plan import Candidate, PlanSpec, candidate_grid
+from odmactl.errors import ConfigError
+
+DEVICE, MODEL = "mlu370-x4", "DeepSeek-R1-Distill-Qwen-7B"
+
+
+@pytest.fixture(scope="module")
+def trace(conv_sample_head):
+    return conv_sample_head(1500)
+
+
+def _plan(cli, trace, out, *args):
+    return cli("plan", trace, "--device", DEVICE, "--model", MODEL, "--out", out, "--replays", "4", *args)
+
+
+def test_grid_covers_the_search_space_and_every_candidate_is_a_valid_config():
+    grid = candidate_grid()
+    assert len(grid) == len(set(grid)) == 1200
+    for c in grid:
+        AllocatorConfig.from_mapping({**c.allocator_table(), "max_model_len_tokens": 8192})
+    tail = Candidate(4, "tail", 0.0, math.inf, 0.1, 2000, 200)
+    assert tail.quantile_levels() == (0.4375, 0.75, 0.9375, 1.0)
+
+
+def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
+    out, report = tmp_path / "odma.toml", tmp_path / "plan.html"
+    r = _plan(cli, trace, out, "--report", report, "--workers", "2", "--json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert doc["candidates"] == 1200 and doc["replayed"] == 4
+    assert set(doc["validation"]) == {"odma", "static", "paged", "s3"}
+    assert doc["trace"]["search_requests"] == 1050 and doc["trace"]["holdout_requests"] == 450
+    for row in doc["search"]["replays"]:  # with exact lengths the bounds are the replay, up to refit timing
+        assert row["estimate"]["overflow_rate"] == row["measured"]["migration_rate"] == 0.0
+        assert abs(row["estimate"]["kv_utilization"] - row["measured"]["kv_utilization"]) < 0.03
+    config = tomllib.loads(out.read_text())
+    assert config["meta"]["chosen"] == doc["chosen"]["label"] and config["meta"]["policy"] == "odma"
+    assert config["meta"]["expected"]["kv_utilization"] == doc["validation"]["odma"]["metrics"]["kv_utilization"]
+    assert config["thresholds"]["min_utilization"] <= config["meta"]["expected"]["kv_utilization"]
+    html = report.read_text()
+    assert len(re.findall(r"data:image/png;base64,", html)) == 3 and "Pareto" in html
+    # the config drives a replay of the held-out part, and check passes with its own thresholds
+    r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--config", out, "--predictor", "oracle", "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["results"]["odma"]["config"]["num_buckets"] == config["allocator"]["num_buckets"]
+    junit = tmp_path / "check.xml"
+    r = cli("check", trace, "--config", out, "--device", DEVICE, "--model", MODEL, "--predictor", "oracle",
+            "--junit", junit)
+    assert r.code == 0, r.out + r.err
+    assert 'failures="0"' in junit.read_text()
+
+
+def test_plan_is_deterministic_whatever_the_workers(cli, trace, tmp_path):
+    docs = []
+    for workers in ("1", "2"):
+        r = _plan(cli, trace, tmp_path / f"c{workers}.toml", "--workers", workers, "--json")
+        assert r.code == 0, r.err
+        doc = json.loads(r.out)
+        doc.pop("out")
+        docs.append(json.dumps(doc, sort_keys=True))
+    assert docs[0] == docs[1]
+    assert tomllib.loads((tmp_path / "c1.toml").read_text())["allocator"] == \
+        tomllib.loads((tmp_path / "c2.toml").read_text())["allocator"]
+
+
+def test_plan_errors(cli, trace, conv_sample_head, tmp_path):
+    out = tmp_path / "c.toml"
+    out.write_text("keep me\n")
+    for args, words in [(["--predictor", "none"], "predicted lengths"), (["--objective", "speed"], "--objective"),
+                        (["--holdout", "0.95"], "--holdout"), (["--workers", "0"], "--workers"),
+                        (["--executor", "dask"], "--executor"), (["--max-migration-rate", "2"], "--max-migration-rate")]:
+        r = _plan(cli, trace, tmp_path / "x.toml", *args)
+        assert r.code == 1 and words in r.err and "Traceback" not in r.err, (args, r.err)
+    r = _plan(cli, trace, out)
+    assert r.code == 1 and "already exists" in r.err and out.read_text() == "keep me\n"
+    r = _plan(cli, conv_sample_head(150), tmp_path / "y.toml")
+    assert r.code == 1 and "at least 200" in r.err
+    assert not (tmp_path / "x.toml").exists() and not (tmp_path / "y.toml").exists()
+    with pytest.raises(ConfigError):
+        PlanSpec(device=DEVICE, model=MODEL, replays=0)
