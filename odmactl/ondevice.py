@@ -155,7 +155,9 @@ class DecodeProbe:
     # ------------------------------------------------------------------------------ indices
 
     def _contiguous_rows(self, allocations: list, kv_tokens: list[int]) -> np.ndarray:
-        starts = np.fromiter((a.offset_bytes for a in allocations), np.int64, len(allocations)) // self.bpt
+        offsets = np.fromiter((a.offset_bytes for a in allocations), np.int64, len(allocations))
+        assert not (offsets % self.bpt).any(), "a contiguous block does not start on a token row"
+        starts = offsets // self.bpt
         lens = np.asarray(kv_tokens, dtype=np.int64)
         return np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(lens) - lens), lens)
 

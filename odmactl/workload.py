@@ -181,7 +181,7 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
                           f"(weights {full_model.weight_bytes:,} bytes, usable {int(device.usable_bytes):,})")
     on_device = spec.on_device
     model = full_model
-    if on_device is not None and on_device.scale < 1.0:
+    if on_device is not None:  # whole tokens, so every block starts on a token row of the arena
         model = scaled_model(full_model, on_device.scale)
         pool_bytes = pool_bytes // full_model.kv_bytes_per_token * model.kv_bytes_per_token
     dtype = compute_dtype(device)  # the faster 16-bit rate (they are equal on every shipped accelerator)

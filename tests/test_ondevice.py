@@ -124,7 +124,7 @@ def test_cli_on_device_cpu_matches_the_virtual_stepping_replay(cli, tiny_model, 
 
 def test_cli_on_device_scale_keeps_the_pool_tokens(cli, tiny_model, small_trace):
     args = ["replay", small_trace, "--model", tiny_model, "--policy", "odma", "--predictor", "oracle",
-            "--kv-pool", "32 MiB", "--limit", "6", "--json"]
+            "--kv-pool", "33554433 B", "--limit", "6", "--json"]  # 32 MiB + 1 byte: rounded to whole tokens
     r = cli(*args, "--device", "cpu", "--on-device", "--profile", PROFILE, "--scale", "0.5")
     assert r.code == 0, r.err
     doc = json.loads(r.out)
