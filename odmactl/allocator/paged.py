@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
-
 from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation, AllocatorBase, RegionStats
 from odmactl.allocator.config import AllocatorConfig
@@ -17,7 +15,8 @@ class PagedAllocator(AllocatorBase):
     Invariants: every block id is in exactly one place, the free queue or one live allocation's
     `block_ids`; an allocation holds ceil(used_tokens / block_size) blocks or more. Blocks are taken
     from the queue's front and returned to its back, as in vLLM's free-block queue, so the order
-    is deterministic. `reserve` takes the prompt's blocks; `extend` adds blocks all-or-nothing and
+    is deterministic. The queue is `_free[_head:]`: a list with a moving front, so taking n blocks
+    is one slice; the consumed prefix is dropped once it is the larger half. `reserve` takes the prompt's blocks; `extend` adds blocks all-or-nothing and
     answers False when the queue runs dry (the caller preempts: vLLM recomputes the newest request).
     """
 
@@ -31,17 +30,17 @@ class PagedAllocator(AllocatorBase):
         if self.num_blocks == 0:
             raise ConfigError(f"a {pool_bytes:,}-byte pool holds no {self.block_bytes:,}-byte block", key="block_size_tokens")
         self.tail_bytes = pool_bytes - self.num_blocks * self.block_bytes
-        self._free: deque[int] = deque(range(self.num_blocks))
+        self._free: list[int] = list(range(self.num_blocks))
+        self._head = 0
 
     def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
                 uncertainty: float | None = None) -> Allocation | None:
         self._admit(request_id, prompt_tokens)
         n = -(-prompt_tokens // self.block_size_tokens)
-        free = self._free
-        if n > len(free):
+        if n > len(self._free) - self._head:
             self.failed_reserves += 1
             return None
-        blocks = [free.popleft() for _ in range(n)]
+        blocks = self._take(n)
         a = Allocation(request_id, blocks[0] * self.block_bytes, n * self.block_bytes, n * self.block_size_tokens,
                        prompt_tokens, None, "main", blocks)
         return self._admitted(a)
@@ -51,11 +50,10 @@ class PagedAllocator(AllocatorBase):
         self.extends += 1
         extra = -(-total_tokens // self.block_size_tokens) - len(allocation.block_ids)
         if extra > 0:
-            if extra > len(self._free) or total_tokens > self.max_tokens:
+            if extra > len(self._free) - self._head or total_tokens > self.max_tokens:
                 self.failed_extends += 1
                 return False
-            popleft = self._free.popleft
-            allocation.block_ids += [popleft() for _ in range(extra)]
+            allocation.block_ids += self._take(extra)
             allocation.nbytes += extra * self.block_bytes
             allocation.capacity_tokens += extra * self.block_size_tokens
             self.reserved_bytes += extra * self.block_bytes
@@ -69,9 +67,20 @@ class PagedAllocator(AllocatorBase):
         self._free.extend(allocation.block_ids)
         self._forget(allocation)
 
+    def _take(self, n: int) -> list[int]:
+        """The first n free blocks (the caller checked there are n)."""
+        head = self._head
+        blocks = self._free[head:head + n]
+        head += n
+        if head > 4096 and 2 * head > len(self._free):
+            del self._free[:head]
+            head = 0
+        self._head = head
+        return blocks
+
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) - self._head
 
     def _ranges(self, a: Allocation) -> list[tuple[int, int]]:
         return [(b * self.block_bytes, self.block_bytes) for b in a.block_ids]
@@ -79,7 +88,7 @@ class PagedAllocator(AllocatorBase):
     def free_extents(self) -> list[tuple[int, int]]:
         """Runs of consecutive free blocks as (offset, nbytes), the tail merged into the last run."""
         out: list[list[int]] = []
-        for b in sorted(self._free):
+        for b in sorted(self._free[self._head:]):
             if out and out[-1][0] + out[-1][1] == b * self.block_bytes:
                 out[-1][1] += self.block_bytes
             else:
@@ -97,8 +106,9 @@ class PagedAllocator(AllocatorBase):
 
     def _check_structures(self) -> None:
         owned = sum(len(a.block_ids) for a in self._live.values())
-        assert len(set(self._free)) == len(self._free), "a block is in the free queue twice"
-        assert owned + len(self._free) == self.num_blocks, f"{owned} owned + {len(self._free)} free != {self.num_blocks} blocks"
+        free = self._free[self._head:]
+        assert len(set(free)) == len(free), "a block is in the free queue twice"
+        assert owned + len(free) == self.num_blocks, f"{owned} owned + {len(free)} free != {self.num_blocks} blocks"
         for a in self._live.values():
             assert a.offset_bytes == a.block_ids[0] * self.block_bytes, f"request '{a.request_id}' offset is not its first block"
             assert a.capacity_tokens == len(a.block_ids) * self.block_size_tokens, f"request '{a.request_id}' capacity"
