@@ -25,13 +25,19 @@ def quantile_boundaries(kv_tokens: np.ndarray, num_buckets: int, *, granularity_
     the window's maximum; rounding can merge neighbours, so fewer than B boundaries may come back.
     Clipped to `max_tokens` when given.
     """
-    values = np.asarray(kv_tokens)
-    assert values.size > 0 and num_buckets >= 1 and granularity_tokens >= 1
-    q = np.quantile(values, np.asarray(bucket_levels(num_buckets, levels)), method="higher")
-    rounded = -(-q.astype(np.int64) // granularity_tokens) * granularity_tokens
-    if max_tokens is not None:
-        rounded = np.minimum(rounded, max_tokens)
+    rounded = rounded_quantiles(kv_tokens, bucket_levels(num_buckets, levels), granularity_tokens, max_tokens)
     return tuple(int(b) for b in np.unique(rounded))
+
+
+def rounded_quantiles(kv_tokens: np.ndarray, levels: tuple[float, ...], granularity_tokens: int = 16,
+                      max_tokens: int | None = None) -> np.ndarray:
+    """The "higher" quantiles at `levels`, rounded up to `granularity_tokens` and clipped to
+    `max_tokens`: one value per level, merged neighbours repeated (`quantile_boundaries` drops them)."""
+    values = np.asarray(kv_tokens)
+    assert values.size > 0 and len(levels) >= 1 and granularity_tokens >= 1
+    q = np.quantile(values, np.asarray(levels), method="higher")
+    rounded = -(-q.astype(np.int64) // granularity_tokens) * granularity_tokens
+    return rounded if max_tokens is None else np.minimum(rounded, max_tokens)
 
 
 def bucket_of(boundaries_tokens: tuple[int, ...], need_tokens: int) -> int | None:

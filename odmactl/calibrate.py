@@ -90,7 +90,7 @@ class _Timer:
 
     def sync(self) -> None:
         if self.device != "cpu":
-            _backend(self.device).synchronize()
+            device_backend(self.device).synchronize()
 
     def median_s(self, fn: Callable[[], object]) -> float:
         for _ in range(self.warmup):
@@ -113,7 +113,7 @@ class _Timer:
         return float(statistics.median(times))
 
 
-def _backend(device: str):
+def device_backend(device: str):
     """torch.cuda or torch.mlu: the two expose the same device API."""
     import torch
 
@@ -122,7 +122,7 @@ def _backend(device: str):
 
 def device_name(device: str) -> str:
     if device != "cpu":
-        backend = _backend(device)
+        backend = device_backend(device)
         return backend.get_device_name(backend.current_device())
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -136,7 +136,7 @@ def device_name(device: str) -> str:
 
 def device_capacity_bytes(device: str) -> tuple[int, str]:
     if device != "cpu":
-        backend = _backend(device)
+        backend = device_backend(device)
         return backend.get_device_properties(backend.current_device()).total_memory, \
             f"measured: torch.{device}.get_device_properties().total_memory"
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "measured: host physical memory (sysconf)"

@@ -38,6 +38,7 @@ from itertools import chain
 
 import numpy as np
 
+from odmactl.calibrate import device_backend, device_name
 from odmactl.errors import ConfigError, ProfileError
 from odmactl.profiles import DeviceProfile, ModelProfile, device_paths, read_device
 from odmactl.units import format_bytes
@@ -68,8 +69,6 @@ def scaled_model(model: ModelProfile, scale: float) -> ModelProfile:
 
 def measured_profile(torch_device: str) -> DeviceProfile:
     """The measured profile (profiles/devices/measured/) whose [measurement] names this device."""
-    from odmactl.calibrate import device_name
-
     name = device_name(torch_device)
     for path in device_paths():
         profile = read_device(path)
@@ -88,11 +87,9 @@ def compute_dtype(profile: DeviceProfile) -> str:
 
 def free_device_bytes(torch_device: str) -> int:
     """Memory the arena and weights can take now: free device memory, or available host memory."""
-    import torch
-
     if torch_device == "cpu":
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    return int(getattr(torch, torch_device.split(":")[0]).mem_get_info()[0])
+    return int(device_backend(torch_device.split(":")[0]).mem_get_info()[0])
 
 
 def check_fits(torch_device: str, pool_bytes: int, weight_bytes: int, scale: float) -> None:
@@ -202,26 +199,27 @@ class DecodeProbe:
         gathers = self._gathers(allocations, kv_tokens)
         n = len(allocations)
         x, out = self.activations[:n], self.product[:n]
-        if self.kind == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
+
+        def run() -> None:
             torch.matmul(x, self.weights.T, out=out)
             for rows, idx, offsets in gathers:
                 embedding_bag(idx, rows, offsets, mode="sum")
+
+        device = None if self.kind == "cpu" else device_backend(self.kind)
+        if device is not None:
+            device.synchronize()
+        if self.kind == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
             end.record()
             end.synchronize()
             seconds = start.elapsed_time(end) / 1e3
         else:
-            backend = None if self.kind == "cpu" else getattr(torch, self.kind)
-            if backend is not None:
-                backend.synchronize()
             t0 = time.perf_counter()
-            torch.matmul(x, self.weights.T, out=out)
-            for rows, idx, offsets in gathers:
-                embedding_bag(idx, rows, offsets, mode="sum")
-            if backend is not None:
-                backend.synchronize()
+            run()
+            if device is not None:
+                device.synchronize()
             seconds = time.perf_counter() - t0
         self.modelled_ps.append(modelled_ps)
         self.measured_s.append(seconds)
@@ -233,8 +231,6 @@ class DecodeProbe:
                 points: int = 256) -> dict:
         """Measured against modelled decode time: totals, per-step relative error, a sampled series."""
         import torch
-
-        from odmactl.calibrate import device_name
 
         modelled = np.asarray(self.modelled_ps, dtype=np.float64) / 1e12
         measured = np.asarray(self.measured_s, dtype=np.float64)

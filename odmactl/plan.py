@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from odmactl.buckets import bucket_levels
+from odmactl.buckets import bucket_levels, quantile_boundaries, rounded_quantiles
 from odmactl.errors import ConfigError
 from odmactl.replay import SchedulerSettings, Workload
 
@@ -57,7 +57,7 @@ TAUS = (0.5, 0.8, math.inf)
 LARGE_FRACTIONS = (0.05, 0.1, 0.2, 0.3)
 REFITS = ((10_000, 1_000), (2_000, 200))
 OBJECTIVES = ("tps", "utilization")
-PRUNE_SLACK = 1.5  # keep candidates whose estimated migration rate is within 1.5 x the limit
+PRUNE_SLACK = 1.5  # keep candidates whose estimated overflow rate is within 1.5 x the limit
 STATIC_TIGHT_TOKENS = 8192
 EXECUTORS = ("process", "ray")
 
@@ -149,11 +149,10 @@ class _Periods:
 
     @classmethod
     def of(cls, kv: np.ndarray, c: Candidate, max_len: int, granularity: int) -> _Periods:
-        levels = np.asarray(c.quantile_levels())
+        levels = c.quantile_levels()
 
         def bounds(values: np.ndarray) -> np.ndarray:
-            q = np.quantile(values, levels, method="higher")
-            return np.minimum(-(-q.astype(np.int64) // granularity) * granularity, max_len)
+            return rounded_quantiles(values, levels, granularity, max_len)
 
         rows = [bounds(kv[: c.refit_window])]
         rows += [bounds(kv[max(0, start - c.refit_window):start]) for start in range(c.refit_every, kv.size, c.refit_every)]
@@ -169,8 +168,8 @@ def estimate(candidates: list[Candidate], w: Workload, max_len: int, pool_tokens
     depend on (B, levels, refit), the reservations also on gamma, the routing also on tau, and the
     large pool only scales the capacity: each is computed once for the candidates that share it."""
     prompt = w.prompt_tokens.astype(np.int64)
-    output = np.minimum(w.output_tokens, np.maximum(max_len - prompt, 0)).astype(np.int64)
-    kv = np.minimum(prompt + output, max_len)
+    kv = w.kv_tokens(max_len)
+    output = kv - np.minimum(prompt, kv)  # the tokens generated within max_len
     assert w.predicted_output_tokens is not None and w.uncertainty is not None, "plan needs predictions"
     l_hat, u = np.maximum(w.predicted_output_tokens, 1.0), w.uncertainty
     total_output = float(output.sum())
@@ -340,18 +339,10 @@ def trace_digest(frame: pl.DataFrame) -> str:
 
 def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     """Search, replay, choose and validate; returns the JSON-ready plan document."""
-    from odmactl.cost import CostModel
-    from odmactl.ondevice import compute_dtype
-    from odmactl.profiles import load_device, load_model
-    from odmactl.workload import LoadOptions, build_workload, default_max_model_len
+    from odmactl.workload import LoadOptions, build_workload, default_max_model_len, serving
 
-    device = load_device(spec.device)
-    model = load_model(spec.model, kv_dtype=spec.kv_dtype)
-    cost = CostModel(device, model, compute_dtype=compute_dtype(device))
-    pool_bytes = spec.kv_pool_bytes if spec.kv_pool_bytes is not None else device.kv_pool_bytes(model)
-    bpt = model.kv_bytes_per_token
-    if pool_bytes < bpt:
-        raise ConfigError(f"{model.name} leaves no KV pool on {device.name}")
+    setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes)
+    device, model, cost, pool_bytes, bpt = setup.device, setup.model, setup.cost, setup.pool_bytes, setup.bytes_per_token
     if spec.predictor == "none":
         raise ConfigError("plan sizes ODMA's blocks from predicted lengths: give --predictor P/ (from `odmactl fit`) "
                           "or --predictor oracle (the upper bound)")
@@ -425,18 +416,14 @@ def _against(validation: dict) -> dict:
 
 
 def _histogram(w: Workload, max_len: int, bins: int = 80) -> dict:
-    kv = np.minimum(w.prompt_tokens.astype(np.int64) + w.output_tokens.astype(np.int64), max_len)
-    counts, edges = np.histogram(kv, bins=bins, range=(0, max_len))
+    counts, edges = np.histogram(w.kv_tokens(max_len), bins=bins, range=(0, max_len))
     return {"edges_tokens": edges.tolist(), "counts": counts.tolist()}
 
 
 def _final_boundaries(w: Workload, c: Candidate, max_len: int) -> list[int]:
     """The boundaries the refit would hold at the end of the search part (the start for serving)."""
-    prompt = w.prompt_tokens.astype(np.int64)
-    kv = np.minimum(prompt + w.output_tokens.astype(np.int64), max_len)
-    from odmactl.buckets import quantile_boundaries
-
-    return list(quantile_boundaries(kv[-c.refit_window:], c.num_buckets, max_tokens=max_len, levels=c.quantile_levels()))
+    return list(quantile_boundaries(w.kv_tokens(max_len)[-c.refit_window:], c.num_buckets, max_tokens=max_len,
+                                    levels=c.quantile_levels()))
 
 
 def _estimate_row(e: dict) -> dict:

@@ -14,8 +14,10 @@ import polars as pl
 
 from odmactl.allocator import AllocatorConfig
 from odmactl.buckets import quantile_boundaries
+from odmactl.cost import CostModel
 from odmactl.errors import ConfigError
 from odmactl.ondevice import DecodeProbe, OnDeviceSpec, check_fits, compute_dtype, scaled_model
+from odmactl.profiles import DeviceProfile, ModelProfile
 from odmactl.replay import PS, SchedulerSettings, Workload
 
 PREDICTOR_CHOICES = ("none", "oracle")
@@ -164,29 +166,57 @@ class ReplaySpec:
     on_device: OnDeviceSpec | None = None  # run every decode iteration on a torch device too
 
 
+@dataclass(frozen=True)
+class Serving:
+    """A model on a device as a replay sees it: the profiles, the cost model and the KV pool.
+    `model` is `full_model`, or for an on-device replay `full_model` scaled to a share of its layers
+    with the pool rounded to whole tokens and its size in tokens kept. The cost model computes at
+    `compute_dtype`, the profile's faster 16-bit rate (equal on every shipped accelerator)."""
+
+    device: DeviceProfile
+    full_model: ModelProfile
+    model: ModelProfile
+    cost: CostModel
+    pool_bytes: int
+    compute_dtype: str
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.model.kv_bytes_per_token
+
+
+def serving(device_ref: str, model_ref: str, kv_dtype: str = "fp16", kv_pool_bytes: int | None = None,
+            scale: float | None = None) -> Serving:
+    """Load the profiles and size the pool (`kv_pool_bytes`, else what the profile leaves); `scale`
+    (on-device replays only) scales the model as the Serving docstring says."""
+    from odmactl.profiles import load_device, load_model
+
+    device = load_device(device_ref)
+    full_model = load_model(model_ref, kv_dtype=kv_dtype)
+    pool_bytes = kv_pool_bytes if kv_pool_bytes is not None else device.kv_pool_bytes(full_model)
+    if pool_bytes < full_model.kv_bytes_per_token:
+        raise ConfigError(f"{full_model.name} leaves no KV pool on {device.name} "
+                          f"(weights {full_model.weight_bytes:,} bytes, usable {int(device.usable_bytes):,})")
+    model = full_model
+    if scale is not None:  # whole tokens, so every block starts on a token row of the arena
+        model = scaled_model(full_model, scale)
+        pool_bytes = pool_bytes // full_model.kv_bytes_per_token * model.kv_bytes_per_token
+    dtype = compute_dtype(device)
+    return Serving(device, full_model, model, CostModel(device, model, compute_dtype=dtype), pool_bytes, dtype)
+
+
 def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, progress=None) -> dict:
     """Replay the trace once per policy; returns the JSON-ready document (settings, one result each).
     On device, the model is scaled to `spec.on_device.scale` of its layers with the pool's size in
     tokens kept, each policy gets a torch arena, and each result gains an "on_device" section."""
     from odmactl.allocator import make_allocator
-    from odmactl.cost import CostModel
-    from odmactl.profiles import load_device, load_model
     from odmactl.replay import Replay
 
-    device = load_device(spec.device)
-    full_model = load_model(spec.model, kv_dtype=spec.kv_dtype)
-    pool_bytes = spec.kv_pool_bytes if spec.kv_pool_bytes is not None else device.kv_pool_bytes(full_model)
-    if pool_bytes < full_model.kv_bytes_per_token:
-        raise ConfigError(f"{full_model.name} leaves no KV pool on {device.name} "
-                          f"(weights {full_model.weight_bytes:,} bytes, usable {int(device.usable_bytes):,})")
     on_device = spec.on_device
-    model = full_model
-    if on_device is not None:  # whole tokens, so every block starts on a token row of the arena
-        model = scaled_model(full_model, on_device.scale)
-        pool_bytes = pool_bytes // full_model.kv_bytes_per_token * model.kv_bytes_per_token
-    dtype = compute_dtype(device)  # the faster 16-bit rate (they are equal on every shipped accelerator)
-    cost = CostModel(device, model, compute_dtype=dtype)
-    bpt = model.kv_bytes_per_token
+    setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes,
+                    on_device.scale if on_device is not None else None)
+    device, model, cost, pool_bytes = setup.device, setup.model, setup.cost, setup.pool_bytes
+    bpt = setup.bytes_per_token
     tables = read_config(spec.config)
     allocator_settings, scheduler_settings = tables["allocator"], tables["scheduler"]
     workload, frame, label = build_workload(frame, spec.load, spec.predictor)
@@ -208,12 +238,12 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
             check_fits(on_device.torch_device, pool_bytes, model.weight_bytes, on_device.scale)
             allocator = make_allocator(policy, pool_bytes, bpt, config, arena="torch", device=on_device.torch_device)
             probe = DecodeProbe(allocator.arena, model, allocator.block_size_tokens if policy == "paged" else None,
-                                scheduler.max_num_seqs, dtype)
+                                scheduler.max_num_seqs, setup.compute_dtype)
         result = Replay(workload, allocator, cost, max_len, scheduler, progress=tick, probe=probe).run()
         results[policy] = {"metrics": result.metrics, "config": config.to_mapping(), "notes": notes,
                            "allocator": result.allocator, "series": result.series}
         if probe is not None:
-            results[policy]["on_device"] = probe.summary(device, model, full_model, on_device.scale)
+            results[policy]["on_device"] = probe.summary(device, model, setup.full_model, on_device.scale)
             del probe, allocator  # free the arena before the next policy takes its own
     return {
         "trace": {"requests": workload.size, "arrivals": "offline" if spec.load.offline else
