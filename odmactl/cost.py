@@ -119,6 +119,10 @@ class CostModel:
         self.stream_bw = self.peak_bw * table.efficiency[-1]
         ref = reference_block_tokens * model.kv_bytes_per_token_layer
         self.access_s = max(0.0, ref / (float(table.eff(ref)) * self.peak_bw) - ref / self.stream_bw)
+        # prefill_s's constants, each the same left-to-right product it would compute per call
+        self._prefill_flops_per_token = 2.0 * model.active_params
+        self._prefill_flops_per_square = 2.0 * model.num_layers * model.num_attention_heads * model.head_dim
+        self._prefill_kv_bytes_per_token = model.kv_bytes_per_token
 
     def run_s(self, run_bytes: np.ndarray) -> np.ndarray:
         """Time to read runs of these sizes at scattered offsets; an empty run costs nothing."""
@@ -166,9 +170,8 @@ class CostModel:
         """One prefill iteration over the given prompts (batched: the weights are read once)."""
         p = [int(x) for x in prompt_tokens]  # few prompts per call: plain Python beats numpy here
         total, squares = float(sum(p)), float(sum(x * x for x in p))
-        m = self.model
-        flops = 2.0 * m.active_params * total + 2.0 * m.num_layers * m.num_attention_heads * m.head_dim * squares
-        memory_bytes = m.weight_bytes + total * m.kv_bytes_per_token
+        flops = self._prefill_flops_per_token * total + self._prefill_flops_per_square * squares
+        memory_bytes = self.model.weight_bytes + total * self._prefill_kv_bytes_per_token
         return max(flops / self.peak_flops, memory_bytes / self.seq_bw) + self.device.step_overhead_s
 
     def migration_s(self, num_bytes: float) -> float:

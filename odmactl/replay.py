@@ -16,9 +16,10 @@ Time is integer picoseconds. Between events the batch is fixed, so `Segment` sum
 iterations in closed form and the clock jumps to the next completion, overflow, block exhaustion or
 (when the queue is empty) the first boundary after the next arrival. With `fast_forward=False` the
 same scheduler advances one iteration at a time, computes each step request by request, and extends
-every allocation every token: the reference the closed form is tested against. Paged blocks are
-handed to the allocator lazily when fast-forwarding (at completion, preemption and exhaustion); the
-scheduler counts the blocks every request needs, so decisions are those of eager growth. An
+every allocation every token: the reference the closed form is tested against. When
+fast-forwarding, growth reaches the allocator lazily: paged blocks at completion, preemption and
+exhaustion, a contiguous block's token count at completion and overflow (`catch_up`); the
+scheduler counts what every request holds, so decisions are those of eager growth. An
 on-device replay (ondevice.py) steps and hands each decode iteration's batch to a `probe`, which
 runs and times it on the device; the clock still advances by the modelled step.
 """
@@ -269,7 +270,9 @@ class Replay:
             c["recomputed_tokens"] += sum(gen[i] for i in admitted)
             for i, k in zip(admitted, kv):
                 a = allocs[i]
-                if not alloc.extend(a, k + 1):  # the first token needs room: the reservation was prompt only
+                # the first token needs room: the reservation was for the prompt. Paged takes the
+                # block now; a contiguous block that already holds it is told lazily (catch_up)
+                if (paged or not ff or k + 1 > a.capacity_tokens) and not alloc.extend(a, k + 1):
                     raise AssertionError(f"admission of {ids[i]} left no room for its first token")
                 gen[i] += 1
                 seq = next_seq

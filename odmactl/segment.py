@@ -18,12 +18,6 @@ from __future__ import annotations
 from odmactl.cost import StepCoefficients
 
 
-def _s2(lo: int, hi: int) -> int:  # sum of m^2 for lo <= m < hi
-    def f(x: int) -> int:
-        return (x - 1) * x * (2 * x - 1) // 6
-    return f(hi) - f(lo)
-
-
 class Segment:
     """A batch of `n` requests at an iteration boundary: `kv_tokens_sum` tokens to read next and
     `runs[i]` runs at offset i (i = 0..period, `runs[i + 1]` also being the blocks held after
@@ -45,15 +39,6 @@ class Segment:
         self.held = runs[1:]
         self.d_held = self.growth
 
-    def _compute_bound(self, m0: int, terms: int) -> int:
-        """How many leading terms of a class are compute-bound (memory below compute)."""
-        c = self.compute_ps
-        if m0 >= c:
-            return 0
-        if self.dm == 0:
-            return terms
-        return min(terms, -(-(c - m0) // self.dm))
-
     def elapsed_ps(self, k: int) -> int:
         """Time of the next k iterations."""
         return self.advance(k, False)[0]
@@ -64,20 +49,30 @@ class Segment:
         p = self.period
         q, r = divmod(k, p)
         c, dm, ov, g = self.compute_ps, self.dm, self.overhead_ps, self.d_held
+        m0s, helds = self.m0, self.held
         total = k * ov
         occupancy = 0
-        for rho in range(k if k < p else p):
+        for rho in range(k if k < p else p):  # m < cut: compute-bound terms (memory below compute)
             terms = q + 1 if rho < r else q
-            m0 = self.m0[rho]
-            cut = self._compute_bound(m0, terms) if m0 < c else 0
+            m0 = m0s[rho]
+            if m0 >= c:
+                cut = 0
+            elif dm == 0:
+                cut = terms
+            else:
+                cut = min(terms, -(-(c - m0) // dm))
             rest, s1 = terms - cut, (terms * (terms - 1) - cut * (cut - 1)) // 2
             total += cut * c + m0 * rest + dm * s1
             if held:
                 # (h0 + g m)(c + ov) for m < cut, (h0 + g m)(m0 + dm m + ov) after
-                h0 = self.held[rho]
+                h0 = helds[rho]
                 a = m0 + ov
                 occupancy += (c + ov) * (h0 * cut + g * (cut * (cut - 1) // 2))
-                occupancy += h0 * a * rest + (h0 * dm + g * a) * s1 + g * dm * _s2(cut, terms)
+                if g:
+                    squares = ((terms - 1) * terms * (2 * terms - 1) - (cut - 1) * cut * (2 * cut - 1)) // 6
+                    occupancy += h0 * a * rest + (h0 * dm + g * a) * s1 + g * dm * squares
+                else:
+                    occupancy += h0 * a * rest + h0 * dm * s1
         return total, occupancy
 
     def held_runs_ps(self, k: int) -> int:
