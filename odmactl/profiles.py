@@ -36,9 +36,14 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
 
 
 def profiles_dir() -> Path:
-    """The shipped profiles folder, or $ODMACTL_PROFILES."""
+    """$ODMACTL_PROFILES, else the shipped profiles: inside an installed wheel they are the data
+    package odmactl/_profiles; in a source checkout (editable install) the top-level profiles/."""
     env = os.environ.get("ODMACTL_PROFILES")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "profiles"
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent
+    packaged = here / "_profiles"
+    return packaged if packaged.is_dir() else here.parent / "profiles"
 
 
 # ---------------------------------------------------------------------------------------- devices

@@ -251,3 +251,38 @@ def test_profiles_cli_list_and_show_json(cli):
     assert model["kv_bytes_per_token"]["fp16"] == 131_072 and model["num_experts_per_token"] == 2
     text = cli("profiles", "show", "h100-sxm")
     assert text.code == 0 and "Kwon et al." in text.out
+
+
+def test_an_installed_wheel_carries_the_shipped_profiles(tmp_path):
+    """profiles/ sits beside the package in the repository; a wheel must carry it (as the data
+    package odmactl._profiles), or every --device and --model name fails after `pip install`."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, src / name)
+    for name in ("odmactl", "profiles"):
+        shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "wheel"), str(src)],
+                   check=True, capture_output=True)
+    wheel = next((tmp_path / "wheel").glob("odmactl-*.whl"))
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if k != "ODMACTL_PROFILES"}
+    env["PYTHONPATH"] = str(site)
+    probe = ("import json; from odmactl.profiles import profiles_dir, device_paths, model_dirs, load_device, load_model;"
+             "print(json.dumps([str(profiles_dir()), [p.relative_to(profiles_dir()).as_posix() for p in device_paths()],"
+             " [d.name for d in model_dirs()], load_device('mlu370-x4').name,"
+             " load_model('DeepSeek-R1-Distill-Qwen-7B').kv_bytes_per_token]))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, check=True, capture_output=True, text=True)
+    where, devices, models, device, kv_bytes = json.loads(out.stdout)
+    assert Path(where) == site / "odmactl" / "_profiles"
+    shipped = root / "profiles"
+    assert devices == [p.relative_to(shipped).as_posix() for p in device_paths()] and devices
+    assert models == [d.name for d in model_dirs()] and models
+    assert device == load_device("mlu370-x4").name and kv_bytes == 57_344
