@@ -6,6 +6,8 @@ Thresholds come from the command's flags or, for those not given, from the confi
 
     min_utilization     kv_utilization of the checked policy >= value
     max_migration_rate  migration_rate <= value
+    max_overflow_rate   overflow_rate <= value: migrations plus preemptions per request, the rate
+                        plan's migration-rate limit applies to (plan writes this one)
     max_rejection_rate  rejections / requests <= value
     min_tps_gain        tps / tps of `baseline` - 1 >= value (the baseline is replayed on the same trace)
     baseline            the policy min_tps_gain compares with (default static)
@@ -21,7 +23,8 @@ from pathlib import Path
 
 from odmactl.errors import ConfigError
 
-THRESHOLD_KEYS = ("min_utilization", "max_migration_rate", "max_rejection_rate", "min_tps_gain", "baseline")
+THRESHOLD_KEYS = ("min_utilization", "max_migration_rate", "max_overflow_rate", "max_rejection_rate", "min_tps_gain",
+                  "baseline")
 
 
 @dataclass(frozen=True)
@@ -31,12 +34,13 @@ class Thresholds:
 
     min_utilization: float | None = None
     max_migration_rate: float | None = None
+    max_overflow_rate: float | None = None
     max_rejection_rate: float | None = None
     min_tps_gain: float | None = None
     baseline: str = "static"
 
     def __post_init__(self) -> None:
-        for name in ("min_utilization", "max_migration_rate", "max_rejection_rate"):
+        for name in ("min_utilization", "max_migration_rate", "max_overflow_rate", "max_rejection_rate"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
                 raise ConfigError(f"{name} must be between 0 and 1, got {value}", key=name)
@@ -109,10 +113,11 @@ def evaluate(doc: dict, policy: str, thresholds: Thresholds) -> list[Verdict]:
         v = m["kv_utilization"]
         out.append(Verdict("min_utilization", "kv_utilization", ">=", thresholds.min_utilization, v,
                            v >= thresholds.min_utilization - TOLERANCE))
-    if thresholds.max_migration_rate is not None:
-        v = m["migration_rate"]
-        out.append(Verdict("max_migration_rate", "migration_rate", "<=", thresholds.max_migration_rate, v,
-                           v <= thresholds.max_migration_rate + TOLERANCE))
+    for name, metric in (("max_migration_rate", "migration_rate"), ("max_overflow_rate", "overflow_rate")):
+        bound = getattr(thresholds, name)
+        if bound is not None:
+            v = m[metric]
+            out.append(Verdict(name, metric, "<=", bound, v, v <= bound + TOLERANCE))
     if thresholds.max_rejection_rate is not None:
         v = m["rejections"] / m["requests"] if m["requests"] else 0.0  # every rejection: CI wants to see them
         out.append(Verdict("max_rejection_rate", "rejection_rate", "<=", thresholds.max_rejection_rate, v,
@@ -155,6 +160,6 @@ def markdown(verdicts: list[Verdict], doc: dict, policy: str, config: Path | Non
                      f"{format_threshold(v.name, v.value)} | {'pass' if v.passed else '**FAIL**'} |")
     lines += ["", "| metric | " + " | ".join(doc["results"]) + " |", "|---|" + "---|" * len(doc["results"])]
     for key, fmt in (("kv_utilization", "{:.1%}"), ("tps", "{:,.1f}"), ("migration_rate", "{:.3%}"),
-                     ("rejections", "{:,}"), ("ttft_p99", "{:.3g} s"), ("peak_concurrency", "{:,}")):
+                     ("overflow_rate", "{:.3%}"), ("rejections", "{:,}"), ("ttft_p99", "{:.3g} s"), ("peak_concurrency", "{:,}")):
         lines.append(f"| {key} | " + " | ".join(fmt.format(r["metrics"][key]) for r in doc["results"].values()) + " |")
     return "\n".join(lines) + "\n"

@@ -336,6 +336,7 @@ def check(
     predictor: Annotated[str, typer.Option(help="`odmactl fit` artifact folder, `oracle` or `none`")] = "none",
     min_utilization: Annotated[Optional[float], typer.Option(help="fail when kv_utilization is below this (0-1)")] = None,
     max_migration_rate: Annotated[Optional[float], typer.Option(help="fail when migration_rate is above this")] = None,
+    max_overflow_rate: Annotated[Optional[float], typer.Option(help="fail when (migrations + preemptions) / requests is above this")] = None,
     max_rejection_rate: Annotated[Optional[float], typer.Option(help="fail when rejections / requests is above this")] = None,
     min_tps_gain: Annotated[Optional[float], typer.Option(help="fail when tps / baseline tps - 1 is below this (0.2 = +20%)")] = None,
     baseline: Annotated[Optional[str], typer.Option(help="policy min_tps_gain compares with (default static)")] = None,
@@ -362,7 +363,7 @@ def check(
     from odmactl.workload import LoadOptions, ReplaySpec, read_config, run_policies
 
     flags = {"min_utilization": min_utilization, "max_migration_rate": max_migration_rate,
-             "max_rejection_rate": max_rejection_rate, "min_tps_gain": min_tps_gain, "baseline": baseline}
+             "max_overflow_rate": max_overflow_rate, "max_rejection_rate": max_rejection_rate, "min_tps_gain": min_tps_gain, "baseline": baseline}
     thresholds = Thresholds.merged(read_config(config)["thresholds"], flags, config)
     if thresholds.empty:
         raise OdmaError("nothing to check: give a threshold flag or a [thresholds] table in the config",

@@ -307,17 +307,11 @@ def _replay_on_ray(ctx: _Context, tables: list[dict], progress=None) -> list[dic
     return results
 
 
-def overflow_rate(metrics: dict) -> float:
-    """Overflows per request: migrations, plus preemptions (for ODMA, an overflow the large pool had
-    no room for). The migration-rate limit applies to this, the rate the cheap bound estimates."""
-    return (metrics["migrations"] + metrics["preemptions"]) / max(metrics["requests"], 1)
-
-
 def choose(replayed: list[tuple[dict, dict]], spec: PlanSpec) -> tuple[int, bool]:
     """Index of the chosen (estimate, metrics) pair and whether it meets every constraint."""
     def violation(m: dict) -> float:
         # rejections the policy caused (a prompt past max_model_len is rejected whatever the policy)
-        over = max(0.0, overflow_rate(m) - spec.max_migration_rate) + \
+        over = max(0.0, m["overflow_rate"] - spec.max_migration_rate) + \
             (m["rejections"] - m["rejected_prompt_too_long"]) / max(m["requests"], 1)
         if spec.ttft_p99_s is not None:
             over += max(0.0, m["ttft_p99"] / spec.ttft_p99_s - 1.0)
@@ -449,8 +443,8 @@ def config_document(doc: dict, command: str) -> dict:
         "allocator": allocator,
         "scheduler": {"max_num_seqs": doc["max_num_seqs"]},
         "thresholds": {"min_utilization": math.floor(odma["kv_utilization"] * 0.9 * 1000) / 1000,
-                       "max_migration_rate": doc["max_migration_rate"], "max_rejection_rate": 0.0},
+                       "max_overflow_rate": doc["max_migration_rate"], "max_rejection_rate": 0.0},
     }
 
 
-EXPECTED_KEYS = ("kv_utilization", "tps", "migration_rate", "rejections", "ttft_p99", "tpot_p99", "peak_concurrency")
+EXPECTED_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate", "rejections", "ttft_p99", "tpot_p99", "peak_concurrency")

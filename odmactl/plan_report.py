@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from odmactl.plan import overflow_rate
 
 
 def _png(fig) -> str:
@@ -36,7 +35,7 @@ def _pareto(doc: dict) -> str:
     ax.scatter([e["estimate"]["overflow_rate"] for e in est], [e["estimate"]["kv_utilization"] for e in est],
                s=8, color="0.7", label="every candidate (cheap estimate)")
     rep = doc["search"]["replays"]
-    xs = np.array([overflow_rate(r["measured"]) for r in rep])
+    xs = np.array([r["measured"]["overflow_rate"] for r in rep])
     ys = np.array([r["measured"]["kv_utilization"] for r in rep])
     ax.scatter(xs, ys, s=24, color="tab:blue", label="replayed on the search part")
     order = np.lexsort((-ys, xs))

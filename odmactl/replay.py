@@ -480,6 +480,9 @@ class Replay:
             "tpot_p50": pct(tpot, 50), "tpot_p99": pct(tpot, 99),
             "migrations": c["migrations"],
             "migration_rate": c["migrations"] / num if num else 0.0,
+            # every request that outgrew its memory: moved (migration) or, with no room to move to,
+            # preempted; plan's migration-rate limit and check's max_overflow_rate apply to this
+            "overflow_rate": (c["migrations"] + c["preemptions"]) / num if num else 0.0,
             "migrated_bytes": c["migrated_bytes"],
             "migration_time_s": c["migration_ps"] / PS,
             "preemptions": c["preemptions"],

@@ -86,6 +86,12 @@ def test_evaluate_compares_with_the_baseline():
     assert [(v.name, v.passed) for v in verdicts] == [("min_utilization", True), ("max_migration_rate", False),
                                                        ("min_tps_gain", True)]
     assert verdicts[2].value == pytest.approx(0.2)
+    # plan's limit counts preemptions too (an overflow with nowhere to go): a config whose large
+    # pool is too small passes a migration_rate bound and fails the overflow_rate one
+    doc["results"]["odma"]["metrics"].update(migration_rate=0.0, overflow_rate=0.3)
+    verdicts = evaluate(doc, "odma", Thresholds(max_migration_rate=0.005, max_overflow_rate=0.005))
+    assert [(v.name, v.metric, v.passed) for v in verdicts] == [
+        ("max_migration_rate", "migration_rate", True), ("max_overflow_rate", "overflow_rate", False)]
     root = ET.fromstring(junit_xml(verdicts, "suite", 1.5))
     assert root.get("failures") == "1" and root.find("testsuite").get("time") == "1.500"
 

@@ -51,6 +51,9 @@ def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
     assert config["meta"]["chosen"] == doc["chosen"]["label"] and config["meta"]["policy"] == "odma"
     assert config["meta"]["expected"]["kv_utilization"] == doc["validation"]["odma"]["metrics"]["kv_utilization"]
     assert config["thresholds"]["min_utilization"] <= config["meta"]["expected"]["kv_utilization"]
+    # the gate applies plan's limit to the rate plan applied it to: migrations plus preemptions
+    assert config["thresholds"]["max_overflow_rate"] == doc["max_migration_rate"]
+    assert "max_migration_rate" not in config["thresholds"]
     html = report.read_text()
     assert len(re.findall(r"data:image/png;base64,", html)) == 3 and "Pareto" in html
     # the config drives a replay of the held-out part, and check passes with its own thresholds

@@ -110,6 +110,7 @@ def test_fast_forward_equals_token_by_token_stepping(conv_sample, cost, policy, 
     assert fast.metrics == slow.metrics
     m = fast.metrics
     assert m["completed"] == frame.height and m["generated_tokens"] == int(out.sum())
+    assert m["overflow_rate"] == (m["migrations"] + m["preemptions"]) / m["requests"]
     if policy == "paged" and pool_tokens == 20_000:
         assert m["preemptions"] > 0
     if policy in ("s3", "odma") and predictor == "half":
