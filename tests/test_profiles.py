@@ -282,6 +282,9 @@ def test_an_installed_wheel_carries_the_shipped_profiles(tmp_path):
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, check=True, capture_output=True, text=True)
     where, devices, models, device, kv_bytes = json.loads(out.stdout)
     assert Path(where) == site / "odmactl" / "_profiles"
+    # the wheel lists its packages by name: every module of the checkout must be in it
+    modules = sorted(p.relative_to(root).as_posix() for p in (root / "odmactl").rglob("*.py"))
+    assert modules == sorted(p.relative_to(site).as_posix() for p in (site / "odmactl").rglob("*.py"))
     shipped = root / "profiles"
     assert devices == [p.relative_to(shipped).as_posix() for p in device_paths()] and devices
     assert models == [d.name for d in model_dirs()] and models
