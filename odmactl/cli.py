@@ -363,7 +363,8 @@ def check(
     from odmactl.workload import LoadOptions, ReplaySpec, read_config, run_policies
 
     flags = {"min_utilization": min_utilization, "max_migration_rate": max_migration_rate,
-             "max_overflow_rate": max_overflow_rate, "max_rejection_rate": max_rejection_rate, "min_tps_gain": min_tps_gain, "baseline": baseline}
+             "max_overflow_rate": max_overflow_rate, "max_rejection_rate": max_rejection_rate,
+             "min_tps_gain": min_tps_gain, "baseline": baseline}
     thresholds = Thresholds.merged(read_config(config)["thresholds"], flags, config)
     if thresholds.empty:
         raise OdmaError("nothing to check: give a threshold flag or a [thresholds] table in the config",

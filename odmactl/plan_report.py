@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 
-
 def _png(fig) -> str:
     import matplotlib.pyplot as plt
 

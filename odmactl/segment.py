@@ -67,12 +67,10 @@ class Segment:
                 # (h0 + g m)(c + ov) for m < cut, (h0 + g m)(m0 + dm m + ov) after
                 h0 = helds[rho]
                 a = m0 + ov
+                # sum of m^2 for cut <= m < terms; it only counts when the runs grow (g > 0)
+                squares = ((terms - 1) * terms * (2 * terms - 1) - (cut - 1) * cut * (2 * cut - 1)) // 6 if g else 0
                 occupancy += (c + ov) * (h0 * cut + g * (cut * (cut - 1) // 2))
-                if g:
-                    squares = ((terms - 1) * terms * (2 * terms - 1) - (cut - 1) * cut * (2 * cut - 1)) // 6
-                    occupancy += h0 * a * rest + (h0 * dm + g * a) * s1 + g * dm * squares
-                else:
-                    occupancy += h0 * a * rest + h0 * dm * s1
+                occupancy += h0 * a * rest + (h0 * dm + g * a) * s1 + g * dm * squares
         return total, occupancy
 
     def held_runs_ps(self, k: int) -> int:
