@@ -22,21 +22,55 @@ exhaustion, a contiguous block's token count at completion and overflow (`catch_
 scheduler counts what every request holds, so decisions are those of eager growth. An
 on-device replay (ondevice.py) steps and hands each decode iteration's batch to a `probe`, which
 runs and times it on the device; the clock still advances by the modelled step.
+
+The same source runs compiled (setup.py, odmactl/native.py): Cython reads the `cython.longlong`
+annotations as 64-bit C integers (Python never evaluates them). That bounds the clock at 2**63 ps
+(106 days of simulated time) and admissions at 2**32 (see SEQ_SPAN); an overflow raises
+OverflowError instead of wrapping. Sums of bytes x picoseconds stay Python integers. Per-request
+state is in array('q') buffers, which both forms index quickly. Results are byte-identical
+(tests/test_native.py).
 """
 
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+
+try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
+    import cython
+except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
+    cython = None
 
 from odmactl.allocator import Allocator
 from odmactl.cost import CostModel, KvLayout, to_ps
 from odmactl.segment import Segment
 
 PS = 10**12
+SEQ_SPAN = 1 << 32  # heap keys: iteration * SEQ_SPAN + admission number (admissions stay below 2**32)
+
+
+def _int64s(values) -> array:
+    """An array('q') copy of a numpy integer array: C-speed indexing when compiled, list-speed otherwise."""
+    out = array("q")
+    out.frombytes(np.ascontiguousarray(values, dtype=np.int64).tobytes())
+    return out
+
+
+def _filled(size: int, value: int) -> array:
+    return array("q", [value]) * size
+
+
+def _zeros(size: int) -> array:
+    return _filled(size, 0)
+
+
+def _seconds(t_ps) -> float:
+    """Picoseconds as seconds, Python's exactly rounded int / int (also when t_ps comes from a C integer)."""
+    return t_ps / PS
 
 
 @dataclass(frozen=True)
@@ -133,56 +167,88 @@ class Replay:
     # ------------------------------------------------------------------------------------ run
 
     def run(self) -> ReplayResult:
-        w, alloc, paged, B = self.w, self.alloc, self.paged, self.block
-        ff = self.settings.fast_forward
-        num = w.size
-        prompt = w.prompt_tokens.tolist()
-        target = np.minimum(w.output_tokens, np.maximum(self.max_len - w.prompt_tokens, 0)).tolist()
-        arrival = w.arrival_ps.tolist()
+        w, alloc = self.w, self.alloc
+        paged: cython.bint = self.paged
+        B: cython.longlong = self.block if self.paged else 1
+        ff: cython.bint = self.settings.fast_forward
+        odma: cython.bint = alloc.name == "odma"
+        num: cython.longlong = w.size
+        prompt_np = w.prompt_tokens.astype(np.int64)
+        target_np = np.minimum(w.output_tokens, np.maximum(self.max_len - w.prompt_tokens, 0)).astype(np.int64)
+        # per request, as int64 arrays (typed buffers when compiled, array('q') indexing otherwise)
+        prompt: cython.longlong[:] = _int64s(prompt_np)
+        target: cython.longlong[:] = _int64s(target_np)
+        output: cython.longlong[:] = _int64s(w.output_tokens)
+        arrival: cython.longlong[:] = _int64s(w.arrival_ps)
         pred = None if w.predicted_output_tokens is None else np.maximum(w.predicted_output_tokens, 1.0).tolist()
         unc = None if w.uncertainty is None else w.uncertainty.tolist()
         ids = w.request_ids
-        max_seqs = self.settings.max_num_seqs
-        max_prefill = self.settings.max_prefill_tokens or self.max_len
-        num_blocks = alloc.num_blocks if paged else 0
+        max_len: cython.longlong = self.max_len
+        max_seqs: cython.longlong = self.settings.max_num_seqs
+        max_prefill: cython.longlong = self.settings.max_prefill_tokens or self.max_len
+        num_blocks: cython.longlong = alloc.num_blocks if paged else 0
+        block_bytes = alloc.block_bytes if paged else 0
+        coeff, cost, probe = self.coeff, self.cost, self.probe
+        segment = Segment(coeff)  # the batch between two events, reset at each
 
-        # per request
-        gen = [0] * num            # tokens generated so far (as of the last boundary it ran at)
-        base = [0] * num           # while running: KV tokens at decode iteration I are base + I
-        seq_of = [-1] * num        # admission number while running, -1 otherwise
+        gen: cython.longlong[:] = _zeros(num)       # tokens generated so far (as of the last boundary it ran at)
+        base: cython.longlong[:] = _zeros(num)      # while running: KV tokens at decode iteration I are base + I
+        seq_of: cython.longlong[:] = _filled(num, -1)  # admission number while running, -1 otherwise
+        first_ps: cython.longlong[:] = _filled(num, -1)
+        done_ps: cython.longlong[:] = _filled(num, -1)
+        reserved_tokens: cython.longlong[:] = _zeros(num)
         allocs: list = [None] * num
-        first_ps = [-1] * num
-        done_ps = [-1] * num
-        reserved_tokens = [0] * num
         # state
-        t = 0
-        it = 0                      # decode iterations so far
+        t: cython.longlong = 0
+        it: cython.longlong = 0     # decode iterations so far
         queue: deque[int] = deque()
         running: dict[int, int] = {}  # request -> admission number, in admission order
-        finish: list[tuple[int, int, int]] = []    # (iteration, seq, request)
-        overflow: list[tuple[int, int, int]] = []
-        kv_sum = 0                  # sum of KV tokens of running requests at iteration `it`
-        runs_now = 0                # paged: blocks the running requests need at iteration `it`
-        phase = [0] * (B or 1)      # paged: running requests by base mod B
-        next_arrival = 0
-        next_seq = 0
-        dirty = False
-        c = {"preemptions": 0, "rejections": 0, "rejected_prompt_too_long": 0, "truncated": 0,
-             "recomputed_tokens": 0, "migrations": 0,
-             "migrated_bytes": 0, "peak_concurrency": 0, "prefill_iterations": 0, "decode_iterations": 0,
-             "occupancy_byte_ps": 0, "migration_ps": 0}
+        # pending completions and block overflows, as heaps of iteration * span + admission number
+        # (tuples' order, without the tuples); an entry is stale once its request left that admission
+        finish: list[int] = []
+        overflow: list[int] = []
+        request_of_seq = array("q")  # admission number -> request
+        span: cython.longlong = SEQ_SPAN
+        kv_sum: cython.longlong = 0  # sum of KV tokens of running requests at iteration `it`
+        runs_now: cython.longlong = 0  # paged: blocks the running requests need at iteration `it`
+        phase: cython.longlong[:] = _zeros(B)  # paged: running requests by base mod B
+        next_arrival: cython.longlong = 0
+        next_seq: cython.longlong = 0
+        dirty: cython.bint = False
+        preemptions: cython.longlong = 0
+        rejections: cython.longlong = 0
+        too_long: cython.longlong = 0
+        truncated: cython.longlong = 0
+        recomputed: cython.longlong = 0
+        migrations: cython.longlong = 0
+        peak: cython.longlong = 0
+        prefills: cython.longlong = 0
+        decodes: cython.longlong = 0
+        # byte x ps sums outgrow 64 bits: Python integers
+        migrated_bytes = 0
+        occupancy_byte_ps = 0
+        migration_ps = 0
         series = _Series(self.settings.series_points)
         boundaries: list[tuple[float, list[int]]] = []
-        updates_seen = -1
-        completed = 0
-        first_arrival_ps = arrival[0] if num else 0
+        updates_seen: cython.longlong = -1
+        completed: cython.longlong = 0
+        first_arrival_ps: cython.longlong = arrival[0] if num else 0
+        i: cython.longlong
+        n: cython.longlong
+        k: cython.longlong
+        v: cython.longlong
+        key: cython.longlong
+        seq: cython.longlong
+        dt: cython.longlong
+        need: cython.longlong
+        rho: cython.longlong
 
-        def reserved_bytes() -> int:
-            return runs_now * alloc.block_bytes if paged and ff else alloc.reserved_bytes
+        def reserved_bytes():
+            return runs_now * block_bytes if paged and ff else alloc.reserved_bytes
 
-        def leave(i: int) -> None:
+        def leave(i: cython.longlong) -> None:
             nonlocal kv_sum, runs_now
-            v = base[i] + it
+            v: cython.longlong = base[i] + it
             kv_sum -= v
             if paged:
                 runs_now -= -(-v // B)
@@ -190,15 +256,16 @@ class Replay:
             del running[i]
             seq_of[i] = -1
 
-        def catch_up(i: int) -> int:
+        def catch_up(i: cython.longlong) -> cython.longlong:
             """Tell the allocator request i's KV length now (growth inside a block, and paged blocks
             when fast-forwarding, reach it lazily); returns that length."""
-            v = base[i] + it
-            if allocs[i].used_tokens != v:
-                alloc.extend(allocs[i], v)
+            v: cython.longlong = base[i] + it
+            a = allocs[i]
+            if a.used_tokens != v:
+                alloc.extend(a, v)
             return v
 
-        def finish_request(i: int) -> None:
+        def finish_request(i: cython.longlong) -> None:
             nonlocal completed, dirty
             a = allocs[i]
             catch_up(i)
@@ -210,25 +277,31 @@ class Replay:
             completed += 1
             dirty = True
 
-        def preempt(i: int) -> None:
+        def preempt(i: cython.longlong) -> None:
+            nonlocal preemptions
             gen[i] = base[i] + it - prompt[i]
             leave(i)
             alloc.release(allocs[i])
             allocs[i] = None
             queue.appendleft(i)
-            c["preemptions"] += 1
+            preemptions += 1
 
-        def push_events(i: int, seq: int) -> None:
-            heapq.heappush(finish, (prompt[i] + target[i] - base[i], seq, i))
+        def push_events(i: cython.longlong, seq: cython.longlong) -> None:
+            cap: cython.longlong
+            heapq.heappush(finish, (prompt[i] + target[i] - base[i]) * span + seq)
             if ff and not paged:
                 cap = allocs[i].capacity_tokens
                 if cap < prompt[i] + target[i]:
-                    heapq.heappush(overflow, (cap - base[i], seq, i))
+                    heapq.heappush(overflow, (cap - base[i]) * span + seq)
 
         def admit() -> list[int]:
             """Admit from the head while it fits; returns the admitted (not yet prefilled)."""
+            i: cython.longlong
+            g: cython.longlong
+            kv: cython.longlong
+            tokens: cython.longlong = 0
+            free_blocks: cython.longlong
             admitted: list[int] = []
-            tokens = 0
             # paged: blocks free before this round (the allocator's count lags when fast-forwarding)
             free_blocks = (num_blocks - runs_now if ff else alloc.free_blocks) if paged else 0
             while queue and len(running) + len(admitted) < max_seqs:
@@ -260,15 +333,22 @@ class Replay:
                 tokens += kv
             return admitted
 
-        def reject(i: int) -> None:
-            c["rejections"] += 1
+        def reject(i: cython.longlong) -> None:
+            nonlocal rejections
+            rejections += 1
             done_ps[i] = -2
 
         def prefill(admitted: list[int]) -> None:
-            nonlocal t, kv_sum, runs_now, next_seq
-            kv = [prompt[i] + gen[i] for i in admitted]
-            c["recomputed_tokens"] += sum(gen[i] for i in admitted)
-            for i, k in zip(admitted, kv):
+            nonlocal t, kv_sum, runs_now, next_seq, recomputed, prefills, occupancy_byte_ps
+            i: cython.longlong
+            k: cython.longlong
+            seq: cython.longlong
+            dt: cython.longlong
+            kvs = []
+            for i in admitted:
+                k = prompt[i] + gen[i]
+                kvs.append(k)
+                recomputed += gen[i]
                 a = allocs[i]
                 # the first token needs room: the reservation was for the prompt. Paged takes the
                 # block now; a contiguous block that already holds it is told lazily (catch_up)
@@ -277,6 +357,8 @@ class Replay:
                 gen[i] += 1
                 seq = next_seq
                 next_seq += 1
+                assert seq < span, "more than 2**32 admissions"
+                request_of_seq.append(i)
                 running[i] = seq
                 seq_of[i] = seq
                 base[i] = k + 1 - it
@@ -284,39 +366,43 @@ class Replay:
                 if paged:
                     runs_now += -(-(k + 1) // B)
                     phase[base[i] % B] += 1
-            dt = to_ps(self.cost.prefill_s(kv))
+            dt = to_ps(cost.prefill_s(kvs))
             t += dt
-            c["occupancy_byte_ps"] += reserved_bytes() * dt
-            c["prefill_iterations"] += 1
+            occupancy_byte_ps += reserved_bytes() * dt
+            prefills += 1
             for i in admitted:
                 if first_ps[i] < 0:
                     first_ps[i] = t
                 if gen[i] >= target[i]:
                     finish_request(i)
                 else:
-                    push_events(i, running[i])
+                    push_events(i, seq_of[i])
 
-        def grow_contiguous(i: int) -> None:
+        def grow_contiguous(i: cython.longlong) -> None:
             """Request i needs one more token than its block holds: extend (migrate) or preempt it."""
-            nonlocal t
+            nonlocal t, migrations, migrated_bytes, migration_ps, occupancy_byte_ps
+            dt: cython.longlong
+            v: cython.longlong
             a = allocs[i]
             v = catch_up(i)
             before = alloc.migrated_bytes
             if alloc.extend(a, v + 1):
                 copied = alloc.migrated_bytes - before
-                c["migrations"] += 1
-                c["migrated_bytes"] += copied
-                dt = to_ps(self.cost.migration_s(copied))
+                migrations += 1
+                migrated_bytes += copied
+                dt = to_ps(cost.migration_s(copied))
                 t += dt
-                c["migration_ps"] += dt
-                c["occupancy_byte_ps"] += reserved_bytes() * dt
+                migration_ps += dt
+                occupancy_byte_ps += reserved_bytes() * dt
                 if a.capacity_tokens < prompt[i] + target[i]:
-                    heapq.heappush(overflow, (a.capacity_tokens - base[i], running[i], i))
+                    heapq.heappush(overflow, (a.capacity_tokens - base[i]) * span + seq_of[i])
             else:
                 preempt(i)
 
-        def preempt_newest_until_fits(need_at: int) -> None:
+        def preempt_newest_until_fits(need_at: cython.longlong) -> None:
             """Paged: preempt the newest running requests until the next iteration's blocks fit."""
+            newest: cython.longlong
+            v: cython.longlong
             if ff:
                 for i in running:  # hand the lazily counted blocks to the allocator first
                     catch_up(i)
@@ -326,18 +412,18 @@ class Replay:
                 need_at -= -(-(v + 1) // B)
                 preempt(newest)
 
-        total_steps = 0
+        total_steps: cython.longlong = 0
         while True:
             # arrivals up to now
             while next_arrival < num and arrival[next_arrival] <= t:
                 i = next_arrival
                 next_arrival += 1
-                if prompt[i] >= self.max_len:
+                if prompt[i] >= max_len:
                     reject(i)
-                    c["rejected_prompt_too_long"] += 1  # no policy could serve it
+                    too_long += 1  # no policy could serve it
                     continue
-                if target[i] < w.output_tokens[i]:
-                    c["truncated"] += 1
+                if target[i] < output[i]:
+                    truncated += 1
                 if not queue:
                     dirty = True
                 queue.append(i)
@@ -356,18 +442,23 @@ class Replay:
                     continue
                 break
             n = len(running)
-            if n > c["peak_concurrency"]:
-                c["peak_concurrency"] = n
-            if alloc.name == "odma" and updates_seen != alloc.boundary_updates:
+            if n > peak:
+                peak = n
+            if odma and updates_seen != alloc.boundary_updates:
                 updates_seen = alloc.boundary_updates
-                boundaries.append((t / PS, list(alloc.boundaries_tokens)))
+                boundaries.append((_seconds(t), list(alloc.boundaries_tokens)))
             series.add(t, reserved_bytes(), n, len(queue))
 
             # ---- growth before the next iteration: blocks that overflow, blocks that run out
-            preempted = c["preemptions"]
+            preempted = preemptions
             if ff:
-                while overflow and overflow[0][0] == it:
-                    _, seq, i = heapq.heappop(overflow)
+                while overflow:
+                    key = overflow[0]
+                    if key // span != it:
+                        break
+                    heapq.heappop(overflow)
+                    seq = key % span
+                    i = request_of_seq[seq]
                     if seq_of[i] == seq:
                         grow_contiguous(i)
                 if paged:
@@ -388,7 +479,7 @@ class Replay:
                         continue
                     while i in running and not alloc.extend(a, v + 1):
                         preempt(next(reversed(running)))
-            if c["preemptions"] != preempted:
+            if preemptions != preempted:
                 dirty = False
                 if not running:
                     continue
@@ -396,54 +487,71 @@ class Replay:
 
             # ---- decode: k iterations of a fixed batch
             if ff:
-                while finish and seq_of[finish[0][2]] != finish[0][1]:
+                while True:  # drop stale entries: their request left that admission
+                    key = finish[0]
+                    seq = key % span
+                    if seq_of[request_of_seq[seq]] == seq:
+                        break
                     heapq.heappop(finish)
-                while overflow and seq_of[overflow[0][2]] != overflow[0][1]:
+                k = key // span - it
+                while overflow:
+                    key = overflow[0]
+                    seq = key % span
+                    if seq_of[request_of_seq[seq]] == seq:
+                        if key // span - it < k:
+                            k = key // span - it
+                        break
                     heapq.heappop(overflow)
-                k = finish[0][0] - it
-                if overflow and overflow[0][0] - it < k:
-                    k = overflow[0][0] - it
                 if paged:
                     runs = [runs_now]
                     for rho in range(B):
-                        runs.append(runs[-1] + phase[(-it - rho) % B])
-                    seg = Segment(self.coeff, n, kv_sum, runs, True)
+                        runs.append(runs[rho] + phase[(-it - rho) % B])
+                    seg = segment.reset(n, kv_sum, runs, True)
                     k = seg.first_over(num_blocks, k)
                 else:
-                    seg = Segment(self.coeff, n, kv_sum, [n, n], False)
+                    seg = segment.reset(n, kv_sum, [n, n], False)
                 if not queue and next_arrival < num and n < max_seqs:
                     k = seg.iterations_until(arrival[next_arrival] - t, k)
                 dt, held = seg.advance(k, paged)
                 if paged:
-                    c["occupancy_byte_ps"] += held * alloc.block_bytes
+                    occupancy_byte_ps += held * block_bytes
                     runs_now = runs[k % B] + n * (k // B)
                 else:
-                    c["occupancy_byte_ps"] += alloc.reserved_bytes * dt
+                    occupancy_byte_ps += alloc.reserved_bytes * dt
             else:
                 k = 1
                 kv_now = [base[i] + it for i in running]
-                dt = self.coeff.step_ps(kv_now)
-                if self.probe is not None:
-                    self.probe.step([allocs[i] for i in running], kv_now, dt)
-                c["occupancy_byte_ps"] += alloc.reserved_bytes * dt
+                dt = coeff.step_ps(kv_now)
+                if probe is not None:
+                    probe.step([allocs[i] for i in running], kv_now, dt)
+                occupancy_byte_ps += alloc.reserved_bytes * dt
             t += dt
             it += k
             kv_sum += n * k
-            c["decode_iterations"] += k
-            while finish and finish[0][0] <= it:
-                f_it, seq, i = heapq.heappop(finish)
+            decodes += k
+            while finish:
+                key = finish[0]
+                if key // span > it:
+                    break
+                heapq.heappop(finish)
+                seq = key % span
+                i = request_of_seq[seq]
                 if seq_of[i] == seq:
-                    assert f_it == it
+                    assert key // span == it
                     finish_request(i)
             total_steps += 1
             if self.progress is not None and total_steps % 4096 == 0:
                 self.progress("replay", completed, num)
 
-        return self._result(c, series, boundaries, arrival, first_ps, done_ps, target, prompt,
-                            reserved_tokens, first_arrival_ps)
+        c = {"preemptions": preemptions, "rejections": rejections, "rejected_prompt_too_long": too_long,
+             "truncated": truncated, "recomputed_tokens": recomputed, "migrations": migrations,
+             "migrated_bytes": migrated_bytes, "peak_concurrency": peak, "prefill_iterations": prefills,
+             "decode_iterations": decodes, "occupancy_byte_ps": occupancy_byte_ps, "migration_ps": migration_ps}
+        return self._result(c, series, boundaries, np.asarray(arrival), np.asarray(first_ps), np.asarray(done_ps),
+                            target_np, prompt_np, np.asarray(reserved_tokens), first_arrival_ps)
 
-    def _result(self, c: dict, series: _Series, boundaries: list, arrival: list[int], first_ps: list[int],
-                done_ps: list[int], target: list[int], prompt: list[int], reserved_tokens: list[int],
+    def _result(self, c: dict, series: _Series, boundaries: list, arrival: np.ndarray, first_ps: np.ndarray,
+                done_ps: np.ndarray, target: np.ndarray, prompt: np.ndarray, reserved_tokens: np.ndarray,
                 first_arrival_ps: int) -> ReplayResult:
         alloc = self.alloc
         assert not alloc.live_allocations(), "allocations outlived the replay"

@@ -17,27 +17,46 @@ from __future__ import annotations
 
 from odmactl.cost import StepCoefficients
 
+try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
+    import cython
+except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
+    cython = None
+
 
 class Segment:
     """A batch of `n` requests at an iteration boundary: `kv_tokens_sum` tokens to read next and
     `runs[i]` runs at offset i (i = 0..period, `runs[i + 1]` also being the blocks held after
     iteration i). Paged: period = block size, runs grow by n per period; contiguous: period 1, runs
-    constant. Invariant: runs is nondecreasing, so step times are nondecreasing in j."""
+    constant. Invariant: runs is nondecreasing, so step times are nondecreasing in j.
+    The replay keeps one Segment per run and `reset`s it at every event (the coefficients are
+    read once); compiled, it is an extension type with C fields (segment.pxd)."""
 
-    __slots__ = ("period", "n", "growth", "compute_ps", "overhead_ps", "m0", "dm", "held", "d_held")
+    __slots__ = ("weights_ps", "per_token_ps", "per_run_ps", "compute_per_seq_ps", "overhead_ps",
+                 "period", "compute_ps", "m0", "dm", "held", "d_held")
 
-    def __init__(self, coeff: StepCoefficients, n: int, kv_tokens_sum: int, runs: list[int], paged: bool) -> None:
-        self.period = period = len(runs) - 1
-        self.n = n
-        self.growth = n if paged else 0
-        self.compute_ps = coeff.compute_per_seq_ps * n
+    def __init__(self, coeff: StepCoefficients, n: int = 0, kv_tokens_sum: int = 0, runs: list[int] = [0, 0],
+                 paged: bool = False) -> None:
+        self.weights_ps = coeff.weights_ps
+        self.per_token_ps = coeff.per_token_ps
+        self.per_run_ps = coeff.per_run_ps
+        self.compute_per_seq_ps = coeff.compute_per_seq_ps
         self.overhead_ps = coeff.overhead_ps
-        base = coeff.weights_ps + coeff.per_token_ps * kv_tokens_sum
-        step_tokens = coeff.per_token_ps * n
-        self.m0 = [base + step_tokens * rho + coeff.per_run_ps * runs[rho] for rho in range(period)]
-        self.dm = step_tokens * period + coeff.per_run_ps * self.growth
+        self.reset(n, kv_tokens_sum, runs, paged)
+
+    def reset(self, n: int, kv_tokens_sum: int, runs: list[int], paged: bool) -> Segment:
+        """Describe the batch at the next boundary (see the class docstring); returns self."""
+        period: cython.longlong = len(runs) - 1
+        per_run: cython.longlong = self.per_run_ps
+        step_tokens: cython.longlong = self.per_token_ps * n
+        base: cython.longlong = self.weights_ps + self.per_token_ps * kv_tokens_sum
+        growth: cython.longlong = n if paged else 0
+        self.period = period
+        self.compute_ps = self.compute_per_seq_ps * n
+        self.m0 = [base + step_tokens * rho + per_run * runs[rho] for rho in range(period)]
+        self.dm = step_tokens * period + per_run * growth
         self.held = runs[1:]
-        self.d_held = self.growth
+        self.d_held = growth
+        return self
 
     def elapsed_ps(self, k: int) -> int:
         """Time of the next k iterations."""
@@ -45,14 +64,27 @@ class Segment:
 
     def advance(self, k: int, held: bool = True) -> tuple[int, int]:
         """(time of the next k iterations, sum over them of runs held x iteration time); the second
-        is the paged pool's time-weighted occupancy in blocks x ps (0 unless `held`)."""
-        p = self.period
-        q, r = divmod(k, p)
-        c, dm, ov, g = self.compute_ps, self.dm, self.overhead_ps, self.d_held
+        is the paged pool's time-weighted occupancy in blocks x ps (0 unless `held`).
+        Compiled, the time terms are 64-bit: each is at most the segment's duration (nonnegative
+        terms), which stays below 2**63 ps like the replay's clock; occupancy stays a Python int."""
+        p: cython.longlong = self.period
+        kk: cython.longlong = k
+        q: cython.longlong = kk // p
+        r: cython.longlong = kk % p
+        c: cython.longlong = self.compute_ps
+        dm: cython.longlong = self.dm
+        ov: cython.longlong = self.overhead_ps
+        g: cython.longlong = self.d_held
+        total: cython.longlong = kk * ov
+        rho: cython.longlong
+        terms: cython.longlong
+        m0: cython.longlong
+        cut: cython.longlong
+        rest: cython.longlong
+        s1: cython.longlong
         m0s, helds = self.m0, self.held
-        total = k * ov
-        occupancy = 0
-        for rho in range(k if k < p else p):  # m < cut: compute-bound terms (memory below compute)
+        occupancy: object = 0
+        for rho in range(kk if kk < p else p):  # m < cut: compute-bound terms (memory below compute)
             terms = q + 1 if rho < r else q
             m0 = m0s[rho]
             if m0 >= c:
@@ -61,16 +93,21 @@ class Segment:
                 cut = terms
             else:
                 cut = min(terms, -(-(c - m0) // dm))
-            rest, s1 = terms - cut, (terms * (terms - 1) - cut * (cut - 1)) // 2
+            rest = terms - cut
+            s1 = (terms * (terms - 1) - cut * (cut - 1)) // 2
             total += cut * c + m0 * rest + dm * s1
             if held:
-                # (h0 + g m)(c + ov) for m < cut, (h0 + g m)(m0 + dm m + ov) after
-                h0 = helds[rho]
-                a = m0 + ov
+                # (h0 + g m)(c + ov) for m < cut, (h0 + g m)(m0 + dm m + ov) after, as Python ints
+                h0: object = helds[rho]
+                a: object = m0 + ov
+                go: object = g
+                dmo: object = dm
                 # sum of m^2 for cut <= m < terms; it only counts when the runs grow (g > 0)
-                squares = ((terms - 1) * terms * (2 * terms - 1) - (cut - 1) * cut * (2 * cut - 1)) // 6 if g else 0
-                occupancy += (c + ov) * (h0 * cut + g * (cut * (cut - 1) // 2))
-                occupancy += h0 * a * rest + (h0 * dm + g * a) * s1 + g * dm * squares
+                to: object = terms
+                co: object = cut
+                squares: object = ((to - 1) * to * (2 * to - 1) - (co - 1) * co * (2 * co - 1)) // 6 if g else 0
+                occupancy += (c + ov) * (h0 * cut + go * (cut * (cut - 1) // 2))
+                occupancy += h0 * a * rest + (h0 * dmo + go * a) * s1 + go * dmo * squares
         return total, occupancy
 
     def held_runs_ps(self, k: int) -> int:

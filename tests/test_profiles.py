@@ -263,10 +263,11 @@ def test_an_installed_wheel_carries_the_shipped_profiles(tmp_path):
     root = Path(__file__).resolve().parents[1]
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(root / name, src / name)
+    built = ("__pycache__", "*.so", "*.c", "_native_build.py")  # what an in-place build leaves beside the sources
     for name in ("odmactl", "profiles"):
-        shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns(*built))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "wheel"), str(src)],
                    check=True, capture_output=True)
     wheel = next((tmp_path / "wheel").glob("odmactl-*.whl"))
@@ -278,13 +279,20 @@ def test_an_installed_wheel_carries_the_shipped_profiles(tmp_path):
     probe = ("import json; from odmactl.profiles import profiles_dir, device_paths, model_dirs, load_device, load_model;"
              "print(json.dumps([str(profiles_dir()), [p.relative_to(profiles_dir()).as_posix() for p in device_paths()],"
              " [d.name for d in model_dirs()], load_device('mlu370-x4').name,"
-             " load_model('DeepSeek-R1-Distill-Qwen-7B').kv_bytes_per_token]))")
+             " load_model('DeepSeek-R1-Distill-Qwen-7B').kv_bytes_per_token]));"
+             "from odmactl import native; print(json.dumps(native.status()))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, check=True, capture_output=True, text=True)
-    where, devices, models, device, kv_bytes = json.loads(out.stdout)
+    first, second = out.stdout.splitlines()
+    where, devices, models, device, kv_bytes = json.loads(first)
     assert Path(where) == site / "odmactl" / "_profiles"
     # the wheel lists its packages by name: every module of the checkout must be in it
-    modules = sorted(p.relative_to(root).as_posix() for p in (root / "odmactl").rglob("*.py"))
-    assert modules == sorted(p.relative_to(site).as_posix() for p in (site / "odmactl").rglob("*.py"))
+    modules = sorted(p.relative_to(root).as_posix() for p in (root / "odmactl").rglob("*.py")
+                     if p.name != "_native_build.py")
+    installed = sorted(p.relative_to(site).as_posix() for p in (site / "odmactl").rglob("*.py"))
+    assert modules == [m for m in installed if not m.endswith("/_native_build.py")]
+    # and it carries the compiled core, built from these sources (setup.py; a build without a C
+    # compiler would install the pure-Python package, which this machine does not need)
+    assert set(json.loads(second).values()) == {"compiled"}
     shipped = root / "profiles"
     assert devices == [p.relative_to(shipped).as_posix() for p in device_paths()] and devices
     assert models == [d.name for d in model_dirs()] and models

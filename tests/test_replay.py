@@ -75,6 +75,17 @@ def _workload(frame: pl.DataFrame, l_hat=None, u=None, offline=False) -> Workloa
                     l_hat, u)
 
 
+def case_workload(frame: pl.DataFrame, predictor: str, offline: bool) -> Workload:
+    """A CASES workload: no prediction, the true lengths, or half of them (every mistake charged)."""
+    out = frame["output_tokens"].to_numpy().astype(np.float64)
+    l_hat = u = None
+    if predictor == "oracle":
+        l_hat, u = out, np.zeros(frame.height)
+    elif predictor == "half":
+        l_hat, u = np.maximum(out // 2, 1), np.random.default_rng(0).uniform(0, 1, frame.height)
+    return _workload(frame, l_hat, u, offline)
+
+
 def _replay(workload, cost, policy, pool_tokens, config, fast_forward, max_len=8192, max_num_seqs=256):
     bpt = cost.model.kv_bytes_per_token
     allocator = make_allocator(policy, pool_tokens * bpt, bpt, {"max_model_len_tokens": max_len, **config})
@@ -99,12 +110,7 @@ CASES = [
 def test_fast_forward_equals_token_by_token_stepping(conv_sample, cost, policy, pool_tokens, config, predictor, offline):
     frame = conv_sample.head(220)
     out = frame["output_tokens"].to_numpy().astype(np.float64)
-    l_hat = u = None
-    if predictor == "oracle":
-        l_hat, u = out, np.zeros(frame.height)
-    elif predictor == "half":  # a predictor that undershoots: every mistake is charged
-        l_hat, u = np.maximum(out // 2, 1), np.random.default_rng(0).uniform(0, 1, frame.height)
-    w = _workload(frame, l_hat, u, offline)
+    w = case_workload(frame, predictor, offline)
     fast = _replay(w, cost, policy, pool_tokens, config, True, max_num_seqs=48)
     slow = _replay(w, cost, policy, pool_tokens, config, False, max_num_seqs=48)
     assert fast.metrics == slow.metrics

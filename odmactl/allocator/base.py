@@ -177,6 +177,12 @@ class AllocatorBase:
             raise AllocationError(f"allocation of request '{a.request_id}' is {state}")
 
     def _growth(self, a: Allocation, total_tokens: int) -> None:
+        """Raise AllocationError unless `a` is live here and `total_tokens` does not shrink it."""
+        try:  # the valid case first, without the checks' calls: every extend passes here
+            if self._live.get(a.request_id) is a and total_tokens >= a.used_tokens:
+                return
+        except (AttributeError, TypeError):  # not an Allocation (or an unhashable request id)
+            pass
         self._own(a)
         if total_tokens < a.used_tokens:
             raise AllocationError(

@@ -1,0 +1,83 @@
+"""The optional compiled core: which of its modules run compiled, and the fall back to Python.
+
+setup.py compiles the modules in COMPILED with Cython from their own .py files (they stay the
+single source) and records the sha256 of each source it compiled in odmactl/_native_build.py.
+`select()`, run once when the package is imported, makes every such module import from its .py
+source instead when
+- ODMACTL_PURE_PYTHON is set (a comparison, or a debugger that needs Python frames), or
+- the compiled module was built from a different source (an editable install whose .py changed
+  since the last `pip install -e .`): stale machine code must never run in place of the code a
+  developer is looking at, so the source runs, with a warning to rebuild.
+Both forms give byte-identical results (tests/test_native.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import warnings
+from pathlib import Path
+
+COMPILED = ("odmactl.segment", "odmactl.replay")  # setup.py compiles the same modules
+PURE_ENV = "ODMACTL_PURE_PYTHON"
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_state: dict[str, str] = {}  # module -> "compiled" or why it runs from its Python source
+
+
+class _SourceFinder(importlib.abc.MetaPathFinder):
+    """Finds the listed modules' .py sources ahead of the extension modules beside them."""
+
+    def __init__(self, sources: dict[str, Path]) -> None:
+        self.sources = sources
+
+    def find_spec(self, fullname, path, target=None):
+        source = self.sources.get(fullname)
+        return None if source is None else importlib.util.spec_from_file_location(fullname, source)
+
+
+def _paths(name: str) -> tuple[Path, Path | None]:
+    """The module's .py source and its compiled extension module (None when not built)."""
+    stem = _PACKAGE_DIR / name.split(".", 1)[1].replace(".", "/")
+    binary = next((p for s in importlib.machinery.EXTENSION_SUFFIXES if (p := stem.with_name(stem.name + s)).exists()),
+                  None)
+    return stem.with_suffix(".py"), binary
+
+
+def select() -> None:
+    """Decide, before any of them is imported, which COMPILED modules run from source."""
+    if _state:
+        return
+    try:
+        from odmactl._native_build import SOURCE_SHA256
+    except ImportError:
+        SOURCE_SHA256 = {}
+    fallback: dict[str, Path] = {}
+    for name in COMPILED:
+        source, binary = _paths(name)
+        if binary is None:
+            _state[name] = "python (not compiled)"
+        elif not source.exists():
+            _state[name] = "compiled"
+        elif os.environ.get(PURE_ENV):
+            _state[name] = f"python ({PURE_ENV} is set)"
+            fallback[name] = source
+        elif SOURCE_SHA256.get(name) != hashlib.sha256(source.read_bytes()).hexdigest():
+            _state[name] = "python (its source changed since it was compiled)"
+            fallback[name] = source
+            warnings.warn(f"{name}: the compiled module is older than {source.name}; running the Python source "
+                          "(slower) until you rebuild with `pip install -e .`", RuntimeWarning, stacklevel=2)
+        else:
+            _state[name] = "compiled"
+    if fallback:
+        sys.meta_path.insert(0, _SourceFinder(fallback))
+
+
+def status() -> dict[str, str]:
+    """Each compiled-core module -> "compiled", or "python (why)"."""
+    select()
+    return dict(_state)

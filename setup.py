@@ -1,0 +1,51 @@
+"""Build hook for the optional compiled core (everything else is in pyproject.toml).
+
+The replay's event loop (odmactl/replay.py) and its closed-form segment sums (odmactl/segment.py)
+are plain Python that Cython also compiles: their `cython.*` annotations become C integers there
+and are never evaluated by Python, and segment.pxd makes Segment an extension type. The .py files
+stay the single source: the pure-Python modules give byte-identical results (tests/test_native.py),
+and odmactl/native.py falls back to them when a compiled module is older than its source.
+
+ODMACTL_PURE_PYTHON=1 at install time skips the compilation; a failed compile (no C compiler)
+installs the pure-Python package with a warning (the extensions are optional).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from setuptools import Extension, setup
+
+ROOT = Path(__file__).resolve().parent
+COMPILED = ("odmactl.segment", "odmactl.replay")  # odmactl.native.COMPILED names the same modules
+DIRECTIVES = {
+    "language_level": 3,
+    "binding": False,
+    # Python semantics for // and % on C integers, and an OverflowError (never a silent wrap)
+    # should a 64-bit value overflow
+    "cdivision": False,
+    "overflowcheck": True,
+}
+
+
+def source_digests() -> dict[str, str]:
+    return {name: hashlib.sha256((ROOT / (name.replace(".", "/") + ".py")).read_bytes()).hexdigest()
+            for name in COMPILED}
+
+
+def extensions() -> list[Extension]:
+    if os.environ.get("ODMACTL_PURE_PYTHON"):
+        return []
+    from Cython.Build import cythonize
+
+    # what the extensions are built from: odmactl.native compares it with the sources at import
+    stamp = ROOT / "odmactl" / "_native_build.py"
+    stamp.write_text('"""Written by setup.py when it compiles the core: sha256 of each compiled module\'s source."""\n\n'
+                     f"SOURCE_SHA256 = {source_digests()!r}\n")
+    modules = [Extension(name, [name.replace(".", "/") + ".py"], optional=True) for name in COMPILED]
+    return cythonize(modules, compiler_directives=DIRECTIVES, quiet=True)
+
+
+setup(ext_modules=extensions())
