@@ -1,10 +1,15 @@
 """Build hook for the optional compiled core (everything else is in pyproject.toml).
 
-The replay's event loop (odmactl/replay.py) and its closed-form segment sums (odmactl/segment.py)
-are plain Python that Cython also compiles: their `cython.*` annotations become C integers there
-and are never evaluated by Python, and segment.pxd makes Segment an extension type. The .py files
-stay the single source: the pure-Python modules give byte-identical results (tests/test_native.py),
-and odmactl/native.py falls back to them when a compiled module is older than its source.
+Cython compiles two groups of modules from their own .py files, which stay the single source:
+- TYPED: the replay's event loop (odmactl/replay.py) and its closed-form segment sums
+  (odmactl/segment.py). Their `cython.*` annotations become C integers (Python never evaluates
+  them), and segment.pxd makes Segment an extension type.
+- UNTYPED: the allocator library. Its .pxd files make every class an extension type with the
+  same attributes, held as Python objects; annotations are not read as C types
+  (annotation_typing off), so every value behaves exactly as in Python: a float prediction stays
+  a float.
+The pure-Python modules give byte-identical results (tests/test_native.py), and odmactl/native.py
+falls back to them when a compiled module is older than its source.
 
 ODMACTL_PURE_PYTHON=1 at install time skips the compilation; a failed compile (no C compiler)
 installs the pure-Python package with a warning (the extensions are optional).
@@ -19,7 +24,10 @@ from pathlib import Path
 from setuptools import Extension, setup
 
 ROOT = Path(__file__).resolve().parent
-COMPILED = ("odmactl.segment", "odmactl.replay")  # odmactl.native.COMPILED names the same modules
+TYPED = ("odmactl.segment", "odmactl.replay")
+UNTYPED = ("odmactl.allocator.base", "odmactl.allocator.extents", "odmactl.allocator.contiguous",
+           "odmactl.allocator.static", "odmactl.allocator.s3", "odmactl.allocator.odma", "odmactl.allocator.paged")
+COMPILED = TYPED + UNTYPED  # odmactl.native.COMPILED names the same modules
 DIRECTIVES = {
     "language_level": 3,
     "binding": False,
@@ -44,8 +52,13 @@ def extensions() -> list[Extension]:
     stamp = ROOT / "odmactl" / "_native_build.py"
     stamp.write_text('"""Written by setup.py when it compiles the core: sha256 of each compiled module\'s source."""\n\n'
                      f"SOURCE_SHA256 = {source_digests()!r}\n")
-    modules = [Extension(name, [name.replace(".", "/") + ".py"], optional=True) for name in COMPILED]
-    return cythonize(modules, compiler_directives=DIRECTIVES, quiet=True)
+
+    def group(names: tuple[str, ...], annotation_typing: bool) -> list[Extension]:
+        modules = [Extension(name, [name.replace(".", "/") + ".py"], optional=True) for name in names]
+        return cythonize(modules, compiler_directives={**DIRECTIVES, "annotation_typing": annotation_typing},
+                         quiet=True)
+
+    return group(TYPED, True) + group(UNTYPED, False)
 
 
 setup(ext_modules=extensions())

@@ -5,9 +5,9 @@ single source) and records the sha256 of each source it compiled in odmactl/_nat
 `select()`, run once when the package is imported, makes every such module import from its .py
 source instead when
 - ODMACTL_PURE_PYTHON is set (a comparison, or a debugger that needs Python frames), or
-- the compiled module was built from a different source (an editable install whose .py changed
+- any compiled module was built from a different source (an editable install whose .py changed
   since the last `pip install -e .`): stale machine code must never run in place of the code a
-  developer is looking at, so the source runs, with a warning to rebuild.
+  developer is looking at, so the sources run, with a warning to rebuild.
 Both forms give byte-identical results (tests/test_native.py).
 """
 
@@ -22,7 +22,9 @@ import sys
 import warnings
 from pathlib import Path
 
-COMPILED = ("odmactl.segment", "odmactl.replay")  # setup.py compiles the same modules
+COMPILED = ("odmactl.segment", "odmactl.replay",  # setup.py compiles the same modules
+            "odmactl.allocator.base", "odmactl.allocator.extents", "odmactl.allocator.contiguous",
+            "odmactl.allocator.static", "odmactl.allocator.s3", "odmactl.allocator.odma", "odmactl.allocator.paged")
 PURE_ENV = "ODMACTL_PURE_PYTHON"
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -49,32 +51,39 @@ def _paths(name: str) -> tuple[Path, Path | None]:
 
 
 def select() -> None:
-    """Decide, before any of them is imported, which COMPILED modules run from source."""
+    """Decide, before any of them is imported, whether the COMPILED modules run from source. It is
+    all of them or none: compiled extension types inherit from each other across modules (the
+    policies from AllocatorBase), so a compiled module cannot sit on a Python-source base."""
     if _state:
         return
     try:
         from odmactl._native_build import SOURCE_SHA256
     except ImportError:
         SOURCE_SHA256 = {}
-    fallback: dict[str, Path] = {}
+    built: dict[str, Path] = {}
+    stale: list[str] = []
     for name in COMPILED:
         source, binary = _paths(name)
         if binary is None:
             _state[name] = "python (not compiled)"
         elif not source.exists():
             _state[name] = "compiled"
-        elif os.environ.get(PURE_ENV):
-            _state[name] = f"python ({PURE_ENV} is set)"
-            fallback[name] = source
-        elif SOURCE_SHA256.get(name) != hashlib.sha256(source.read_bytes()).hexdigest():
-            _state[name] = "python (its source changed since it was compiled)"
-            fallback[name] = source
-            warnings.warn(f"{name}: the compiled module is older than {source.name}; running the Python source "
-                          "(slower) until you rebuild with `pip install -e .`", RuntimeWarning, stacklevel=2)
         else:
-            _state[name] = "compiled"
-    if fallback:
-        sys.meta_path.insert(0, _SourceFinder(fallback))
+            built[name] = source
+            if SOURCE_SHA256.get(name) != hashlib.sha256(source.read_bytes()).hexdigest():
+                stale.append(name)
+    if os.environ.get(PURE_ENV):
+        reason = f"python ({PURE_ENV} is set)"
+    elif stale:
+        reason = "python (the core's sources changed since it was compiled)"
+        warnings.warn(f"{', '.join(stale)}: the compiled core is older than its source; running the Python "
+                      "source (slower) until you rebuild with `pip install -e .`", RuntimeWarning, stacklevel=2)
+    else:
+        reason = "compiled"
+    for name in built:
+        _state[name] = reason
+    if reason != "compiled" and built:
+        sys.meta_path.insert(0, _SourceFinder(built))
 
 
 def status() -> dict[str, str]:

@@ -95,4 +95,4 @@ def test_a_compiled_module_older_than_its_source_is_not_run():
     assert done.returncode == 0, done.stderr
     replay_file, segment_file, rest = done.stdout.split(" ", 2)
     assert replay_file.endswith("replay.py") and segment_file.endswith("segment.py")
-    assert "its source changed since it was compiled" in rest and "pip install -e ." in rest
+    assert "the core's sources changed since it was compiled" in rest and "pip install -e ." in rest

@@ -1,0 +1,5 @@
+# Cython declarations for extents.py (see setup.py): FreeExtents as an extension type.
+cdef class FreeExtents:
+    cdef public object base, size_bytes, free_bytes, binned_bytes, consolidations
+    cdef public dict _bins, _size_at, _start_ending_at, _starts_of_size
+    cdef public list _sizes

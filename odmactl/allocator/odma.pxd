@@ -1,0 +1,6 @@
+# Cython declarations for odma.py (see setup.py).
+from odmactl.allocator.contiguous cimport ContiguousAllocator
+
+cdef class OdmaAllocator(ContiguousAllocator):
+    cdef public object large_block_bytes, _large, gamma, tau, boundaries_tokens, refitter
+    cdef public object _deferred, refit_due, routed_large, boundary_updates

@@ -1,0 +1,6 @@
+# Cython declarations for paged.py (see setup.py).
+from odmactl.allocator.base cimport AllocatorBase
+
+cdef class PagedAllocator(AllocatorBase):
+    cdef public object block_size_tokens, block_bytes, num_blocks, tail_bytes, _head
+    cdef public list _free
