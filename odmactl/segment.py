@@ -15,6 +15,8 @@ stepping token by token adds up (`StepCoefficients.step_ps`), which is what test
 
 from __future__ import annotations
 
+from array import array
+
 from odmactl.cost import StepCoefficients
 
 try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
@@ -29,7 +31,8 @@ class Segment:
     iteration i). Paged: period = block size, runs grow by n per period; contiguous: period 1, runs
     constant. Invariant: runs is nondecreasing, so step times are nondecreasing in j.
     The replay keeps one Segment per run and `reset`s it at every event (the coefficients are
-    read once); compiled, it is an extension type with C fields (segment.pxd)."""
+    read once, the per-offset buffers `m0` and `held` reused); compiled, it is an extension type
+    with C fields (segment.pxd)."""
 
     __slots__ = ("weights_ps", "per_token_ps", "per_run_ps", "compute_per_seq_ps", "overhead_ps",
                  "period", "compute_ps", "m0", "dm", "held", "d_held")
@@ -41,20 +44,29 @@ class Segment:
         self.per_run_ps = coeff.per_run_ps
         self.compute_per_seq_ps = coeff.compute_per_seq_ps
         self.overhead_ps = coeff.overhead_ps
+        self.m0 = array("q")
+        self.held = array("q")
         self.reset(n, kv_tokens_sum, runs, paged)
 
-    def reset(self, n: int, kv_tokens_sum: int, runs: list[int], paged: bool) -> Segment:
+    def reset(self, n: cython.longlong, kv_tokens_sum: cython.longlong, runs: list[int], paged: bool) -> Segment:
         """Describe the batch at the next boundary (see the class docstring); returns self."""
         period: cython.longlong = len(runs) - 1
         per_run: cython.longlong = self.per_run_ps
         step_tokens: cython.longlong = self.per_token_ps * n
         base: cython.longlong = self.weights_ps + self.per_token_ps * kv_tokens_sum
         growth: cython.longlong = n if paged else 0
+        rho: cython.longlong
         self.period = period
         self.compute_ps = self.compute_per_seq_ps * n
-        self.m0 = [base + step_tokens * rho + per_run * runs[rho] for rho in range(period)]
+        if len(self.m0) != period:  # the period is fixed for a replay: the buffers are reused
+            self.m0 = array("q", bytes(8 * period))
+            self.held = array("q", bytes(8 * period))
+        m0: cython.longlong[:] = self.m0
+        held: cython.longlong[:] = self.held
+        for rho in range(period):
+            m0[rho] = base + step_tokens * rho + per_run * runs[rho]
+            held[rho] = runs[rho + 1]
         self.dm = step_tokens * period + per_run * growth
-        self.held = runs[1:]
         self.d_held = growth
         return self
 
@@ -82,7 +94,8 @@ class Segment:
         cut: cython.longlong
         rest: cython.longlong
         s1: cython.longlong
-        m0s, helds = self.m0, self.held
+        m0s: cython.longlong[:] = self.m0
+        helds: cython.longlong[:] = self.held
         occupancy: object = 0
         for rho in range(kk if kk < p else p):  # m < cut: compute-bound terms (memory below compute)
             terms = q + 1 if rho < r else q
