@@ -274,7 +274,7 @@ def plan(
     predictor: Annotated[str, typer.Option(help="`odmactl fit` artifact folder or `oracle` (true lengths, the upper bound)")] = "oracle",
     report: Annotated[Optional[Path], typer.Option(help="write an HTML report with plots")] = None,
     objective: Annotated[str, typer.Option(help="what to maximise: tps or utilization")] = "tps",
-    max_migration_rate: Annotated[float, typer.Option(help="most migrations per request the recommendation may cause")] = 0.005,
+    max_migration_rate: Annotated[float, typer.Option(help="most overflows (migrations + preemptions) per request the recommendation may cause")] = 0.005,
     ttft_p99: Annotated[Optional[float], typer.Option(help="most seconds of TTFT p99 the recommendation may cause")] = None,
     holdout: Annotated[float, typer.Option(help="share of the trace, at its end, held out to validate on")] = 0.3,
     replays: Annotated[int, typer.Option(help="candidates replayed after the cheap bounds")] = 12,
@@ -301,7 +301,7 @@ def plan(
 
     pool_bytes = _replay_inputs([], [out_path, report], force, kv_pool)
     spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, objective=objective,
-                    max_migration_rate=max_migration_rate, ttft_p99_s=ttft_p99, holdout=holdout, replays=replays,
+                    max_overflow_rate=max_migration_rate, ttft_p99_s=ttft_p99, holdout=holdout, replays=replays,
                     workers=workers, executor=executor, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                     kv_pool_bytes=pool_bytes)
     frame = read_trace(trace_path)

@@ -106,7 +106,7 @@ class PlanSpec:
     kv_dtype: str = "fp16"
     predictor: str = "oracle"
     objective: str = "tps"
-    max_migration_rate: float = 0.005
+    max_overflow_rate: float = 0.005  # --max-migration-rate: (migrations + preemptions) / requests
     ttft_p99_s: float | None = None
     holdout: float = 0.3
     replays: int = 12
@@ -119,8 +119,8 @@ class PlanSpec:
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"--objective expects one of {', '.join(OBJECTIVES)}, got '{self.objective}'")
-        if not 0.0 <= self.max_migration_rate <= 1.0:
-            raise ConfigError(f"--max-migration-rate must be in [0, 1], got {self.max_migration_rate}")
+        if not 0.0 <= self.max_overflow_rate <= 1.0:
+            raise ConfigError(f"--max-migration-rate must be in [0, 1], got {self.max_overflow_rate}")
         if self.ttft_p99_s is not None and not self.ttft_p99_s > 0:
             raise ConfigError(f"--ttft-p99 must be > 0 seconds, got {self.ttft_p99_s}")
         if not 0.05 <= self.holdout <= 0.8:
@@ -229,9 +229,9 @@ def _distinct(ranked: list[dict]) -> list[dict]:
     return out
 
 
-def rank(estimates: list[dict], objective: str, max_migration_rate: float) -> tuple[list[dict], int]:
+def rank(estimates: list[dict], objective: str, max_overflow_rate: float) -> tuple[list[dict], int]:
     """Survivors of the pruning, best first by the objective's estimate; and how many were pruned."""
-    keep = [e for e in estimates if e["overflow_rate"] <= max_migration_rate * PRUNE_SLACK + 1e-12]
+    keep = [e for e in estimates if e["overflow_rate"] <= max_overflow_rate * PRUNE_SLACK + 1e-12]
     key = "capacity_index" if objective == "tps" else "kv_utilization"
     order = sorted(range(len(keep)), key=lambda i: (-keep[i][key], -keep[i]["kv_utilization"], i))
     return [keep[i] for i in order], len(estimates) - len(keep)
@@ -311,7 +311,7 @@ def choose(replayed: list[tuple[dict, dict]], spec: PlanSpec) -> tuple[int, bool
     """Index of the chosen (estimate, metrics) pair and whether it meets every constraint."""
     def violation(m: dict) -> float:
         # rejections the policy caused (a prompt past max_model_len is rejected whatever the policy)
-        over = max(0.0, m["overflow_rate"] - spec.max_migration_rate) + \
+        over = max(0.0, m["overflow_rate"] - spec.max_overflow_rate) + \
             (m["rejections"] - m["rejected_prompt_too_long"]) / max(m["requests"], 1)
         if spec.ttft_p99_s is not None:
             over += max(0.0, m["ttft_p99"] / spec.ttft_p99_s - 1.0)
@@ -351,7 +351,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
 
     grid = candidate_grid()
     estimates = estimate(grid, search_w, max_len, pool_bytes // bpt, progress=progress)
-    ranked, pruned = rank(estimates, spec.objective, spec.max_migration_rate)
+    ranked, pruned = rank(estimates, spec.objective, spec.max_overflow_rate)
     if not ranked:  # nothing keeps migrations near the limit by the bounds: replay the closest ones
         ranked = sorted(estimates, key=lambda e: (e["overflow_rate"], -e["kv_utilization"]))
     shortlist = _distinct(ranked)[: spec.replays]
@@ -382,7 +382,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
         "device": device.name, "model": model.name, "kv_dtype": spec.kv_dtype, "predictor": label,
         "kv_pool_bytes": pool_bytes, "kv_bytes_per_token": bpt, "max_model_len": max_len,
         "max_num_seqs": scheduler.max_num_seqs,
-        "objective": spec.objective, "max_migration_rate": spec.max_migration_rate, "ttft_p99_s": spec.ttft_p99_s,
+        "objective": spec.objective, "max_overflow_rate": spec.max_overflow_rate, "ttft_p99_s": spec.ttft_p99_s,
         "candidates": len(grid), "pruned": pruned, "replayed": len(replayed),
         "constraints_met_on_search": feasible,
         "chosen": {"label": chosen.label, "allocator": final_table},
@@ -443,7 +443,7 @@ def config_document(doc: dict, command: str) -> dict:
         "allocator": allocator,
         "scheduler": {"max_num_seqs": doc["max_num_seqs"]},
         "thresholds": {"min_utilization": math.floor(odma["kv_utilization"] * 0.9 * 1000) / 1000,
-                       "max_overflow_rate": doc["max_migration_rate"], "max_rejection_rate": 0.0},
+                       "max_overflow_rate": doc["max_overflow_rate"], "max_rejection_rate": 0.0},
     }
 
 

@@ -46,7 +46,7 @@ def _pareto(doc: dict) -> str:
     ax.step(xs[front], ys[front], where="post", color="tab:blue", linewidth=1, label="Pareto front (replayed)")
     chosen = next(i for i, r in enumerate(rep) if r["label"] == doc["chosen"]["label"])
     ax.scatter([xs[chosen]], [ys[chosen]], s=160, marker="*", color="tab:red", label="recommended", zorder=5)
-    ax.axvline(doc["max_migration_rate"], color="tab:red", linestyle=":", linewidth=1, label="migration-rate limit")
+    ax.axvline(doc["max_overflow_rate"], color="tab:red", linestyle=":", linewidth=1, label="overflow-rate limit")
     ax.set_xlabel("overflow rate ((migrations + preemptions) / request)")
     ax.set_ylabel("KV utilization")
     ax.set_xscale("symlog", linthresh=1e-3)
@@ -119,7 +119,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child{{t
 <code>{esc(doc['predictor'])}</code>; KV pool {doc['kv_pool_bytes'] / 2**30:.2f} GiB; max_model_len {doc['max_model_len']:,}.
 Searched on the first {t['search_requests']:,} requests, validated on the last {t['holdout_requests']:,}.</p>
 <p>{doc['candidates']} candidates, {doc['pruned']} pruned by the cheap bounds, {doc['replayed']} replayed; objective
-<b>{esc(doc['objective'])}</b>, migration rate at most {doc['max_migration_rate']:.2%}.
+<b>{esc(doc['objective'])}</b>, overflow rate (migrations + preemptions per request) at most {doc['max_overflow_rate']:.2%}.
 Recommended: <b>{esc(doc['chosen']['label'])}</b>{'' if doc['constraints_met_on_search'] else
 ' (no replayed candidate met every constraint: the closest is shown)'}.</p>
 <h2>Held-out later part: the recommendation against the baselines</h2>

@@ -52,7 +52,7 @@ def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
     assert config["meta"]["expected"]["kv_utilization"] == doc["validation"]["odma"]["metrics"]["kv_utilization"]
     assert config["thresholds"]["min_utilization"] <= config["meta"]["expected"]["kv_utilization"]
     # the gate applies plan's limit to the rate plan applied it to: migrations plus preemptions
-    assert config["thresholds"]["max_overflow_rate"] == doc["max_migration_rate"]
+    assert config["thresholds"]["max_overflow_rate"] == doc["max_overflow_rate"]
     assert "max_migration_rate" not in config["thresholds"]
     html = report.read_text()
     assert len(re.findall(r"data:image/png;base64,", html)) == 3 and "Pareto" in html
@@ -78,6 +78,16 @@ def test_plan_is_deterministic_whatever_the_workers(cli, trace, tmp_path):
     assert docs[0] == docs[1]
     assert tomllib.loads((tmp_path / "c1.toml").read_text())["allocator"] == \
         tomllib.loads((tmp_path / "c2.toml").read_text())["allocator"]
+
+
+def test_plan_prints_its_recommendation(cli, trace, tmp_path):
+    """The README's main job: plan without --json prints the search, the limit and the pick."""
+    r = _plan(cli, trace, tmp_path / "c.toml")
+    assert r.code == 0, r.err
+    text = " ".join((r.out + r.err).split())
+    assert "1200 candidates" in text and "overflow rate <= 0.50%" in text
+    config = tomllib.loads((tmp_path / "c.toml").read_text())
+    assert config["meta"]["chosen"] in text
 
 
 def test_plan_errors(cli, trace, conv_sample_head, tmp_path):

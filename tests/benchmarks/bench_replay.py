@@ -91,7 +91,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(doc, indent=2))
         return
-    print(doc["machine"], "| core:", ", ".join(f"{m.split('.')[-1]} {state}" for m, state in doc["core"].items()))
+    states = sorted(set(doc["core"].values()))
+    print(doc["machine"], "| core:", states[0] if len(states) == 1 else doc["core"])
     for r in rows:
         print(f"{r['policy']:>6}: {r['requests']:,} requests in {r['seconds']:.1f} s = {r['requests_per_s']:,} req/s; "
               f"{r['decode_iterations']:,} decode + {r['prefill_iterations']:,} prefill iterations, mean batch "
