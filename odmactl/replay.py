@@ -190,6 +190,8 @@ class Replay:
         block_bytes = alloc.block_bytes if paged else 0
         coeff, cost, probe = self.coeff, self.cost, self.probe
         segment = Segment(coeff)  # the batch between two events, reset at each
+        reserve, extend, release = alloc.reserve, alloc.extend, alloc.release  # bound once: the hot path
+        heappush, heappop = heapq.heappush, heapq.heappop
 
         gen: cython.longlong[:] = _zeros(num)       # tokens generated so far (as of the last boundary it ran at)
         base: cython.longlong[:] = _zeros(num)      # while running: KV tokens at decode iteration I are base + I
@@ -262,7 +264,7 @@ class Replay:
             v: cython.longlong = base[i] + it
             a = allocs[i]
             if a.used_tokens != v:
-                alloc.extend(a, v)
+                extend(a, v)
             return v
 
         def finish_request(i: cython.longlong) -> None:
@@ -271,7 +273,7 @@ class Replay:
             catch_up(i)
             reserved_tokens[i] = a.capacity_tokens
             leave(i)
-            alloc.release(a)
+            release(a)
             allocs[i] = None
             done_ps[i] = t
             completed += 1
@@ -281,18 +283,18 @@ class Replay:
             nonlocal preemptions
             gen[i] = base[i] + it - prompt[i]
             leave(i)
-            alloc.release(allocs[i])
+            release(allocs[i])
             allocs[i] = None
             queue.appendleft(i)
             preemptions += 1
 
         def push_events(i: cython.longlong, seq: cython.longlong) -> None:
             cap: cython.longlong
-            heapq.heappush(finish, (prompt[i] + target[i] - base[i]) * span + seq)
+            heappush(finish, (prompt[i] + target[i] - base[i]) * span + seq)
             if ff and not paged:
                 cap = allocs[i].capacity_tokens
                 if cap < prompt[i] + target[i]:
-                    heapq.heappush(overflow, (cap - base[i]) * span + seq)
+                    heappush(overflow, (cap - base[i]) * span + seq)
 
         def admit() -> list[int]:
             """Admit from the head while it fits; returns the admitted (not yet prefilled)."""
@@ -316,12 +318,12 @@ class Replay:
                             reject(queue.popleft())
                             continue
                         break
-                    a = alloc.reserve(ids[i], kv)
+                    a = reserve(ids[i], kv)
                     assert a is not None
                     free_blocks -= -(-(kv + 1) // B)
                 else:
                     p_out = None if pred is None else max(pred[i] - g, 1.0)
-                    a = alloc.reserve(ids[i], kv, p_out, None if unc is None else unc[i])
+                    a = reserve(ids[i], kv, p_out, None if unc is None else unc[i])
                     if a is None:
                         if not running and not admitted:
                             reject(queue.popleft())
@@ -352,7 +354,7 @@ class Replay:
                 a = allocs[i]
                 # the first token needs room: the reservation was for the prompt. Paged takes the
                 # block now; a contiguous block that already holds it is told lazily (catch_up)
-                if (paged or not ff or k + 1 > a.capacity_tokens) and not alloc.extend(a, k + 1):
+                if (paged or not ff or k + 1 > a.capacity_tokens) and not extend(a, k + 1):
                     raise AssertionError(f"admission of {ids[i]} left no room for its first token")
                 gen[i] += 1
                 seq = next_seq
@@ -386,7 +388,7 @@ class Replay:
             a = allocs[i]
             v = catch_up(i)
             before = alloc.migrated_bytes
-            if alloc.extend(a, v + 1):
+            if extend(a, v + 1):
                 copied = alloc.migrated_bytes - before
                 migrations += 1
                 migrated_bytes += copied
@@ -395,7 +397,7 @@ class Replay:
                 migration_ps += dt
                 occupancy_byte_ps += reserved_bytes() * dt
                 if a.capacity_tokens < prompt[i] + target[i]:
-                    heapq.heappush(overflow, (a.capacity_tokens - base[i]) * span + seq_of[i])
+                    heappush(overflow, (a.capacity_tokens - base[i]) * span + seq_of[i])
             else:
                 preempt(i)
 
@@ -456,7 +458,7 @@ class Replay:
                     key = overflow[0]
                     if key // span != it:
                         break
-                    heapq.heappop(overflow)
+                    heappop(overflow)
                     seq = key % span
                     i = request_of_seq[seq]
                     if seq_of[i] == seq:
@@ -475,9 +477,9 @@ class Replay:
                         if v + 1 > a.capacity_tokens:
                             grow_contiguous(i)
                         else:
-                            alloc.extend(a, v + 1)
+                            extend(a, v + 1)
                         continue
-                    while i in running and not alloc.extend(a, v + 1):
+                    while i in running and not extend(a, v + 1):
                         preempt(next(reversed(running)))
             if preemptions != preempted:
                 dirty = False
@@ -492,7 +494,7 @@ class Replay:
                     seq = key % span
                     if seq_of[request_of_seq[seq]] == seq:
                         break
-                    heapq.heappop(finish)
+                    heappop(finish)
                 k = key // span - it
                 while overflow:
                     key = overflow[0]
@@ -501,7 +503,7 @@ class Replay:
                         if key // span - it < k:
                             k = key // span - it
                         break
-                    heapq.heappop(overflow)
+                    heappop(overflow)
                 if paged:
                     runs = [runs_now]
                     for rho in range(B):
@@ -533,7 +535,7 @@ class Replay:
                 key = finish[0]
                 if key // span > it:
                     break
-                heapq.heappop(finish)
+                heappop(finish)
                 seq = key % span
                 i = request_of_seq[seq]
                 if seq_of[i] == seq:
