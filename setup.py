@@ -17,17 +17,26 @@ installs the pure-Python package with a warning (the extensions are optional).
 
 from __future__ import annotations
 
-import hashlib
+import importlib.util
 import os
 from pathlib import Path
 
 from setuptools import Extension, setup
 
 ROOT = Path(__file__).resolve().parent
-TYPED = ("odmactl.segment", "odmactl.replay")
-UNTYPED = ("odmactl.allocator.base", "odmactl.allocator.extents", "odmactl.allocator.contiguous",
-           "odmactl.allocator.static", "odmactl.allocator.s3", "odmactl.allocator.odma", "odmactl.allocator.paged")
-COMPILED = TYPED + UNTYPED  # odmactl.native.COMPILED names the same modules
+
+
+def _native():
+    """odmactl/native.py, loaded by path: the module lists live there (importing the package here
+    would run its import-time code in the build)."""
+    spec = importlib.util.spec_from_file_location("_odmactl_native", ROOT / "odmactl" / "native.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+NATIVE = _native()
+TYPED, UNTYPED, COMPILED = NATIVE.TYPED, NATIVE.UNTYPED, NATIVE.COMPILED
 DIRECTIVES = {
     "language_level": 3,
     "binding": False,
@@ -38,20 +47,16 @@ DIRECTIVES = {
 }
 
 
-def source_digests() -> dict[str, str]:
-    return {name: hashlib.sha256((ROOT / (name.replace(".", "/") + ".py")).read_bytes()).hexdigest()
-            for name in COMPILED}
-
-
 def extensions() -> list[Extension]:
-    if os.environ.get("ODMACTL_PURE_PYTHON"):
+    if os.environ.get(NATIVE.PURE_ENV):
         return []
     from Cython.Build import cythonize
 
     # what the extensions are built from: odmactl.native compares it with the sources at import
+    digests = {name: NATIVE.source_digest(name) for name in COMPILED}
     stamp = ROOT / "odmactl" / "_native_build.py"
     stamp.write_text('"""Written by setup.py when it compiles the core: sha256 of each compiled module\'s source."""\n\n'
-                     f"SOURCE_SHA256 = {source_digests()!r}\n")
+                     f"SOURCE_SHA256 = {digests!r}\n")
 
     def group(names: tuple[str, ...], annotation_typing: bool) -> list[Extension]:
         modules = [Extension(name, [name.replace(".", "/") + ".py"], optional=True) for name in names]

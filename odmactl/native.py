@@ -22,9 +22,13 @@ import sys
 import warnings
 from pathlib import Path
 
-COMPILED = ("odmactl.segment", "odmactl.replay",  # setup.py compiles the same modules
-            "odmactl.allocator.base", "odmactl.allocator.extents", "odmactl.allocator.contiguous",
-            "odmactl.allocator.static", "odmactl.allocator.s3", "odmactl.allocator.odma", "odmactl.allocator.paged")
+# The compiled core, as setup.py builds it (it reads these lists from this file). TYPED modules'
+# `cython.*` annotations become C types; UNTYPED ones are compiled with annotations ignored, their
+# classes made extension types by the .pxd files beside them.
+TYPED = ("odmactl.segment", "odmactl.replay")
+UNTYPED = ("odmactl.allocator.base", "odmactl.allocator.extents", "odmactl.allocator.contiguous",
+           "odmactl.allocator.static", "odmactl.allocator.s3", "odmactl.allocator.odma", "odmactl.allocator.paged")
+COMPILED = TYPED + UNTYPED
 PURE_ENV = "ODMACTL_PURE_PYTHON"
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -50,6 +54,11 @@ def _paths(name: str) -> tuple[Path, Path | None]:
     return stem.with_suffix(".py"), binary
 
 
+def source_digest(name: str) -> str:
+    """sha256 of a compiled module's .py source: what setup.py records and `select` compares."""
+    return hashlib.sha256(_paths(name)[0].read_bytes()).hexdigest()
+
+
 def select() -> None:
     """Decide, before any of them is imported, whether the COMPILED modules run from source. It is
     all of them or none: compiled extension types inherit from each other across modules (the
@@ -70,7 +79,7 @@ def select() -> None:
             _state[name] = "compiled"
         else:
             built[name] = source
-            if SOURCE_SHA256.get(name) != hashlib.sha256(source.read_bytes()).hexdigest():
+            if SOURCE_SHA256.get(name) != source_digest(name):
                 stale.append(name)
     if os.environ.get(PURE_ENV):
         reason = f"python ({PURE_ENV} is set)"

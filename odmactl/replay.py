@@ -555,22 +555,19 @@ class Replay:
     def _result(self, c: dict, series: _Series, boundaries: list, arrival: np.ndarray, first_ps: np.ndarray,
                 done_ps: np.ndarray, target: np.ndarray, prompt: np.ndarray, reserved_tokens: np.ndarray,
                 first_arrival_ps: int) -> ReplayResult:
+        """The metrics from the per-request int64 arrays (run() converts its buffers once) and the counters."""
         alloc = self.alloc
         assert not alloc.live_allocations(), "allocations outlived the replay"
         alloc.check_invariants()
-        done = np.asarray(done_ps, dtype=np.int64)
-        ok = done >= 0
-        arrival_np = np.asarray(arrival, dtype=np.int64)
-        first_np = np.asarray(first_ps, dtype=np.int64)
-        out_np = np.asarray(target, dtype=np.int64)
-        kv_final = (np.asarray(prompt, dtype=np.int64) + out_np)[ok]
-        kv_reserved = np.asarray(reserved_tokens, dtype=np.int64)[ok]
-        ttft = (first_np[ok] - arrival_np[ok]) / PS
-        multi = ok & (out_np > 1)
-        tpot = (done[multi] - first_np[multi]) / (out_np[multi] - 1) / PS
-        last_done = int(done[ok].max()) if ok.any() else first_arrival_ps
+        ok = done_ps >= 0
+        kv_final = (prompt + target)[ok]
+        kv_reserved = reserved_tokens[ok]
+        ttft = (first_ps[ok] - arrival[ok]) / PS
+        multi = ok & (target > 1)
+        tpot = (done_ps[multi] - first_ps[multi]) / (target[multi] - 1) / PS
+        last_done = int(done_ps[ok].max()) if ok.any() else first_arrival_ps
         span_ps = max(last_done - first_arrival_ps, 1)
-        generated = int(out_np[ok].sum())
+        generated = int(target[ok].sum())
         num = self.w.size
 
         def pct(values: np.ndarray, q: float) -> float:

@@ -37,8 +37,8 @@ class Segment:
     __slots__ = ("weights_ps", "per_token_ps", "per_run_ps", "compute_per_seq_ps", "overhead_ps",
                  "period", "compute_ps", "m0", "dm", "held", "d_held")
 
-    def __init__(self, coeff: StepCoefficients, n: int = 0, kv_tokens_sum: int = 0, runs: list[int] = [0, 0],
-                 paged: bool = False) -> None:
+    def __init__(self, coeff: StepCoefficients) -> None:
+        """An empty batch; `reset` describes each real one."""
         self.weights_ps = coeff.weights_ps
         self.per_token_ps = coeff.per_token_ps
         self.per_run_ps = coeff.per_run_ps
@@ -46,7 +46,7 @@ class Segment:
         self.overhead_ps = coeff.overhead_ps
         self.m0 = array("q")
         self.held = array("q")
-        self.reset(n, kv_tokens_sum, runs, paged)
+        self.reset(0, 0, [0, 0], False)
 
     def reset(self, n: cython.longlong, kv_tokens_sum: cython.longlong, runs: list[int], paged: bool) -> Segment:
         """Describe the batch at the next boundary (see the class docstring); returns self."""

@@ -47,7 +47,7 @@ def test_segment_sums_equal_step_by_step_sums():
         v = [rng.randint(1, 200) for _ in range(rng.randint(1, 12))]
         period = block or 1
         runs = [sum(coeff.runs(x + i) for x in v) for i in range(period + 1)]
-        seg = Segment(coeff, len(v), sum(v), runs, block is not None)
+        seg = Segment(coeff).reset(len(v), sum(v), runs, block is not None)
         k = rng.randint(1, 80)
         limit = runs[0] + rng.randint(0, 60)
         elapsed = held = 0
