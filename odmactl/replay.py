@@ -17,9 +17,10 @@ iterations in closed form and the clock jumps to the next completion, overflow, 
 (when the queue is empty) the first boundary after the next arrival. With `fast_forward=False` the
 same scheduler advances one iteration at a time, computes each step request by request, and extends
 every allocation every token: the reference the closed form is tested against. When
-fast-forwarding, growth reaches the allocator lazily: paged blocks at completion, preemption and
-exhaustion, a contiguous block's token count at completion and overflow (`catch_up`); the
-scheduler counts what every request holds, so decisions are those of eager growth. An
+fast-forwarding, growth reaches the allocator lazily: paged blocks at completion (and a preempted
+request's are never taken), a contiguous block's token count at completion and overflow
+(`catch_up`); the scheduler counts what every request holds, so decisions are those of eager
+growth, and it hands the allocator the peak that eager growth reaches (`record_peak`). An
 on-device replay (ondevice.py) steps and hands each decode iteration's batch to a `probe`, which
 runs and times it on the device; the clock still advances by the modelled step.
 
@@ -190,6 +191,7 @@ class Replay:
         block_bytes = alloc.block_bytes if paged else 0
         coeff, cost, probe = self.coeff, self.cost, self.probe
         segment = Segment(coeff)  # the batch between two events, reset at each
+        runs: cython.longlong[:] = segment.runs  # its run counts at offsets 0..B, written at each event
         reserve, extend, release = alloc.reserve, alloc.extend, alloc.release  # bound once: the hot path
         heappush, heappop = heapq.heappush, heapq.heappop
 
@@ -213,6 +215,7 @@ class Replay:
         span: cython.longlong = SEQ_SPAN
         kv_sum: cython.longlong = 0  # sum of KV tokens of running requests at iteration `it`
         runs_now: cython.longlong = 0  # paged: blocks the running requests need at iteration `it`
+        peak_blocks: cython.longlong = 0  # paged, fast-forwarding: the most blocks eager growth holds
         phase: cython.longlong[:] = _zeros(B)  # paged: running requests by base mod B
         next_arrival: cython.longlong = 0
         next_seq: cython.longlong = 0
@@ -341,7 +344,7 @@ class Replay:
             done_ps[i] = -2
 
         def prefill(admitted: list[int]) -> None:
-            nonlocal t, kv_sum, runs_now, next_seq, recomputed, prefills, occupancy_byte_ps
+            nonlocal t, kv_sum, runs_now, peak_blocks, next_seq, recomputed, prefills, occupancy_byte_ps
             i: cython.longlong
             k: cython.longlong
             seq: cython.longlong
@@ -368,6 +371,8 @@ class Replay:
                 if paged:
                     runs_now += -(-(k + 1) // B)
                     phase[base[i] % B] += 1
+            if runs_now > peak_blocks:
+                peak_blocks = runs_now
             dt = to_ps(cost.prefill_s(kvs))
             t += dt
             occupancy_byte_ps += reserved_bytes() * dt
@@ -405,9 +410,6 @@ class Replay:
             """Paged: preempt the newest running requests until the next iteration's blocks fit."""
             newest: cython.longlong
             v: cython.longlong
-            if ff:
-                for i in running:  # hand the lazily counted blocks to the allocator first
-                    catch_up(i)
             while running and need_at > num_blocks:
                 newest = next(reversed(running))
                 v = base[newest] + it
@@ -466,6 +468,7 @@ class Replay:
                 if paged:
                     need = runs_now + phase[(-it) % B]
                     if need > num_blocks:
+                        peak_blocks = num_blocks  # eager growth takes the last free block, then fails
                         preempt_newest_until_fits(need)
             else:
                 for i in list(running):
@@ -505,19 +508,22 @@ class Replay:
                         break
                     heappop(overflow)
                 if paged:
-                    runs = [runs_now]
+                    runs[0] = runs_now
                     for rho in range(B):
-                        runs.append(runs[rho] + phase[(-it - rho) % B])
-                    seg = segment.reset(n, kv_sum, runs, True)
-                    k = seg.first_over(num_blocks, k)
+                        runs[rho + 1] = runs[rho] + phase[(-it - rho) % B]
                 else:
-                    seg = segment.reset(n, kv_sum, [n, n], False)
+                    runs[0] = runs[1] = n
+                seg = segment.reset(n, kv_sum)
+                if paged:
+                    k = seg.first_over(num_blocks, k)
                 if not queue and next_arrival < num and n < max_seqs:
                     k = seg.iterations_until(arrival[next_arrival] - t, k)
                 dt, held = seg.advance(k, paged)
                 if paged:
                     occupancy_byte_ps += held * block_bytes
-                    runs_now = runs[k % B] + n * (k // B)
+                    runs_now = runs[k % B] + n * (k // B)  # = the blocks held during the last iteration
+                    if runs_now > peak_blocks:
+                        peak_blocks = runs_now
                 else:
                     occupancy_byte_ps += alloc.reserved_bytes * dt
             else:
@@ -545,6 +551,9 @@ class Replay:
             if self.progress is not None and total_steps % 4096 == 0:
                 self.progress("replay", completed, num)
 
+        if paged and ff:
+            # paged growth reached the allocator lazily (at completion and preemption); the peak is eager growth's
+            alloc.record_peak(peak_blocks * block_bytes)
         c = {"preemptions": preemptions, "rejections": rejections, "rejected_prompt_too_long": too_long,
              "truncated": truncated, "recomputed_tokens": recomputed, "migrations": migrations,
              "migrated_bytes": migrated_bytes, "peak_concurrency": peak, "prefill_iterations": prefills,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from array import array
 
 import numpy as np
 import polars as pl
@@ -38,16 +39,30 @@ def cost() -> CostModel:
 
 
 def test_segment_sums_equal_step_by_step_sums():
-    rng = random.Random(7)
-    for _ in range(400):
+    _segment_sums_equal_step_by_step_sums(random.Random(7), scale=1)
+
+
+def test_segment_occupancy_past_64_bits_equals_step_by_step_sums():
+    """Blocks x ps past 2**60 in one segment: advance sums occupancy as Python integers, not C ones."""
+    largest = _segment_sums_equal_step_by_step_sums(random.Random(11), scale=10**4, cases=60)
+    assert largest > 2**62
+
+
+def _segment_sums_equal_step_by_step_sums(rng: random.Random, scale: int, cases: int = 400) -> int:
+    """Random segments against `StepCoefficients.step_ps` summed iteration by iteration; returns the
+    largest occupancy sum seen."""
+    largest = 0
+    for _ in range(cases):
         block = rng.choice([None, 1, 4, 16])
-        coeff = StepCoefficients(weights_ps=rng.randint(0, 10**6), per_token_ps=rng.randint(1, 999),
-                                 per_run_ps=rng.randint(0, 5000), compute_per_seq_ps=rng.randint(0, 10**6),
+        coeff = StepCoefficients(weights_ps=rng.randint(0, 10**6) * scale, per_token_ps=rng.randint(1, 999) * scale,
+                                 per_run_ps=rng.randint(0, 5000) * scale, compute_per_seq_ps=rng.randint(0, 10**6) * scale,
                                  overhead_ps=rng.randint(0, 99), block_tokens=block)
-        v = [rng.randint(1, 200) for _ in range(rng.randint(1, 12))]
+        v = [rng.randint(1, 200) * min(scale, 1000) for _ in range(rng.randint(1, 12))]
         period = block or 1
         runs = [sum(coeff.runs(x + i) for x in v) for i in range(period + 1)]
-        seg = Segment(coeff).reset(len(v), sum(v), runs, block is not None)
+        seg = Segment(coeff)
+        seg.runs[:] = array("q", runs)
+        seg.reset(len(v), sum(v))
         k = rng.randint(1, 80)
         limit = runs[0] + rng.randint(0, 60)
         elapsed = held = 0
@@ -66,6 +81,8 @@ def test_segment_sums_equal_step_by_step_sums():
         deadline = rng.randint(1, elapsed + 10)
         expected = next((j for j in range(1, k + 1) if seg.elapsed_ps(j) >= deadline), k)
         assert seg.iterations_until(deadline, k) == expected
+        largest = max(largest, held)
+    return largest
 
 
 def _workload(frame: pl.DataFrame, l_hat=None, u=None, offline=False) -> Workload:
@@ -114,6 +131,8 @@ def test_fast_forward_equals_token_by_token_stepping(conv_sample, cost, policy, 
     fast = _replay(w, cost, policy, pool_tokens, config, True, max_num_seqs=48)
     slow = _replay(w, cost, policy, pool_tokens, config, False, max_num_seqs=48)
     assert fast.metrics == slow.metrics
+    # growth reaches the allocator lazily when fast-forwarding, but its peak is eager growth's
+    assert fast.allocator["peak_reserved_bytes"] == slow.allocator["peak_reserved_bytes"]
     m = fast.metrics
     assert m["completed"] == frame.height and m["generated_tokens"] == int(out.sum())
     assert m["overflow_rate"] == (m["migrations"] + m["preemptions"]) / m["requests"]

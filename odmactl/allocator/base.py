@@ -201,6 +201,13 @@ class AllocatorBase:
         self.releases += 1
         self.reserved_bytes -= a.nbytes
 
+    def record_peak(self, reserved_bytes: int) -> None:
+        """A caller that hands growth over lazily (the replay's fast-forward gives paged blocks at
+        completion) reports the most bytes eager growth would have held at once, so
+        `peak_reserved_bytes` means the same whichever way growth arrived."""
+        if reserved_bytes > self.peak_reserved_bytes:
+            self.peak_reserved_bytes = reserved_bytes
+
     def live_allocations(self) -> list[Allocation]:
         return list(self._live.values())
 
