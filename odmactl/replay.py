@@ -17,10 +17,11 @@ iterations in closed form and the clock jumps to the next completion, overflow, 
 (when the queue is empty) the first boundary after the next arrival. With `fast_forward=False` the
 same scheduler advances one iteration at a time, computes each step request by request, and extends
 every allocation every token: the reference the closed form is tested against. When
-fast-forwarding, growth reaches the allocator lazily: paged blocks at completion (and a preempted
-request's are never taken), a contiguous block's token count at completion and overflow
-(`catch_up`); the scheduler counts what every request holds, so decisions are those of eager
-growth, and it hands the allocator the peak that eager growth reaches (`record_peak`). An
+fast-forwarding, growth reaches the allocator lazily: a request's length at its overflow
+(`catch_up`) and at completion (`release(a, final_tokens)`), paged blocks past the first token
+never (those a completed or preempted request would take and return at once are not taken); the
+scheduler counts what every request holds, so decisions are those of eager growth, and it hands
+the allocator the peak that eager growth reaches (`record_peak`). An
 on-device replay (ondevice.py) steps and hands each decode iteration's batch to a `probe`, which
 runs and times it on the device; the clock still advances by the modelled step.
 
@@ -272,11 +273,13 @@ class Replay:
 
         def finish_request(i: cython.longlong) -> None:
             nonlocal completed, dirty
+            v: cython.longlong = base[i] + it
             a = allocs[i]
-            catch_up(i)
-            reserved_tokens[i] = a.capacity_tokens
+            # what the request held at the end: paged, the blocks for its v tokens (those grown
+            # lazily are never taken: release counts them in)
+            reserved_tokens[i] = max(a.capacity_tokens, -(-v // B) * B) if paged else a.capacity_tokens
             leave(i)
-            release(a)
+            release(a, v)
             allocs[i] = None
             done_ps[i] = t
             completed += 1

@@ -140,6 +140,43 @@ def test_odma_refits_boundaries_from_realized_lengths() -> None:
     assert counters["routed_large"] == sum(10 + int(n) > last for n in lengths[50:]) > 0
 
 
+def test_release_with_final_tokens_equals_extend_then_release() -> None:
+    """release(a, final_tokens) is extend(a, final_tokens) + release(a) in one call: ODMA refits
+    from the same realized lengths; paged returns the same block count without taking the growth."""
+    cfg = {"max_model_len_tokens": 4096, "refit_window": 100, "refit_every": 50, "granularity_tokens": 16}
+    lengths = [int(n) for n in np.random.default_rng(1).integers(50, 400, 100)]
+    two, one = make_allocator("odma", 64 << 20, BPT, cfg), make_allocator("odma", 64 << 20, BPT, cfg)
+    for i, n in enumerate(lengths):
+        a, b = two.reserve(f"r{i}", 10, n, 0.0), one.reserve(f"r{i}", 10, n, 0.0)
+        assert two.extend(a, n)
+        two.release(a)
+        one.release(b, n)
+        assert b.used_tokens == n and not b.live
+    assert one.boundaries_tokens == two.boundaries_tokens != (1024, 2048, 3072, 4096)
+    one.check_invariants()
+    paged = make_allocator("paged", POOL, BPT, {"max_model_len_tokens": 1024})
+    a = paged.reserve("p", 20)
+    paged.release(a, 700)  # 44 blocks' worth, never taken: the queue still holds every block
+    assert a.used_tokens == 700 and paged.free_blocks == paged.num_blocks and paged.stats().extends == 0
+    paged.check_invariants()
+
+
+@pytest.mark.parametrize("policy", sorted(ALLOCATORS))
+def test_release_with_final_tokens_rejects_shrinking_and_overgrowth(policy: str) -> None:
+    alloc = make_allocator(policy, POOL, BPT, {"max_model_len_tokens": 1024})
+    a = alloc.reserve("r", 100, 50, 0.1)
+    with pytest.raises(AllocationError, match="released at 99 KV tokens"):
+        alloc.release(a, 99)
+    with pytest.raises(AllocationError, match="released at 1025 KV tokens"):
+        alloc.release(a, 1025)  # past max_model_len (and past any contiguous block)
+    if policy != "paged":
+        with pytest.raises(AllocationError, match=f"released at {a.capacity_tokens + 1} KV tokens"):
+            alloc.release(a, a.capacity_tokens + 1)  # a contiguous block must be extended first
+    assert a.live and a.used_tokens == 100
+    alloc.release(a, 100)
+    alloc.check_invariants()
+
+
 def test_check_invariants_detects_corruption() -> None:
     alloc = make_allocator("odma", POOL, BPT, {"max_model_len_tokens": 1024, "refit": False})
     a = alloc.reserve("a", 100, 10, 0.0)

@@ -101,6 +101,9 @@ class Allocator(Protocol):
     """The API every policy implements (names are a contract replay, plan and users rely on).
 
     `reserve` and `extend` answer None / False for "does not fit now"; misuse raises AllocationError.
+    `release(a, final_tokens)` ends a request that grew to `final_tokens` since its last extend
+    (within its capacity for contiguous policies; paged does not take the blocks that would go
+    straight back): one call where a caller that reports growth lazily would make two.
     """
 
     name: str
@@ -114,7 +117,7 @@ class Allocator(Protocol):
 
     def extend(self, allocation: Allocation, total_tokens: int) -> bool: ...
 
-    def release(self, allocation: Allocation) -> None: ...
+    def release(self, allocation: Allocation, final_tokens: int | None = None) -> None: ...
 
     def stats(self) -> AllocatorStats: ...
 
@@ -175,6 +178,15 @@ class AllocatorBase:
         if self._live.get(a.request_id) is not a:
             state = "already released" if not a.live else "not made by this allocator"
             raise AllocationError(f"allocation of request '{a.request_id}' is {state}")
+
+    def _final_growth(self, a: Allocation, final_tokens: int, capacity_tokens: int) -> None:
+        """`release(a, final_tokens)`: raise AllocationError unless used <= final_tokens <=
+        capacity_tokens, then record the final length (the caller checked that `a` is live here)."""
+        if not a.used_tokens <= final_tokens <= capacity_tokens:
+            raise AllocationError(
+                f"request '{a.request_id}': released at {final_tokens} KV tokens, outside "
+                f"{a.used_tokens} (written) to {capacity_tokens} (what it can hold without an extend)")
+        a.used_tokens = final_tokens
 
     def _growth(self, a: Allocation, total_tokens: int) -> None:
         """Raise AllocationError unless `a` is live here and `total_tokens` does not shrink it."""

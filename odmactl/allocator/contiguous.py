@@ -78,13 +78,15 @@ class ContiguousAllocator(AllocatorBase):
             return True
         return False
 
-    def release(self, allocation: Allocation) -> None:
+    def release(self, allocation: Allocation, final_tokens: int | None = None) -> None:
         try:
             rid = allocation.request_id
         except AttributeError:
             rid = None
         if self._live.get(rid) is not allocation:
             self._own(allocation)  # raises the right AllocationError
+        if final_tokens is not None:
+            self._final_growth(allocation, final_tokens, allocation.capacity_tokens)
         self.regions[allocation.region].give(allocation.offset_bytes, allocation.nbytes)
         del self._live[rid]  # AllocatorBase._forget written out: the hot path
         allocation.live = False

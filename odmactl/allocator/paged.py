@@ -62,8 +62,12 @@ class PagedAllocator(AllocatorBase):
         allocation.used_tokens = total_tokens
         return True
 
-    def release(self, allocation: Allocation) -> None:
+    def release(self, allocation: Allocation, final_tokens: int | None = None) -> None:
+        """Return the blocks to the queue's back. With `final_tokens` past the blocks held, the
+        blocks that growth would take from the front and this would return are not taken."""
         self._own(allocation)
+        if final_tokens is not None:
+            self._final_growth(allocation, final_tokens, self.max_tokens)
         self._free.extend(allocation.block_ids)
         self._forget(allocation)
 
