@@ -44,10 +44,12 @@ def test_calibrate_cpu_quick_writes_a_valid_measured_profile(tmp_path, cli):
     for key in ("memory.peak_bandwidth", "compute.peak_fp16", "bandwidth.scattered"):
         assert profile.sources[key].startswith("measured ")
 
-    # sequential read within 2x of numpy's copy, measured here
+    # sequential read of the same order as numpy's copy, measured here: within 4x either way (a
+    # units slip, bits for bytes or a 1000x, fails; a shared 2-vCPU machine's drift between the two
+    # measurements, seen at 2.7x in a CI run, does not)
     numpy_bw = numpy_copy_bytes_per_s()
     seq = profile.peak_bandwidth_bytes_per_s
-    assert 0.5 <= seq / numpy_bw <= 2.0, (seq, numpy_bw)
+    assert 0.25 <= seq / numpy_bw <= 4.0, (seq, numpy_bw)
 
     cal = report["calibration"]
     assert cal["sequential_read_bytes_per_s"] == pytest.approx(seq, rel=1e-4)
