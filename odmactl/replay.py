@@ -270,8 +270,8 @@ class Replay:
             seq_of[i] = -1
 
         def catch_up(i: cython.longlong) -> cython.longlong:
-            """Tell the allocator request i's KV length now (growth inside a block, and paged blocks
-            when fast-forwarding, reach it lazily); returns that length."""
+            """Tell the allocator request i's KV length now (growth inside a contiguous block reaches
+            it lazily when fast-forwarding); returns that length."""
             v: cython.longlong = base[i] + it
             a = allocs[i]
             if a.used_tokens != v:
@@ -366,7 +366,8 @@ class Replay:
                 recomputed += gen[i]
                 a = allocs[i]
                 # the first token needs room: the reservation was for the prompt. Paged takes the
-                # block now; a contiguous block that already holds it is told lazily (catch_up)
+                # block now; a contiguous block that already holds it is told lazily (catch_up at an
+                # overflow, release(a, final_tokens) at completion)
                 if (paged or not ff or k + 1 > a.capacity_tokens) and not extend(a, k + 1):
                     raise AssertionError(f"admission of {ids[i]} left no room for its first token")
                 gen[i] += 1
