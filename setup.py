@@ -1,13 +1,16 @@
 """Build hook for the optional compiled core (everything else is in pyproject.toml).
 
 Cython compiles two groups of modules from their own .py files, which stay the single source:
-- TYPED: the replay's event loop (odmactl/replay.py) and its closed-form segment sums
-  (odmactl/segment.py). Their `cython.*` annotations become C integers (Python never evaluates
-  them), and segment.pxd makes Segment an extension type.
+- TYPED: the replay's event loop (odmactl/replay.py), its closed-form segment sums
+  (odmactl/segment.py), its event heap (odmactl/keyheap.py) and its prefill clock
+  (odmactl/prefill.py). Their `cython.*` annotations become C integers and doubles (Python never
+  evaluates them); their .pxd files make Segment, KeyHeap and PrefillClock extension types, and
+  replay.pxd cimports them and the allocator base so the loop calls their methods as C functions.
 - UNTYPED: the allocator library. Its .pxd files make every class an extension type with the
-  same attributes, held as Python objects; annotations are not read as C types
-  (annotation_typing off), so every value behaves exactly as in Python: a float prediction stays
-  a float.
+  same attributes, held as Python objects, and declare the operations (reserve, extend, release)
+  and their hot helpers cpdef: C calls from compiled callers, overridable as before. Annotations
+  are not read as C types (annotation_typing off), so every value behaves exactly as in Python:
+  a float prediction stays a float.
 The pure-Python modules give byte-identical results (tests/test_native.py), and odmactl/native.py
 falls back to them when a compiled module is older than its source.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -47,6 +51,11 @@ DIRECTIVES = {
 }
 
 
+# Python never fuses a * b + c into one rounding; the compiled float arithmetic (prefill.py) must
+# not either (GCC and Clang may, for targets with FMA instructions)
+C_FLAGS = [] if sys.platform == "win32" else ["-ffp-contract=off"]
+
+
 def extensions() -> list[Extension]:
     if os.environ.get(NATIVE.PURE_ENV):
         return []
@@ -59,7 +68,8 @@ def extensions() -> list[Extension]:
                      f"SOURCE_SHA256 = {digests!r}\n")
 
     def group(names: tuple[str, ...], annotation_typing: bool) -> list[Extension]:
-        modules = [Extension(name, [name.replace(".", "/") + ".py"], optional=True) for name in names]
+        modules = [Extension(name, [name.replace(".", "/") + ".py"], optional=True, extra_compile_args=C_FLAGS)
+                   for name in names]
         return cythonize(modules, compiler_directives={**DIRECTIVES, "annotation_typing": annotation_typing},
                          quiet=True)
 

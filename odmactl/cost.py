@@ -100,6 +100,30 @@ class StepCoefficients:
         return max(memory, self.compute_per_seq_ps * len(kv_tokens)) + self.overhead_ps
 
 
+@dataclass(frozen=True)
+class PrefillCoefficients:
+    """The prefill model's constants: one iteration over prompts of p_i tokens takes
+    max(flops / peak_flops, memory_bytes / seq_bw) + overhead_s, with
+    flops = flops_per_token * sum(p_i) + flops_per_square * sum(p_i ** 2) (attention is quadratic in
+    each prompt) and memory_bytes = weight_bytes + kv_bytes_per_token * sum(p_i) (weights read once
+    for the batch). `seconds` is the reference; the replay's compiled clock (odmactl/prefill.py)
+    does the same float operations in the same order."""
+
+    flops_per_token: float
+    flops_per_square: float
+    weight_bytes: int
+    kv_bytes_per_token: int
+    peak_flops: float
+    seq_bw: float
+    overhead_s: float
+
+    def seconds(self, total_tokens: int, squared_tokens: int) -> float:
+        total, squares = float(total_tokens), float(squared_tokens)
+        flops = self.flops_per_token * total + self.flops_per_square * squares
+        memory_bytes = self.weight_bytes + total * self.kv_bytes_per_token
+        return max(flops / self.peak_flops, memory_bytes / self.seq_bw) + self.overhead_s
+
+
 def to_ps(seconds: float) -> int:
     return int(round(seconds * 1e12))
 
@@ -119,10 +143,11 @@ class CostModel:
         self.stream_bw = self.peak_bw * table.efficiency[-1]
         ref = reference_block_tokens * model.kv_bytes_per_token_layer
         self.access_s = max(0.0, ref / (float(table.eff(ref)) * self.peak_bw) - ref / self.stream_bw)
-        # prefill_s's constants, each the same left-to-right product it would compute per call
-        self._prefill_flops_per_token = 2.0 * model.active_params
-        self._prefill_flops_per_square = 2.0 * model.num_layers * model.num_attention_heads * model.head_dim
-        self._prefill_kv_bytes_per_token = model.kv_bytes_per_token
+        self.prefill = PrefillCoefficients(
+            flops_per_token=2.0 * model.active_params,
+            flops_per_square=2.0 * model.num_layers * model.num_attention_heads * model.head_dim,
+            weight_bytes=model.weight_bytes, kv_bytes_per_token=model.kv_bytes_per_token,
+            peak_flops=self.peak_flops, seq_bw=self.seq_bw, overhead_s=device.step_overhead_s)
 
     def run_s(self, run_bytes: np.ndarray) -> np.ndarray:
         """Time to read runs of these sizes at scattered offsets; an empty run costs nothing."""
@@ -168,11 +193,8 @@ class CostModel:
 
     def prefill_s(self, prompt_tokens) -> float:
         """One prefill iteration over the given prompts (batched: the weights are read once)."""
-        p = [int(x) for x in prompt_tokens]  # few prompts per call: plain Python beats numpy here
-        total, squares = float(sum(p)), float(sum(x * x for x in p))
-        flops = self._prefill_flops_per_token * total + self._prefill_flops_per_square * squares
-        memory_bytes = self.model.weight_bytes + total * self._prefill_kv_bytes_per_token
-        return max(flops / self.peak_flops, memory_bytes / self.seq_bw) + self.device.step_overhead_s
+        p = [int(x) for x in prompt_tokens]
+        return self.prefill.seconds(sum(p), sum(x * x for x in p))
 
     def migration_s(self, num_bytes: float) -> float:
         """Copy a contiguous KV block into the large pool: read it and write it once each."""

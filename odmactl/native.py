@@ -1,7 +1,8 @@
 """The optional compiled core: which of its modules run compiled, and the fall back to Python.
 
 setup.py compiles the modules in COMPILED with Cython from their own .py files (they stay the
-single source) and records the sha256 of each source it compiled in odmactl/_native_build.py.
+single source) and records the sha256 of each source it compiled (with its .pxd) in
+odmactl/_native_build.py.
 `select()`, run once when the package is imported, makes every such module import from its .py
 source instead when
 - ODMACTL_PURE_PYTHON is set (a comparison, or a debugger that needs Python frames), or
@@ -25,7 +26,7 @@ from pathlib import Path
 # The compiled core, as setup.py builds it (it reads these lists from this file). TYPED modules'
 # `cython.*` annotations become C types; UNTYPED ones are compiled with annotations ignored, their
 # classes made extension types by the .pxd files beside them.
-TYPED = ("odmactl.segment", "odmactl.replay")
+TYPED = ("odmactl.keyheap", "odmactl.prefill", "odmactl.segment", "odmactl.replay")
 UNTYPED = ("odmactl.allocator.base", "odmactl.allocator.extents", "odmactl.allocator.contiguous",
            "odmactl.allocator.static", "odmactl.allocator.s3", "odmactl.allocator.odma", "odmactl.allocator.paged")
 COMPILED = TYPED + UNTYPED
@@ -55,8 +56,14 @@ def _paths(name: str) -> tuple[Path, Path | None]:
 
 
 def source_digest(name: str) -> str:
-    """sha256 of a compiled module's .py source: what setup.py records and `select` compares."""
-    return hashlib.sha256(_paths(name)[0].read_bytes()).hexdigest()
+    """sha256 of a compiled module's .py source and, when it has one, the .pxd beside it (its C
+    declarations change the machine code too): what setup.py records and `select` compares."""
+    source = _paths(name)[0]
+    declarations = source.with_suffix(".pxd")
+    digest = hashlib.sha256(source.read_bytes())
+    if declarations.exists():
+        digest.update(declarations.read_bytes())
+    return digest.hexdigest()
 
 
 def select() -> None:

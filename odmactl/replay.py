@@ -35,7 +35,6 @@ state is in array('q') buffers, which both forms index quickly. Results are byte
 
 from __future__ import annotations
 
-import heapq
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
@@ -48,7 +47,10 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
     cython = None
 
 from odmactl.allocator import Allocator
+from odmactl.allocator.base import Allocation, AllocatorBase
 from odmactl.cost import CostModel, KvLayout, to_ps
+from odmactl.keyheap import KeyHeap
+from odmactl.prefill import PrefillClock
 from odmactl.segment import Segment
 
 PS = 10**12
@@ -172,7 +174,8 @@ class Replay:
     # ------------------------------------------------------------------------------------ run
 
     def run(self) -> ReplayResult:
-        w, alloc = self.w, self.alloc
+        w = self.w
+        alloc: AllocatorBase = self.alloc  # compiled: its operations are C calls (replay.pxd)
         paged: cython.bint = self.paged
         B: cython.longlong = self.block if self.paged else 1
         ff: cython.bint = self.settings.fast_forward
@@ -194,10 +197,9 @@ class Replay:
         num_blocks: cython.longlong = alloc.num_blocks if paged else 0
         block_bytes = alloc.block_bytes if paged else 0
         coeff, cost, probe = self.coeff, self.cost, self.probe
-        segment = Segment(coeff)  # the batch between two events, reset at each
+        segment: Segment = Segment(coeff)  # the batch between two events, reset at each
+        prefill_clock: PrefillClock = PrefillClock(cost.prefill)
         runs: cython.longlong[:] = segment.runs  # its run counts at offsets 0..B, written at each event
-        reserve, extend, release = alloc.reserve, alloc.extend, alloc.release  # bound once: the hot path
-        heappush, heappop = heapq.heappush, heapq.heappop
 
         gen: cython.longlong[:] = _zeros(num)       # tokens generated so far (as of the last boundary it ran at)
         base: cython.longlong[:] = _zeros(num)      # while running: KV tokens at decode iteration I are base + I
@@ -213,8 +215,8 @@ class Replay:
         running: dict[int, int] = {}  # request -> admission number, in admission order
         # pending completions and block overflows, as heaps of iteration * span + admission number
         # (tuples' order, without the tuples); an entry is stale once its request left that admission
-        finish: list[int] = []
-        overflow: list[int] = []
+        finish: KeyHeap = KeyHeap()
+        overflow: KeyHeap = KeyHeap()
         request_of_seq = array("q")  # admission number -> request
         span: cython.longlong = SEQ_SPAN
         kv_sum: cython.longlong = 0  # sum of KV tokens of running requests at iteration `it`
@@ -247,6 +249,7 @@ class Replay:
         completed: cython.longlong = 0
         first_arrival_ps: cython.longlong = arrival[0] if num else 0
         i: cython.longlong
+        a: Allocation
         n: cython.longlong
         k: cython.longlong
         v: cython.longlong
@@ -272,21 +275,23 @@ class Replay:
         def catch_up(i: cython.longlong) -> cython.longlong:
             """Tell the allocator request i's KV length now (growth inside a contiguous block reaches
             it lazily when fast-forwarding); returns that length."""
+            a: Allocation
             v: cython.longlong = base[i] + it
             a = allocs[i]
             if a.used_tokens != v:
-                extend(a, v)
+                alloc.extend(a, v)
             return v
 
         def finish_request(i: cython.longlong) -> None:
             nonlocal completed, dirty
+            a: Allocation
             v: cython.longlong = base[i] + it
             a = allocs[i]
             # what the request held at the end: paged, the blocks for its v tokens (those grown
             # lazily are never taken: release counts them in)
             reserved_tokens[i] = max(a.capacity_tokens, -(-v // B) * B) if paged else a.capacity_tokens
             leave(i)
-            release(a, v)
+            alloc.release(a, v)
             allocs[i] = None
             done_ps[i] = t
             completed += 1
@@ -296,21 +301,22 @@ class Replay:
             nonlocal preemptions
             gen[i] = base[i] + it - prompt[i]
             leave(i)
-            release(allocs[i])
+            alloc.release(allocs[i])
             allocs[i] = None
             queue.appendleft(i)
             preemptions += 1
 
         def push_events(i: cython.longlong, seq: cython.longlong) -> None:
             cap: cython.longlong
-            heappush(finish, (prompt[i] + target[i] - base[i]) * span + seq)
+            finish.push((prompt[i] + target[i] - base[i]) * span + seq)
             if ff and not paged:
                 cap = allocs[i].capacity_tokens
                 if cap < prompt[i] + target[i]:
-                    heappush(overflow, (cap - base[i]) * span + seq)
+                    overflow.push((cap - base[i]) * span + seq)
 
         def admit() -> list[int]:
             """Admit from the head while it fits; returns the admitted (not yet prefilled)."""
+            a: Allocation
             i: cython.longlong
             g: cython.longlong
             kv: cython.longlong
@@ -331,12 +337,12 @@ class Replay:
                             reject(queue.popleft())
                             continue
                         break
-                    a = reserve(ids[i], kv)
+                    a = alloc.reserve(ids[i], kv)
                     assert a is not None
                     free_blocks -= -(-(kv + 1) // B)
                 else:
                     p_out = None if pred is None else max(pred[i] - g, 1.0)
-                    a = reserve(ids[i], kv, p_out, None if unc is None else unc[i])
+                    a = alloc.reserve(ids[i], kv, p_out, None if unc is None else unc[i])
                     if a is None:
                         if not running and not admitted:
                             reject(queue.popleft())
@@ -355,20 +361,23 @@ class Replay:
 
         def prefill(admitted: list[int]) -> None:
             nonlocal t, kv_sum, runs_now, peak_blocks, next_seq, recomputed, prefills, occupancy_byte_ps
+            a: Allocation
             i: cython.longlong
             k: cython.longlong
             seq: cython.longlong
             dt: cython.longlong
-            kvs = []
+            prompt_sum: cython.longlong = 0  # the prefill's cost depends on these two sums only
+            prompt_squares: cython.longlong = 0
             for i in admitted:
                 k = prompt[i] + gen[i]
-                kvs.append(k)
+                prompt_sum += k
+                prompt_squares += k * k
                 recomputed += gen[i]
                 a = allocs[i]
                 # the first token needs room: the reservation was for the prompt. Paged takes the
                 # block now; a contiguous block that already holds it is told lazily (catch_up at an
                 # overflow, release(a, final_tokens) at completion)
-                if (paged or not ff or k + 1 > a.capacity_tokens) and not extend(a, k + 1):
+                if (paged or not ff or k + 1 > a.capacity_tokens) and not alloc.extend(a, k + 1):
                     raise AssertionError(f"admission of {ids[i]} left no room for its first token")
                 gen[i] += 1
                 seq = next_seq
@@ -384,7 +393,7 @@ class Replay:
                     phase[base[i] % B] += 1
             if runs_now > peak_blocks:
                 peak_blocks = runs_now
-            dt = to_ps(cost.prefill_s(kvs))
+            dt = prefill_clock.ps(prompt_sum, prompt_squares)
             t += dt
             occupancy_byte_ps += reserved_bytes() * dt
             prefills += 1
@@ -399,12 +408,13 @@ class Replay:
         def grow_contiguous(i: cython.longlong) -> None:
             """Request i needs one more token than its block holds: extend (migrate) or preempt it."""
             nonlocal t, migrations, migrated_bytes, migration_ps, occupancy_byte_ps
+            a: Allocation
             dt: cython.longlong
             v: cython.longlong
             a = allocs[i]
             v = catch_up(i)
             before = alloc.migrated_bytes
-            if extend(a, v + 1):
+            if alloc.extend(a, v + 1):
                 copied = alloc.migrated_bytes - before
                 migrations += 1
                 migrated_bytes += copied
@@ -413,7 +423,7 @@ class Replay:
                 migration_ps += dt
                 occupancy_byte_ps += reserved_bytes() * dt
                 if a.capacity_tokens < prompt[i] + target[i]:
-                    heappush(overflow, (a.capacity_tokens - base[i]) * span + seq_of[i])
+                    overflow.push((a.capacity_tokens - base[i]) * span + seq_of[i])
             else:
                 preempt(i)
 
@@ -468,11 +478,11 @@ class Replay:
             # ---- growth before the next iteration: blocks that overflow, blocks that run out
             preempted = preemptions
             if ff:
-                while overflow:
-                    key = overflow[0]
+                while overflow.size:
+                    key = overflow.top()
                     if key // span != it:
                         break
-                    heappop(overflow)
+                    overflow.pop()
                     seq = key % span
                     i = request_of_seq[seq]
                     if seq_of[i] == seq:
@@ -492,9 +502,9 @@ class Replay:
                         if v + 1 > a.capacity_tokens:
                             grow_contiguous(i)
                         else:
-                            extend(a, v + 1)
+                            alloc.extend(a, v + 1)
                         continue
-                    while i in running and not extend(a, v + 1):
+                    while i in running and not alloc.extend(a, v + 1):
                         preempt(next(reversed(running)))
             if preemptions != preempted:
                 dirty = False
@@ -505,32 +515,32 @@ class Replay:
             # ---- decode: k iterations of a fixed batch
             if ff:
                 while True:  # drop stale entries: their request left that admission
-                    key = finish[0]
+                    key = finish.top()
                     seq = key % span
                     if seq_of[request_of_seq[seq]] == seq:
                         break
-                    heappop(finish)
+                    finish.pop()
                 k = key // span - it
-                while overflow:
-                    key = overflow[0]
+                while overflow.size:
+                    key = overflow.top()
                     seq = key % span
                     if seq_of[request_of_seq[seq]] == seq:
                         if key // span - it < k:
                             k = key // span - it
                         break
-                    heappop(overflow)
+                    overflow.pop()
                 if paged:
                     runs[0] = runs_now
                     for rho in range(B):
                         runs[rho + 1] = runs[rho] + phase[(-it - rho) % B]
                 else:
                     runs[0] = runs[1] = n
-                seg = segment.reset(n, kv_sum)
+                segment.reset(n, kv_sum)
                 if paged:
-                    k = seg.first_over(num_blocks, k)
+                    k = segment.first_over(num_blocks, k)
                 if not queue and next_arrival < num and n < max_seqs:
-                    k = seg.iterations_until(arrival[next_arrival] - t, k)
-                dt, held = seg.advance(k, paged)
+                    k = segment.iterations_until(arrival[next_arrival] - t, k)
+                dt, held = segment.advance(k, paged)
                 if paged:
                     occupancy_byte_ps += held * block_bytes
                     runs_now = runs[k % B] + n * (k // B)  # = the blocks held during the last iteration
@@ -557,11 +567,11 @@ class Replay:
             it += k
             kv_sum += n * k
             decodes += k
-            while finish:
-                key = finish[0]
+            while finish.size:
+                key = finish.top()
                 if key // span > it:
                     break
-                heappop(finish)
+                finish.pop()
                 seq = key % span
                 i = request_of_seq[seq]
                 if seq_of[i] == seq:

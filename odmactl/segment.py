@@ -193,8 +193,12 @@ class Segment:
                 best = rho + m * p
         return best
 
-    def iterations_until(self, deadline_ps: int, k: int) -> int:
+    def iterations_until(self, deadline_ps: cython.longlong, k: cython.longlong) -> cython.longlong:
         """The fewest iterations (1..k) whose time reaches `deadline_ps`, or k when they never do."""
+        lo: cython.longlong
+        hi: cython.longlong
+        mid: cython.longlong
+        first: cython.longlong
         if self.elapsed_ps(k) < deadline_ps:
             return k
         lo, hi = 1, k  # elapsed(hi) >= deadline

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from odmactl.cost import CostModel, KvLayout
+from odmactl.cost import CostModel, KvLayout, to_ps
+from odmactl.prefill import PrefillClock, _round_half_even
 from odmactl.profiles import load_device, load_model
 
 # DeepSeek-R1-Distill-Qwen-7B (28 layers, 4 KV heads x 128, bf16 weights) on MLU370-X4 (307.2 GB/s,
@@ -104,3 +105,28 @@ def test_empty_requests_and_kv_precision():
     assert fp16.kv_read_s(kv, KvLayout.contiguous())[0] == 0
     assert int4.decode_step(kv, KvLayout.contiguous()).kv_s < fp16.decode_step(kv, KvLayout.contiguous()).kv_s
     assert int4.kv_pool_bytes() == fp16.kv_pool_bytes()  # precision changes tokens per byte, not the pool
+
+
+def test_replay_prefill_clock_equals_to_ps_of_prefill_s(cost):
+    """The replay's prefill clock (compiled: C doubles) gives to_ps(prefill_s(prompts)) exactly,
+    compute-bound and memory-bound batches alike."""
+    rng = np.random.default_rng(3)
+    clock = PrefillClock(cost.prefill)
+    for _ in range(2000):
+        prompts = rng.integers(1, 32_768, size=int(rng.integers(1, 64))) // int(rng.choice([1, 64, 4096]))
+        prompts = np.maximum(prompts, 1)
+        total, squares = int(prompts.sum()), int((prompts.astype(object) ** 2).sum())
+        assert clock.ps(total, squares) == to_ps(cost.prefill_s(prompts))
+    assert clock.ps(1, 1) == to_ps(cost.prefill_s([1]))
+
+
+def test_round_half_even_matches_python_round_at_ties_and_near_them():
+    values = [0.0, 0.5, 1.5, 2.5, 3.5, 2.4999999999999996, 2.5000000000000004, 1e12 + 0.5, 2.0**52 + 1.0,
+              2.0**53, 123456789.5, 123456790.5, 9.2e18]
+    values += list(np.random.default_rng(5).uniform(0, 1e15, 1000))
+    for v in values:
+        assert _round_half_even(float(v)) == round(float(v)), v
+    with pytest.raises(OverflowError):
+        _round_half_even(2.0**63)
+    with pytest.raises(OverflowError):
+        _round_half_even(float("nan"))

@@ -96,3 +96,14 @@ def test_a_compiled_module_older_than_its_source_is_not_run():
     replay_file, segment_file, rest = done.stdout.split(" ", 2)
     assert replay_file.endswith("replay.py") and segment_file.endswith("segment.py")
     assert "the core's sources changed since it was compiled" in rest and "pip install -e ." in rest
+
+
+def test_a_declarations_file_is_part_of_what_makes_a_build_current():
+    """Editing only a .pxd changes the machine code, so the digest a build is checked against
+    covers it: the replay's is of replay.py followed by replay.pxd."""
+    import hashlib
+
+    source = Path(native.__file__).with_name("replay.py")
+    expected = hashlib.sha256(source.read_bytes() + source.with_suffix(".pxd").read_bytes()).hexdigest()
+    assert native.source_digest("odmactl.replay") == expected
+    assert native.source_digest("odmactl.replay") != hashlib.sha256(source.read_bytes()).hexdigest()

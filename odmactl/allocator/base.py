@@ -159,6 +159,18 @@ class AllocatorBase:
         self.migrations = self.migrated_bytes = 0
         self.releases = 0
 
+    # -- the operations (the Allocator protocol's), which each policy implements -----------------
+
+    def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
+                uncertainty: float | None = None) -> Allocation | None:
+        raise NotImplementedError
+
+    def extend(self, allocation: Allocation, total_tokens: int) -> bool:
+        raise NotImplementedError
+
+    def release(self, allocation: Allocation, final_tokens: int | None = None) -> None:
+        raise NotImplementedError
+
     # -- shared checks ---------------------------------------------------------------------------
 
     def _admit(self, request_id: str, prompt_tokens: int) -> None:

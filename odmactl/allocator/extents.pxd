@@ -3,3 +3,11 @@ cdef class FreeExtents:
     cdef public object base, size_bytes, free_bytes, binned_bytes, consolidations
     cdef public dict _bins, _size_at, _start_ending_at, _starts_of_size
     cdef public list _sizes
+    # the operations, C calls from compiled callers; the helpers, C calls only
+    cpdef take(self, nbytes)
+    cpdef give(self, start, nbytes)
+    cdef _reset(self)
+    cdef _take_extent(self, nbytes)
+    cdef _merge(self, start, nbytes)
+    cdef _insert(self, start, nbytes)
+    cdef _unfile(self, start, nbytes)

@@ -3,3 +3,5 @@ from odmactl.allocator.contiguous cimport ContiguousAllocator
 
 cdef class StaticAllocator(ContiguousAllocator):
     cdef public object _fixed
+    cpdef reserve(self, request_id, prompt_tokens, predicted_output_tokens=*, uncertainty=*)
+    cpdef extend(self, allocation, total_tokens)

@@ -1,0 +1,87 @@
+"""A min-heap of 64-bit integer keys in an int64 buffer: the replay's pending events.
+
+The replay keys each pending completion or block overflow as iteration * span + admission number
+(see replay.SEQ_SPAN), so an event is one integer and the heap never compares Python objects.
+Compiled (setup.py, keyheap.pxd), KeyHeap is an extension type whose methods the replay calls as
+C functions; from source it is the same algorithm on an array('q'), slower but equal.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
+    import cython
+except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
+    cython = None
+
+
+class KeyHeap:
+    """Keys `_keys[0:size]` in binary-heap order: every key is >= its parent's (index (i - 1) // 2),
+    so `_keys[0]` is the smallest. The buffer doubles when full and never shrinks; equal keys pop
+    in no particular order (the replay's keys are distinct: admission numbers are)."""
+
+    __slots__ = ("size", "capacity", "_buffer", "_keys")
+
+    def __init__(self, capacity: cython.longlong = 64) -> None:
+        self.size = 0
+        self.capacity = max(capacity, 1)
+        self._buffer = array("q", bytes(8 * self.capacity))
+        self._keys = self._buffer
+
+    def __len__(self) -> int:
+        return self.size
+
+    def push(self, key: cython.longlong) -> None:
+        pos: cython.longlong = self.size
+        parent: cython.longlong
+        if pos == self.capacity:
+            self._grow()
+        keys: cython.longlong[:] = self._keys
+        self.size = pos + 1
+        while pos > 0:  # sift the hole up to where key belongs
+            parent = (pos - 1) >> 1
+            if keys[parent] <= key:
+                break
+            keys[pos] = keys[parent]
+            pos = parent
+        keys[pos] = key
+
+    def top(self) -> cython.longlong:
+        """The smallest key (the heap must not be empty)."""
+        if self.size == 0:
+            raise IndexError("top of an empty KeyHeap")
+        keys: cython.longlong[:] = self._keys
+        return keys[0]
+
+    def pop(self) -> cython.longlong:
+        """Remove and return the smallest key (the heap must not be empty)."""
+        size: cython.longlong = self.size
+        pos: cython.longlong = 0
+        child: cython.longlong
+        if size == 0:
+            raise IndexError("pop from an empty KeyHeap")
+        keys: cython.longlong[:] = self._keys
+        smallest: cython.longlong = keys[0]
+        size -= 1
+        self.size = size
+        last: cython.longlong = keys[size]
+        while True:  # sift the hole at the root down, then fill it with the last key
+            child = 2 * pos + 1
+            if child >= size:
+                break
+            if child + 1 < size and keys[child + 1] < keys[child]:
+                child += 1
+            if last <= keys[child]:
+                break
+            keys[pos] = keys[child]
+            pos = child
+        if size:
+            keys[pos] = last
+        return smallest
+
+    def _grow(self) -> None:
+        self._keys = None  # a buffer cannot be resized while a view of it is held
+        self._buffer.extend(self._buffer)
+        self._keys = self._buffer
+        self.capacity *= 2
