@@ -3,30 +3,35 @@
 The replay keys each pending completion or block overflow as iteration * span + admission number
 (see replay.SEQ_SPAN), so an event is one integer and the heap never compares Python objects.
 Compiled (setup.py, keyheap.pxd), KeyHeap is an extension type whose methods the replay calls as
-C functions; from source it is the same algorithm on an array('q'), slower but equal.
+C functions. From source, where a sift loop in Python would be several times slower than heapq's
+C one, it keeps the keys in a list ordered by heapq: the same heap invariant and the same pops
+(keys are distinct, so the smallest is one key).
 """
 
 from __future__ import annotations
 
 from array import array
+from heapq import heappop, heappush
 
 try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
-    import cython
+    import cython  # cython.compiled is a constant when compiled: the from-source branches are not built
 except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
-    cython = None
+    class cython:  # noqa: N801 - the one name this module reads at run time
+        compiled = False
 
 
 class KeyHeap:
     """Keys `_keys[0:size]` in binary-heap order: every key is >= its parent's (index (i - 1) // 2),
-    so `_keys[0]` is the smallest. The buffer doubles when full and never shrinks; equal keys pop
-    in no particular order (the replay's keys are distinct: admission numbers are)."""
+    so `_keys[0]` is the smallest. Compiled, the int64 buffer doubles when full and never shrinks
+    (`capacity`); from source it is a list. Equal keys pop in no particular order (the replay's
+    keys are distinct: admission numbers are)."""
 
     __slots__ = ("size", "capacity", "_buffer", "_keys")
 
     def __init__(self, capacity: cython.longlong = 64) -> None:
         self.size = 0
         self.capacity = max(capacity, 1)
-        self._buffer = array("q", bytes(8 * self.capacity))
+        self._buffer = array("q", bytes(8 * self.capacity)) if cython.compiled else []
         self._keys = self._buffer
 
     def __len__(self) -> int:
@@ -35,6 +40,10 @@ class KeyHeap:
     def push(self, key: cython.longlong) -> None:
         pos: cython.longlong = self.size
         parent: cython.longlong
+        if not cython.compiled:
+            heappush(self._buffer, key)
+            self.size = pos + 1
+            return
         if pos == self.capacity:
             self._grow()
         keys: cython.longlong[:] = self._keys
@@ -61,6 +70,9 @@ class KeyHeap:
         child: cython.longlong
         if size == 0:
             raise IndexError("pop from an empty KeyHeap")
+        if not cython.compiled:
+            self.size = size - 1
+            return heappop(self._buffer)
         keys: cython.longlong[:] = self._keys
         smallest: cython.longlong = keys[0]
         size -= 1
