@@ -13,13 +13,23 @@ One decode iteration (`DecodeProbe.step`) runs, on the device:
 1. the weights, as the batch's GEMM in the nn.Linear layout: activations [batch, hidden] times the
    transpose of the weight bytes viewed as a 16-bit matrix [weight_bytes / (2 * hidden), hidden]:
    every weight byte read once, 2 * batch * params FLOPs (the product, batch / hidden of the weight
-   bytes, is written into a preallocated buffer). The dtype is the profile's faster 16-bit rate
+   bytes, is written into a preallocated buffer). The column count is rounded down to a multiple of
+   GEMM_ALIGN, as every layer shape of a real model is: an odd count leaves the product's rows
+   misaligned, and on an H100 cuBLAS then ran the batch-256 product at about a tenth of its
+   tensor-core rate. Weights and activations hold small random values, not zeros: a tensor core
+   multiplying zeros draws less power and runs faster than on real weights. The dtype is the profile's faster 16-bit rate
    (`compute_dtype`: bf16 on CPUs, whose fp16 kernels are slow), the one the cost model is given;
-2. every running request's KV, read as gathers: `embedding_bag` sums over row views of the arena
-   (rows of one token for contiguous blocks; for paged, rows of one block-layer for full blocks and
-   of one token-layer for the last partial block), bags of 64 rows, so a step is at most three
-   kernels whatever the batch and nothing as large as the KV is written.
-The row indices are built and copied to the device before the clock starts; the clock is CUDA
+2. every running request's KV, read in the runs the layout gives it (`_runs`: one run per
+   contiguous block; for paged, one per block and layer, and one per layer for the last partial
+   block). Nothing as large as the KV is written. Two readers:
+   - on CUDA with Triton (torch's CUDA wheels ship it): `_read_runs_kernel` splits the runs into
+     tiles of at most TILE_BYTES and sums each tile in one program, so the read goes at the rate
+     the memory gives runs of that length, as an attention kernel's KV loads do. On an H100,
+     `embedding_bag` (below) read the same runs at about 1.8 TB/s against about 3 TB/s streamed;
+   - elsewhere: `embedding_bag` sums over row views of the arena (rows of one token for contiguous
+     blocks; for paged, rows of one block-layer for full blocks and of one token-layer for the
+     last partial block), bags of 64 rows: at most two kernels whatever the batch.
+The run tiles or row indices are built and copied to the device before the clock starts; the clock is CUDA
 events on cuda, synchronise + perf_counter elsewhere. The replay's clock still advances by the
 modelled step time, so scheduling and every replay metric equal the virtual replay's under
 --stepping; the probe adds measured against modelled step times.
@@ -32,6 +42,8 @@ scaled replay makes the same admission and growth decisions as the full one.
 from __future__ import annotations
 
 import dataclasses
+import gc
+import math
 import os
 import time
 from itertools import chain
@@ -44,6 +56,8 @@ from odmactl.profiles import DeviceProfile, ModelProfile, device_paths, read_dev
 from odmactl.units import format_bytes
 
 BAG_ROWS = 64
+TILE_BYTES = 32 << 10  # one program of the run reader: a paged block-layer of 16 tokens of a 7B GQA model
+GEMM_ALIGN = 128  # weight columns per multiple: every hidden and intermediate size of the shipped models is one
 TORCH_DEVICES = ("auto", "cpu", "cuda", "mlu")
 
 
@@ -57,6 +71,31 @@ class OnDeviceSpec:
     def __post_init__(self) -> None:
         if not 0.0 < self.scale <= 1.0:
             raise ConfigError(f"--scale must be in (0, 1], got {self.scale}")
+
+
+def expand_runs(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Every index of every run [start, start + len), runs in order."""
+    return np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(lens) - lens), lens)
+
+
+def split_runs(starts: np.ndarray, lens: np.ndarray, tile: int) -> tuple[np.ndarray, np.ndarray]:
+    """The runs cut into tiles of at most `tile`: (tile starts, tile lengths), runs in order, each
+    run's tiles in order; an empty run has none."""
+    counts = -(-lens // tile)
+    k = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.repeat(starts, counts) + k * tile, np.minimum(np.repeat(lens, counts) - k * tile, tile)
+
+
+def run_reader(kind: str):
+    """The Triton run reader (odmactl/runread.py) for a CUDA device, or None: another device, or
+    no Triton in this torch install."""
+    if kind != "cuda":
+        return None
+    try:
+        from odmactl import runread
+    except ImportError:
+        return None
+    return runread.read_tiles
 
 
 def scaled_model(model: ModelProfile, scale: float) -> ModelProfile:
@@ -86,10 +125,20 @@ def compute_dtype(profile: DeviceProfile) -> str:
 
 
 def free_device_bytes(torch_device: str) -> int:
-    """Memory the arena and weights can take now: free device memory, or available host memory."""
+    """Memory the arena and weights can take now: free device memory plus what torch's caching
+    allocator holds unused (an earlier policy's arena), or available host memory."""
     if torch_device == "cpu":
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    return int(device_backend(torch_device.split(":")[0]).mem_get_info()[0])
+    backend = device_backend(torch_device.split(":")[0])
+    cached = backend.memory_reserved() - backend.memory_allocated()
+    return int(backend.mem_get_info()[0]) + int(cached)
+
+
+def release_device_memory(torch_device: str) -> None:
+    """Hand the memory of dropped arenas back to the device (torch caches freed blocks otherwise)."""
+    gc.collect()
+    if torch_device != "cpu":
+        device_backend(torch_device.split(":")[0]).empty_cache()
 
 
 def check_fits(torch_device: str, pool_bytes: int, weight_bytes: int, scale: float) -> None:
@@ -106,13 +155,17 @@ def check_fits(torch_device: str, pool_bytes: int, weight_bytes: int, scale: flo
 class DecodeProbe:
     """Runs and times each decode iteration of one replay on `arena` (a TorchArena) for `model`.
 
-    Invariant: `modelled_ps[j]` and `measured_s[j]` describe the same iteration j; the arena's
+    `reader`: "auto" reads the KV with the Triton run reader where there is one (CUDA), else with
+    embedding_bag; "embedding_bag" always with embedding_bag.
+
+    Invariant: `modelled_ps[j]`, `measured_s[j]`, `batch[j]` and `kv_bytes[j]` (KV bytes the
+    iteration read, every layer) describe the same iteration j; the arena's
     bytes are zeroed once (no denormals, pages touched) and only read afterwards, apart from the
     allocator's migration copies.
     """
 
     def __init__(self, arena, model: ModelProfile, block_tokens: int | None, max_batch: int,
-                 compute_dtype: str = "fp16") -> None:
+                 compute_dtype: str = "fp16", reader: str = "auto") -> None:
         import torch
 
         self.torch = torch
@@ -128,84 +181,104 @@ class DecodeProbe:
         self.bpt = model.kv_bytes_per_token
         self.block_tokens = block_tokens
         arena.buffer.zero_()
-        words = arena.buffer[: arena.pool_bytes // 4 * 4].view(torch.float32)
-        if block_tokens is None:
-            n = arena.pool_bytes // self.bpt
-            self.token_rows = words[: n * self.bpt // 4].view(n, self.bpt // 4)
-        else:
-            block_bytes = block_tokens * self.bpt
-            n = arena.pool_bytes // block_bytes
-            body = words[: n * block_bytes // 4]
-            self.block_rows = body.view(n * self.layers, block_tokens * self.bpl // 4)
-            self.layer_rows = body.view(n * self.layers * block_tokens, self.bpl // 4)
+        self.words = arena.buffer[: arena.pool_bytes // 4 * 4].view(torch.float32)
+        if reader not in ("auto", "embedding_bag"):
+            raise ValueError(f"reader must be auto or embedding_bag, got {reader!r}")
+        self.kernel = run_reader(self.kind) if reader == "auto" else None
+        self.align_words = math.gcd(self.bpl // 4, TILE_BYTES // 4, 16)  # divides every run and tile start
         hidden = model.hidden_size
-        cols = max(1, model.weight_bytes // (2 * hidden))
+        cols = model.weight_bytes // (2 * hidden)
+        cols = cols - cols % GEMM_ALIGN if cols >= GEMM_ALIGN else max(1, cols)
         dtype = torch.bfloat16 if compute_dtype == "bf16" else torch.float16
-        self.weights = torch.zeros(cols, hidden, dtype=dtype, device=self.dev)
-        self.activations = torch.zeros(max_batch, hidden, dtype=dtype, device=self.dev)
+        gen = torch.Generator(device=self.dev).manual_seed(0)
+        self.weights = torch.empty(cols, hidden, dtype=dtype, device=self.dev).uniform_(-0.05, 0.05, generator=gen)
+        self.activations = torch.empty(max_batch, hidden, dtype=dtype, device=self.dev).uniform_(-1.0, 1.0, generator=gen)
         self.product = torch.empty(max_batch, cols, dtype=dtype, device=self.dev)
         self.compute_dtype = compute_dtype
         self.weight_bytes = hidden * cols * 2
         self.modelled_ps: list[int] = []
         self.measured_s: list[float] = []
+        self.batch: list[int] = []
+        self.kv_bytes: list[int] = []
 
-    # ------------------------------------------------------------------------------ indices
+    # ------------------------------------------------------------------------------ runs
 
-    def _contiguous_rows(self, allocations: list, kv_tokens: list[int]) -> np.ndarray:
-        offsets = np.fromiter((a.offset_bytes for a in allocations), np.int64, len(allocations))
-        assert not (offsets % self.bpt).any(), "a contiguous block does not start on a token row"
-        starts = offsets // self.bpt
+    def _runs(self, allocations: list, kv_tokens: list[int]) -> list[tuple[np.ndarray, np.ndarray, int]]:
+        """The KV the batch reads, as groups of (start words, length words, row words): runs of
+        4-byte words into the arena; each group's starts and lengths are multiples of its row width
+        (the unit embedding_bag reads them in)."""
         lens = np.asarray(kv_tokens, dtype=np.int64)
-        return np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(lens) - lens), lens)
-
-    def _paged_rows(self, allocations: list, kv_tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        if self.block_tokens is None:
+            offsets = np.fromiter((a.offset_bytes for a in allocations), np.int64, len(allocations))
+            assert not (offsets % self.bpt).any(), "a contiguous block does not start on a token row"
+            row = self.bpt // 4
+            return [(offsets // 4, lens * row, row)]
         T, L = self.block_tokens, self.layers
-        lens = np.asarray(kv_tokens, dtype=np.int64)
+        layer_words = T * self.bpl // 4  # one layer of one block
         full, rest = (lens // T).tolist(), (lens % T)
         blocks = np.fromiter(chain.from_iterable(a.block_ids[:f] for a, f in zip(allocations, full)),
                              np.int64, int(sum(full)))
-        block_rows = (blocks[:, None] * L + np.arange(L, dtype=np.int64)).ravel()
+        full_starts = ((blocks[:, None] * L + np.arange(L, dtype=np.int64)) * layer_words).ravel()
+        groups = [(full_starts, np.full(full_starts.size, layer_words, dtype=np.int64), layer_words)]
         tails = [(a.block_ids[f], r) for a, f, r in zip(allocations, full, rest.tolist()) if r]
-        if not tails:
-            return block_rows, np.empty(0, dtype=np.int64)
-        tail_block = np.array([b for b, _ in tails], dtype=np.int64)
-        tail_len = np.repeat(np.array([r for _, r in tails], dtype=np.int64), L)
-        starts = (tail_block[:, None] * (L * T) + np.arange(L, dtype=np.int64) * T).ravel()
-        token_rows = np.arange(int(tail_len.sum()), dtype=np.int64) + \
-            np.repeat(starts - (np.cumsum(tail_len) - tail_len), tail_len)
-        return block_rows, token_rows
+        if tails:
+            tail_block = np.array([b for b, _ in tails], dtype=np.int64)
+            tail_starts = ((tail_block[:, None] * L + np.arange(L, dtype=np.int64)) * layer_words).ravel()
+            tail_lens = np.repeat(np.array([r for _, r in tails], dtype=np.int64), L) * (self.bpl // 4)
+            groups.append((tail_starts, tail_lens, self.bpl // 4))
+        return groups
 
-    def _gathers(self, allocations: list, kv_tokens: list[int]) -> list[tuple]:
-        """(rows view, index tensor, bag offsets) per gather, on the device."""
-        if self.block_tokens is None:
-            parts = [(self.token_rows, self._contiguous_rows(allocations, kv_tokens))]
-        else:
-            block_rows, token_rows = self._paged_rows(allocations, kv_tokens)
-            parts = [(self.block_rows, block_rows), (self.layer_rows, token_rows)]
+    def _bag_reads(self, groups: list) -> list[tuple]:
+        """embedding_bag's inputs per group: (rows view, row index tensor, bag offsets), on the device."""
         torch = self.torch
         out = []
-        for rows, idx in parts:
+        for starts, lens, row in groups:
+            idx = expand_runs(starts // row, lens // row)
             if idx.size:
+                rows = self.words[: self.words.numel() // row * row].view(-1, row)
                 out.append((rows, torch.from_numpy(idx).to(self.dev),
                             torch.arange(0, idx.size, BAG_ROWS, dtype=torch.int64).to(self.dev)))
         return out
+
+    def _tile_reads(self, groups: list) -> tuple | None:
+        """The run reader's inputs: (tile starts, tile lengths, per-tile sums), on the device."""
+        starts = np.concatenate([g[0] for g in groups])
+        lens = np.concatenate([g[1] for g in groups])
+        tile_starts, tile_lens = split_runs(starts, lens, TILE_BYTES // 4)
+        if not tile_starts.size:
+            return None
+        torch = self.torch
+        return (torch.from_numpy(tile_starts).to(self.dev), torch.from_numpy(tile_lens).to(self.dev),
+                torch.empty(tile_starts.size, dtype=torch.float32, device=self.dev))
 
     # ------------------------------------------------------------------------------ one step
 
     def step(self, allocations: list, kv_tokens: list[int], modelled_ps: int) -> float:
         """Run one decode iteration of this batch on the device; returns its measured seconds."""
         torch = self.torch
-        embedding_bag = torch.nn.functional.embedding_bag
-        gathers = self._gathers(allocations, kv_tokens)
+        groups = self._runs(allocations, kv_tokens)
         n = len(allocations)
         x, out = self.activations[:n], self.product[:n]
+        if self.kernel is not None:
+            tiles = self._tile_reads(groups)
+
+            def read_kv() -> None:
+                if tiles is not None:
+                    self.kernel(self.words, *tiles, self.align_words)
+        else:
+            bags = self._bag_reads(groups)
+
+            def read_kv() -> None:
+                for rows, idx, offsets in bags:
+                    torch.nn.functional.embedding_bag(idx, rows, offsets, mode="sum")
 
         def run() -> None:
             torch.matmul(x, self.weights.T, out=out)
-            for rows, idx, offsets in gathers:
-                embedding_bag(idx, rows, offsets, mode="sum")
+            read_kv()
 
         device = None if self.kind == "cpu" else device_backend(self.kind)
+        if not self.measured_s:
+            run()  # untimed: the first launch compiles the Triton reader and picks cuBLAS kernels (0.7 s on an H100)
         if device is not None:
             device.synchronize()
         if self.kind == "cuda":
@@ -223,6 +296,8 @@ class DecodeProbe:
             seconds = time.perf_counter() - t0
         self.modelled_ps.append(modelled_ps)
         self.measured_s.append(seconds)
+        self.batch.append(n)
+        self.kv_bytes.append(sum(kv_tokens) * self.bpt)
         return seconds
 
     # ------------------------------------------------------------------------------ report
@@ -235,6 +310,7 @@ class DecodeProbe:
         modelled = np.asarray(self.modelled_ps, dtype=np.float64) / 1e12
         measured = np.asarray(self.measured_s, dtype=np.float64)
         error = measured / np.maximum(modelled, 1e-30) - 1.0 if modelled.size else np.zeros(0)
+        batch, kv_bytes = np.asarray(self.batch, dtype=np.float64), np.asarray(self.kv_bytes, dtype=np.float64)
         stride = max(1, -(-modelled.size // points))
 
         def pct(values: np.ndarray, q: float) -> float:
@@ -245,11 +321,37 @@ class DecodeProbe:
             "profile": profile.name, "model": model.name,
             "scale": scale, "layers": model.num_layers, "layers_full": full_model.num_layers,
             "weight_bytes_read_per_step": self.weight_bytes, "compute_dtype": self.compute_dtype,
+            "kv_reader": "triton runs" if self.kernel is not None else "embedding_bag",
             "decode_steps": int(modelled.size),
             "modelled_decode_s": float(modelled.sum()), "measured_decode_s": float(measured.sum()),
             "total_error": float(measured.sum() / modelled.sum() - 1.0) if modelled.sum() > 0 else 0.0,
             "step_error_p50": pct(error, 50), "step_abs_error_p50": pct(np.abs(error), 50),
             "step_abs_error_p90": pct(np.abs(error), 90),
+            # the same least squares on both sides: the terms the model misjudges
+            "measured_fit": step_time_fit(measured, batch, kv_bytes),
+            "modelled_fit": step_time_fit(modelled, batch, kv_bytes),
             "series": {"step": list(range(0, modelled.size, stride)),
-                       "modelled_s": modelled[::stride].tolist(), "measured_s": measured[::stride].tolist()},
+                       "modelled_s": modelled[::stride].tolist(), "measured_s": measured[::stride].tolist(),
+                       "batch": self.batch[::stride], "kv_bytes": self.kv_bytes[::stride]},
         }
+
+
+def step_time_fit(measured_s: np.ndarray, batch: np.ndarray, kv_bytes: np.ndarray) -> dict | None:
+    """Least squares of the measured step times on the cost model's shape,
+    measured_s = fixed_s + per_request_s * batch + kv_bytes / kv_bytes_per_s, so the measurement says
+    which term the model misjudges: `fixed_s` is mostly the weight read, `kv_bytes_per_s` the rate the
+    KV gathers reached. None when the steps cannot separate the three terms (fewer than 8 steps, or
+    batch or KV bytes that do not vary independently)."""
+    if measured_s.size < 8:
+        return None
+    design = np.column_stack([np.ones_like(batch), batch, kv_bytes])
+    scaled = design / np.maximum(np.abs(design).max(axis=0), 1e-30)
+    if np.linalg.matrix_rank(scaled, tol=1e-9) < 3:
+        return None
+    coef, *_ = np.linalg.lstsq(design, measured_s, rcond=None)
+    residual = measured_s - design @ coef
+    spread = float(((measured_s - measured_s.mean()) ** 2).sum())
+    return {"fixed_s": float(coef[0]), "per_request_s": float(coef[1]),
+            "kv_bytes_per_s": float(1.0 / coef[2]) if coef[2] > 0 else None,
+            "r2": 1.0 - float((residual ** 2).sum()) / spread if spread > 0 else None,
+            "residual_rms_s": float(np.sqrt((residual ** 2).mean()))}

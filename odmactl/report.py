@@ -349,6 +349,13 @@ def render_replay(console: Console, doc: dict) -> None:
                 ("per-step |error| p90", "step_abs_error_p90", "{:.1%}")]
         for title, key, fmt in rows:
             table.add_row(title, *(fmt.format(m[key]) for m in measured.values()))
+        # the least-squares terms of each side (ondevice.step_time_fit)
+        for title, fit_key, key, scale in (("fit: fixed ms, measured", "measured_fit", "fixed_s", 1e3),
+                                           ("fit: fixed ms, modelled", "modelled_fit", "fixed_s", 1e3),
+                                           ("fit: KV GB/s, measured", "measured_fit", "kv_bytes_per_s", 1e-9),
+                                           ("fit: KV GB/s, modelled", "modelled_fit", "kv_bytes_per_s", 1e-9)):
+            fits = [m.get(fit_key) for m in measured.values()]
+            table.add_row(title, *("-" if not f or f[key] is None else f"{f[key] * scale:.4g}" for f in fits))
         console.print(table)
 
 

@@ -16,7 +16,8 @@ from odmactl.allocator import AllocatorConfig
 from odmactl.buckets import quantile_boundaries
 from odmactl.cost import CostModel
 from odmactl.errors import ConfigError
-from odmactl.ondevice import DecodeProbe, OnDeviceSpec, check_fits, compute_dtype, scaled_model
+from odmactl.ondevice import (DecodeProbe, OnDeviceSpec, check_fits, compute_dtype, release_device_memory,
+                              scaled_model)
 from odmactl.profiles import DeviceProfile, ModelProfile
 from odmactl.replay import PS, SchedulerSettings, Workload
 
@@ -245,6 +246,7 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
         if probe is not None:
             results[policy]["on_device"] = probe.summary(device, model, setup.full_model, on_device.scale)
             del probe, allocator  # free the arena before the next policy takes its own
+            release_device_memory(on_device.torch_device)
     return {
         "trace": {"requests": workload.size, "arrivals": "offline" if spec.load.offline else
                   (f"rescaled to {spec.load.rate_per_s} req/s" if spec.load.rate_per_s else "trace timestamps"),

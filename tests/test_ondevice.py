@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from odmactl.allocator import make_allocator
-from odmactl.ondevice import DecodeProbe, scaled_model
+from odmactl.ondevice import DecodeProbe, expand_runs, scaled_model, split_runs, step_time_fit
 from odmactl.profiles import load_model
 from odmactl.replay import Replay, SchedulerSettings, Workload
 
@@ -49,14 +50,19 @@ def _owned_bytes(alloc, a, model, block_tokens, kv: int) -> set[int]:
 
 
 def _read_bytes(probe: DecodeProbe, allocations, kv_tokens) -> list[int]:
-    """The bytes the probe's gathers read, as offsets into the arena (each row's full width)."""
-    read: list[int] = []
+    """The bytes of the probe's runs, as offsets into the arena; and the same read through the
+    embedding_bag rows (the CPU reader), which must be the same bytes."""
+    groups = probe._runs(allocations, kv_tokens)
+    read = [b for starts, lens, _ in groups for s, n in zip(starts.tolist(), lens.tolist())
+            for b in range(4 * s, 4 * (s + n))]
+    bag: list[int] = []
     base = probe.arena.buffer.data_ptr()
-    for rows, idx, _ in probe._gathers(allocations, kv_tokens):
+    for rows, idx, _ in probe._bag_reads(groups):
         width = rows.shape[1] * 4
         for r in idx.tolist():
             start = rows[r].data_ptr() - base
-            read.extend(range(start, start + width))
+            bag.extend(range(start, start + width))
+    assert bag == read
     return read
 
 
@@ -151,3 +157,42 @@ def test_cli_on_device_errors(cli, tiny_model, small_trace, tmp_path):
         r = cli(*base, *args)
         assert r.code == 1 and words in r.err and "Traceback" not in r.err, (args, r.err)
     assert not (tmp_path / "x.json").exists()
+
+
+def test_step_time_fit_recovers_the_terms_and_refuses_what_it_cannot_separate():
+    rng = np.random.default_rng(3)
+    batch = rng.integers(1, 257, 400).astype(np.float64)
+    kv_bytes = rng.uniform(1e8, 2e10, 400)
+    steps = 5e-3 + 2e-6 * batch + kv_bytes / 2.5e12 + rng.normal(0, 1e-5, 400)
+    fit = step_time_fit(steps, batch, kv_bytes)
+    assert fit["fixed_s"] == pytest.approx(5e-3, rel=0.02)
+    assert fit["per_request_s"] == pytest.approx(2e-6, rel=0.1)
+    assert fit["kv_bytes_per_s"] == pytest.approx(2.5e12, rel=0.01)
+    assert fit["r2"] > 0.99 and fit["residual_rms_s"] < 2e-5
+    assert step_time_fit(steps[:7], batch[:7], kv_bytes[:7]) is None  # too few steps
+    full = np.full(400, 256.0)  # a batch that never changes is the intercept's twin
+    assert step_time_fit(steps, full, kv_bytes) is None
+
+
+def test_runs_expand_to_their_indices_and_split_into_tiles_that_cover_them():
+    rng = np.random.default_rng(5)
+    starts = np.cumsum(rng.integers(0, 50, 40)) * 7
+    lens = rng.integers(0, 60, 40)
+    idx = expand_runs(starts, lens)
+    assert idx.tolist() == [s + k for s, n in zip(starts.tolist(), lens.tolist()) for k in range(n)]
+    tile_starts, tile_lens = split_runs(starts, lens, 16)
+    assert (tile_lens > 0).all() and (tile_lens <= 16).all()
+    assert expand_runs(tile_starts, tile_lens).tolist() == idx.tolist()  # the tiles are the runs, in order
+    assert split_runs(np.zeros(0, np.int64), np.zeros(0, np.int64), 16)[0].size == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton run reader needs a CUDA device")
+def test_triton_run_reader_sums_each_tile():
+    from odmactl.runread import read_tiles
+
+    words = torch.randn(1 << 20, device="cuda")
+    starts, lens = split_runs(np.array([0, 5008, 100000, 700000], np.int64), np.array([3000, 8192, 20000, 16], np.int64), 8192)
+    sums = torch.empty(starts.size, device="cuda")
+    read_tiles(words, torch.from_numpy(starts).cuda(), torch.from_numpy(lens).cuda(), sums, 16)
+    want = torch.stack([words[s:s + n].sum() for s, n in zip(starts.tolist(), lens.tolist())])
+    torch.testing.assert_close(sums, want, rtol=1e-4, atol=1e-3)
