@@ -69,6 +69,13 @@ def _filled(size: int, value: int) -> array:
     return array("q", [value]) * size
 
 
+def _doubled(values) -> array:
+    """An array('q') twice as long, starting with `values` (an array('q') or, compiled, a view of one)."""
+    out = array("q", values)
+    out.extend(out)
+    return out
+
+
 def _zeros(size: int) -> array:
     return _filled(size, 0)
 
@@ -217,7 +224,7 @@ class Replay:
         # (tuples' order, without the tuples); an entry is stale once its request left that admission
         finish: KeyHeap = KeyHeap()
         overflow: KeyHeap = KeyHeap()
-        request_of_seq = array("q")  # admission number -> request
+        request_of_seq: cython.longlong[:] = _zeros(num + 1)  # admission number -> request; doubles when full
         span: cython.longlong = SEQ_SPAN
         kv_sum: cython.longlong = 0  # sum of KV tokens of running requests at iteration `it`
         runs_now: cython.longlong = 0  # paged: blocks the running requests need at iteration `it`
@@ -360,7 +367,7 @@ class Replay:
             done_ps[i] = -2
 
         def prefill(admitted: list[int]) -> None:
-            nonlocal t, kv_sum, runs_now, peak_blocks, next_seq, recomputed, prefills, occupancy_byte_ps
+            nonlocal t, kv_sum, runs_now, peak_blocks, next_seq, recomputed, prefills, occupancy_byte_ps, request_of_seq
             a: Allocation
             i: cython.longlong
             k: cython.longlong
@@ -383,7 +390,9 @@ class Replay:
                 seq = next_seq
                 next_seq += 1
                 assert seq < span, "more than 2**32 admissions"
-                request_of_seq.append(i)
+                if seq == len(request_of_seq):  # re-admissions after preemptions outnumber the requests
+                    request_of_seq = _doubled(request_of_seq)
+                request_of_seq[seq] = i
                 running[i] = seq
                 seq_of[i] = seq
                 base[i] = k + 1 - it

@@ -9,12 +9,15 @@ cdef class AllocatorBase:
     cdef public dict _live
     cdef public object reserved_bytes, peak_reserved_bytes, failed_reserves, extends, failed_extends
     cdef public object migrations, migrated_bytes, releases
-    cdef dict __dict__
+    # no __dict__: every attribute is declared (here or in a policy's .pxd), so a cpdef call from
+    # compiled code need not look for a Python-level override on the instance
     # the operations: C calls from compiled callers (the replay); policies override them in their .pxd
     cpdef reserve(self, request_id, prompt_tokens, predicted_output_tokens=*, uncertainty=*)
     cpdef extend(self, allocation, total_tokens)
     cpdef release(self, allocation, final_tokens=*)
     cpdef _growth(self, a, total_tokens)
     cpdef _final_growth(self, a, final_tokens, capacity_tokens)
+    cpdef _admit(self, request_id, prompt_tokens)
+    cpdef _own(self, a)
     cpdef _admitted(self, a)
     cpdef _forget(self, a)

@@ -3,7 +3,7 @@ that coalesce (deferred coalescing, the scheme of dlmalloc's fast bins)."""
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from odmactl.sortedints import SortedInts
 
 
 class FreeExtents:
@@ -15,8 +15,8 @@ class FreeExtents:
 
     Coalesced extents, indexed three ways and kept consistent on every change: by start
     (`_size_at[start]`), by end (`_start_ending_at[end]`) and by size (`_starts_of_size[size]`, an
-    insertion-ordered set of starts), with `_sizes` the sorted list of sizes present so `take`
-    finds the best fit by bisection and splits off the low end. Extents are maximal: no two touch.
+    insertion-ordered set of starts), with `_sizes` the sizes present (a SortedInts) so `take`
+    finds the best fit by binary search and splits off the low end. Extents are maximal: no two touch.
 
     Binned blocks are merged into the extents (`consolidate`) when a `take` finds neither a block of
     its size nor an extent large enough, so free space that is contiguous is never refused; and
@@ -44,7 +44,7 @@ class FreeExtents:
         self._size_at: dict[int, int] = {}
         self._start_ending_at: dict[int, int] = {}
         self._starts_of_size: dict[int, dict[int, None]] = {}
-        self._sizes: list[int] = []
+        self._sizes = SortedInts()
         if self.size_bytes:
             self._insert(self.base, self.size_bytes)
 
@@ -115,7 +115,7 @@ class FreeExtents:
             prev_end = start + n
         assert len(self._start_ending_at) == len(coalesced), "stale entries in the end index"
         assert sum(len(s) for s in self._starts_of_size.values()) == len(coalesced), "stale entries in the size index"
-        assert self._sizes == sorted(self._starts_of_size) and all(self._starts_of_size.values()), "size list out of date"
+        assert self._sizes.tolist() == sorted(self._starts_of_size) and all(self._starts_of_size.values()), "size list out of date"
         binned = [(s, n) for n, starts in self._bins.items() for s in starts]
         assert sum(n for _, n in binned) == self.binned_bytes, "binned byte count disagrees with the free lists"
         pos = self.base
@@ -129,16 +129,14 @@ class FreeExtents:
 
     def _take_extent(self, nbytes: int) -> int | None:
         by_size = self._starts_of_size
-        sizes = self._sizes
-        i = bisect_left(sizes, nbytes)
-        if i == len(sizes):
+        size = self._sizes.ceiling(nbytes)
+        if size < 0:
             return None
-        size = sizes[i]
         starts = by_size[size]
         start = starts.popitem()[0]
         if not starts:
             del by_size[size]
-            del sizes[i]
+            self._sizes.remove(size)
         del self._size_at[start]
         self.free_bytes -= nbytes
         if size == nbytes:
@@ -151,7 +149,7 @@ class FreeExtents:
         bucket = by_size.get(rest)
         if bucket is None:
             by_size[rest] = {rest_start: None}
-            insort(sizes, rest)
+            self._sizes.add(rest)
         else:
             bucket[rest_start] = None
         return start
@@ -176,7 +174,7 @@ class FreeExtents:
         starts = self._starts_of_size.get(nbytes)
         if starts is None:
             self._starts_of_size[nbytes] = {start: None}
-            insort(self._sizes, nbytes)
+            self._sizes.add(nbytes)
         else:
             starts[start] = None
 
@@ -185,4 +183,4 @@ class FreeExtents:
         del starts[start]
         if not starts:
             del self._starts_of_size[nbytes]
-            del self._sizes[bisect_left(self._sizes, nbytes)]
+            self._sizes.remove(nbytes)
