@@ -10,8 +10,9 @@ C one, it keeps the keys in a list ordered by heapq: the same heap invariant and
 
 from __future__ import annotations
 
-from array import array
 from heapq import heappop, heappush
+
+from odmactl.int64buffer import Int64Buffer
 
 try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
     import cython  # cython.compiled is a constant when compiled: the from-source branches are not built
@@ -20,22 +21,16 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
         compiled = False
 
 
-class KeyHeap:
-    """Keys `_keys[0:size]` in binary-heap order: every key is >= its parent's (index (i - 1) // 2),
-    so `_keys[0]` is the smallest. Compiled, the int64 buffer doubles when full and never shrinks
-    (`capacity`); from source it is a list. Equal keys pop in no particular order (the replay's
-    keys are distinct: admission numbers are)."""
+class KeyHeap(Int64Buffer):
+    """Keys `_values[0:size]` (Int64Buffer) in binary-heap order: every key is >= its parent's
+    (index (i - 1) // 2), so `_values[0]` is the smallest. From source, the list is ordered by
+    heapq. Equal keys pop in no particular order (the replay's keys are distinct: admission
+    numbers are)."""
 
-    __slots__ = ("size", "capacity", "_buffer", "_keys")
+    __slots__ = ()
 
     def __init__(self, capacity: cython.longlong = 64) -> None:
-        self.size = 0
-        self.capacity = max(capacity, 1)
-        self._buffer = array("q", bytes(8 * self.capacity)) if cython.compiled else []
-        self._keys = self._buffer
-
-    def __len__(self) -> int:
-        return self.size
+        super().__init__(capacity)
 
     def push(self, key: cython.longlong) -> None:
         pos: cython.longlong = self.size
@@ -46,7 +41,7 @@ class KeyHeap:
             return
         if pos == self.capacity:
             self._grow()
-        keys: cython.longlong[:] = self._keys
+        keys: cython.longlong[:] = self._values
         self.size = pos + 1
         while pos > 0:  # sift the hole up to where key belongs
             parent = (pos - 1) >> 1
@@ -60,7 +55,7 @@ class KeyHeap:
         """The smallest key (the heap must not be empty)."""
         if self.size == 0:
             raise IndexError("top of an empty KeyHeap")
-        keys: cython.longlong[:] = self._keys
+        keys: cython.longlong[:] = self._values
         return keys[0]
 
     def pop(self) -> cython.longlong:
@@ -73,7 +68,7 @@ class KeyHeap:
         if not cython.compiled:
             self.size = size - 1
             return heappop(self._buffer)
-        keys: cython.longlong[:] = self._keys
+        keys: cython.longlong[:] = self._values
         smallest: cython.longlong = keys[0]
         size -= 1
         self.size = size
@@ -91,9 +86,3 @@ class KeyHeap:
         if size:
             keys[pos] = last
         return smallest
-
-    def _grow(self) -> None:
-        self._keys = None  # a buffer cannot be resized while a view of it is held
-        self._buffer.extend(self._buffer)
-        self._keys = self._buffer
-        self.capacity *= 2

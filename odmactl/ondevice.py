@@ -17,8 +17,9 @@ One decode iteration (`DecodeProbe.step`) runs, on the device:
    GEMM_ALIGN, as every layer shape of a real model is: an odd count leaves the product's rows
    misaligned, and on an H100 cuBLAS then ran the batch-256 product at about a tenth of its
    tensor-core rate. Weights and activations hold small random values, not zeros: a tensor core
-   multiplying zeros draws less power and runs faster than on real weights. The dtype is the profile's faster 16-bit rate
-   (`compute_dtype`: bf16 on CPUs, whose fp16 kernels are slow), the one the cost model is given;
+   multiplying zeros draws less power and runs faster than on real weights. The dtype is the
+   profile's faster 16-bit rate (`compute_dtype`: bf16 on CPUs, whose fp16 kernels are slow), the
+   one the cost model is given;
 2. every running request's KV, read in the runs the layout gives it (`_runs`: one run per
    contiguous block; for paged, one per block and layer, and one per layer for the last partial
    block). Nothing as large as the KV is written. Two readers:
@@ -192,7 +193,8 @@ class DecodeProbe:
         dtype = torch.bfloat16 if compute_dtype == "bf16" else torch.float16
         gen = torch.Generator(device=self.dev).manual_seed(0)
         self.weights = torch.empty(cols, hidden, dtype=dtype, device=self.dev).uniform_(-0.05, 0.05, generator=gen)
-        self.activations = torch.empty(max_batch, hidden, dtype=dtype, device=self.dev).uniform_(-1.0, 1.0, generator=gen)
+        self.activations = torch.empty(max_batch, hidden, dtype=dtype, device=self.dev).uniform_(-1.0, 1.0,
+                                                                                                 generator=gen)
         self.product = torch.empty(max_batch, cols, dtype=dtype, device=self.dev)
         self.compute_dtype = compute_dtype
         self.weight_bytes = hidden * cols * 2

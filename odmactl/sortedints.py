@@ -8,8 +8,9 @@ sorted by bisect: the same values, in the same order, with the same answers.
 
 from __future__ import annotations
 
-from array import array
 from bisect import bisect_left, insort
+
+from odmactl.int64buffer import Int64Buffer
 
 try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
     import cython  # cython.compiled is a constant when compiled: the from-source branches are not built
@@ -18,20 +19,13 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
         compiled = False
 
 
-class SortedInts:
-    """Distinct values `_values[0:size]` in ascending order, each >= 0. Compiled, the int64 buffer
-    doubles when full and never shrinks (`capacity`); from source it is a list."""
+class SortedInts(Int64Buffer):
+    """Distinct values `_values[0:size]` (Int64Buffer) in ascending order, each >= 0."""
 
-    __slots__ = ("size", "capacity", "_buffer", "_values")
+    __slots__ = ()
 
     def __init__(self, capacity: cython.longlong = 16) -> None:
-        self.size = 0
-        self.capacity = max(capacity, 1)
-        self._buffer = array("q", bytes(8 * self.capacity)) if cython.compiled else []
-        self._values = self._buffer
-
-    def __len__(self) -> int:
-        return self.size
+        super().__init__(capacity)
 
     def _index(self, x: cython.longlong) -> cython.longlong:
         """The first position whose value is >= x (size when there is none): bisect_left."""
@@ -98,9 +92,3 @@ class SortedInts:
 
     def tolist(self) -> list[int]:
         return [int(v) for v in self._values[: self.size]]
-
-    def _grow(self) -> None:
-        self._values = None  # a buffer cannot be resized while a view of it is held
-        self._buffer.extend(self._buffer)
-        self._values = self._buffer
-        self.capacity *= 2

@@ -191,7 +191,8 @@ def test_triton_run_reader_sums_each_tile():
     from odmactl.runread import read_tiles
 
     words = torch.randn(1 << 20, device="cuda")
-    starts, lens = split_runs(np.array([0, 5008, 100000, 700000], np.int64), np.array([3000, 8192, 20000, 16], np.int64), 8192)
+    starts, lens = split_runs(np.array([0, 5008, 100000, 700000], np.int64),
+                              np.array([3000, 8192, 20000, 16], np.int64), 8192)
     sums = torch.empty(starts.size, device="cuda")
     read_tiles(words, torch.from_numpy(starts).cuda(), torch.from_numpy(lens).cuda(), sums, 16)
     want = torch.stack([words[s:s + n].sum() for s, n in zip(starts.tolist(), lens.tolist())])

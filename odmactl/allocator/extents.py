@@ -115,7 +115,8 @@ class FreeExtents:
             prev_end = start + n
         assert len(self._start_ending_at) == len(coalesced), "stale entries in the end index"
         assert sum(len(s) for s in self._starts_of_size.values()) == len(coalesced), "stale entries in the size index"
-        assert self._sizes.tolist() == sorted(self._starts_of_size) and all(self._starts_of_size.values()), "size list out of date"
+        assert self._sizes.tolist() == sorted(self._starts_of_size) and all(self._starts_of_size.values()), \
+            "size list out of date"
         binned = [(s, n) for n, starts in self._bins.items() for s in starts]
         assert sum(n for _, n in binned) == self.binned_bytes, "binned byte count disagrees with the free lists"
         pos = self.base

@@ -1,0 +1,7 @@
+# Cython declarations for int64buffer.py (pure Python source; see setup.py): the base extension
+# type of KeyHeap and SortedInts, whose fields they index in C.
+cdef class Int64Buffer:
+    cdef public long long size, capacity
+    cdef object _buffer
+    cdef long long[:] _values
+    cdef void _grow(self) except *
