@@ -15,6 +15,7 @@ import polars as pl
 
 from odmactl.artifact import files_sha256
 from odmactl.errors import PredictorError
+from odmactl.threads import single_thread
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -57,7 +58,7 @@ class TextEncoder:
         uniq = texts.drop_nulls().unique(maintain_order=True)
         table = np.zeros((uniq.len(), self.dim), dtype=np.float32)
         items = uniq.to_list()
-        with torch.inference_mode():
+        with torch.inference_mode(), single_thread():
             for start in range(0, len(items), self.batch_size):
                 batch = self.tokenizer(items[start:start + self.batch_size], padding=True, truncation=True,
                                        max_length=self.max_length_tokens, return_tensors="pt")

@@ -36,6 +36,7 @@ from torch import nn
 from odmactl.buckets import equal_width_classes
 from odmactl.evaluation import EvalSettings, evaluate_predictions
 from odmactl.features import HashedText, build_vocabulary, encode_ids, hash_ngrams, log_prompt_tokens
+from odmactl.threads import single_thread
 
 FAMILIES = ("embedded", "encoder")
 MODES = ("odma", "s3")
@@ -174,7 +175,8 @@ class LengthPredictor:
             train_rows, val_rows = inner.train_rows, inner.test_rows
         except TraceError:  # too few distinct prompts to hold any back: train on all, fixed epochs
             train_rows, val_rows = rows, rows[:0]
-        with torch.random.fork_rng(devices=[]):  # dropout draws from torch's global RNG: seed it, restore it after
+        # dropout draws from torch's global RNG: seed it, restore it after
+        with torch.random.fork_rng(devices=[]), single_thread():
             torch.manual_seed(seed)
             epochs = model._train(feats, target, classes, train_rows, val_rows, seed, progress)
         model.state.entropy_quantiles = [float(q) for q in np.quantile(model._raw(feats, rows)[1], U_LEVELS)]
@@ -256,7 +258,7 @@ class LengthPredictor:
         s, st = self.settings, self.state
         l_hat = np.empty(rows.size, dtype=np.int64)
         entropy = np.empty(rows.size, dtype=np.float64)
-        with torch.inference_mode():
+        with torch.inference_mode(), single_thread():
             for start in range(0, rows.size, batch_rows):
                 part = slice(start, start + batch_rows)
                 reg, logits = self.net(feats.batch(rows[part]))

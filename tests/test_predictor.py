@@ -252,3 +252,21 @@ def test_encoder_family_roundtrip_and_pinned_encoder(multi_model, tmp_path):
         LengthPredictor.load(tmp_path / "p", encoder_dir=other)
     with pytest.raises(PredictorError, match="needs --encoder"):
         LengthPredictor.fit(multi_model, settings, seed=0)
+
+
+def test_fit_does_not_depend_on_the_callers_thread_count(multi_model):
+    """torch splits reductions by thread count; a fit pins one thread, so the weights are the same
+    bits whatever the process was set to (a loaded machine can hand MKL fewer threads)."""
+    import torch
+
+    before = torch.get_num_threads()
+    weights = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            p = LengthPredictor.fit(multi_model.head(300), FAST, seed=0)
+            weights.append(b"".join(t.numpy().tobytes() for t in p.net.state_dict().values()))
+            assert torch.get_num_threads() == threads  # restored after the fit
+    finally:
+        torch.set_num_threads(before)
+    assert weights[0] == weights[1]
