@@ -3,11 +3,11 @@
 Cython compiles two groups of modules from their own .py files, which stay the single source:
 - TYPED: the replay's event loop (odmactl/replay.py), its closed-form segment sums
   (odmactl/segment.py), its event heap (odmactl/keyheap.py), its prefill clock
-  (odmactl/prefill.py), the free-extent sizes (odmactl/sortedints.py) and the int64 storage of
-  those two (odmactl/int64buffer.py). Their `cython.*` annotations become C integers and doubles
-  (Python never evaluates them); their .pxd files make Segment, KeyHeap, PrefillClock, SortedInts
-  and Int64Buffer extension types, and replay.pxd (extents.pxd) cimports them and the allocator
-  base so the loop calls their methods as C functions.
+  (odmactl/prefill.py), the coalesced free extents of a region (odmactl/extentlist.py) and the
+  int64 storage of those two (odmactl/int64buffer.py). Their `cython.*` annotations become C
+  integers and doubles (Python never evaluates them); their .pxd files make Segment, KeyHeap,
+  PrefillClock, ExtentList and Int64Buffer extension types, and replay.pxd (extents.pxd) cimports
+  them and the allocator base so the loop calls their methods as C functions.
 - UNTYPED: the allocator library. Its .pxd files make every class an extension type with the
   same attributes, held as Python objects, and declare the operations (reserve, extend, release)
   and their hot helpers cpdef: C calls from compiled callers, overridable as before. Annotations

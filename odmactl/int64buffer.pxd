@@ -1,5 +1,5 @@
 # Cython declarations for int64buffer.py (pure Python source; see setup.py): the base extension
-# type of KeyHeap and SortedInts, whose fields they index in C.
+# type of KeyHeap and ExtentList, whose fields they index in C.
 cdef class Int64Buffer:
     cdef public long long size, capacity
     cdef object _buffer

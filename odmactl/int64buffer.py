@@ -1,10 +1,10 @@
-"""A growable buffer of 64-bit integers: the storage of KeyHeap (keyheap.py) and SortedInts
-(sortedints.py), which keep their values in `_values[0:size]` in their own order.
+"""A growable buffer of 64-bit integers: the storage of KeyHeap (keyheap.py) and ExtentList
+(extentlist.py), which keep their values in `_values[0:size]` in their own order.
 
 Compiled (setup.py, int64buffer.pxd), it is an extension type over an array('q') whose typed view
 the subclasses index in C; the buffer doubles when full and never shrinks (`capacity`). From
-source it is a list, on which the subclasses use heapq or bisect (C loops) instead of their own
-Python ones; `capacity` and `_grow` then go unused.
+source it is a list, which the subclasses change with heapq or slice assignment (C loops) where
+their own Python loops would be slow; `capacity` and `_grow` then go unused.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from pathlib import Path
 # The compiled core, as setup.py builds it (it reads these lists from this file). TYPED modules'
 # `cython.*` annotations become C types; UNTYPED ones are compiled with annotations ignored, their
 # classes made extension types by the .pxd files beside them.
-TYPED = ("odmactl.int64buffer", "odmactl.keyheap", "odmactl.sortedints", "odmactl.prefill", "odmactl.segment", "odmactl.replay")
+TYPED = ("odmactl.int64buffer", "odmactl.keyheap", "odmactl.extentlist", "odmactl.prefill", "odmactl.segment", "odmactl.replay")
 UNTYPED = ("odmactl.allocator.base", "odmactl.allocator.extents", "odmactl.allocator.contiguous",
            "odmactl.allocator.static", "odmactl.allocator.s3", "odmactl.allocator.odma", "odmactl.allocator.paged")
 COMPILED = TYPED + UNTYPED

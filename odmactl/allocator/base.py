@@ -21,7 +21,8 @@ class Allocation:
     Invariants while live: `nbytes == capacity_tokens * bytes_per_token`; `used_tokens <=
     capacity_tokens` (the KV tokens written so far: prompt, then prompt + generated);
     contiguous policies own exactly [offset_bytes, offset_bytes + nbytes) in `region`; `paged`
-    owns `block_ids` (each `block_size` tokens) and `offset_bytes` is its first block's.
+    owns `block_ids` (an array('q') of block numbers, each `block_size` tokens) and
+    `offset_bytes` is its first block's.
     `bucket` is the bucket index at reservation (or after a move), "large" in ODMA's large pool,
     None for policies without buckets. Identity, not value, names an allocation (no __eq__).
     A plain slotted class with a hand-written __init__: a third cheaper to create than the
@@ -32,7 +33,7 @@ class Allocation:
                  "region", "block_ids", "live")
 
     def __init__(self, request_id: str, offset_bytes: int, nbytes: int, capacity_tokens: int, used_tokens: int,
-                 bucket: int | str | None, region: str = "main", block_ids: list[int] | None = None) -> None:
+                 bucket: int | str | None, region: str = "main", block_ids=None) -> None:
         self.request_id = request_id
         self.offset_bytes = offset_bytes
         self.nbytes = nbytes

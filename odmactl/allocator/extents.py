@@ -3,7 +3,7 @@ that coalesce (deferred coalescing, the scheme of dlmalloc's fast bins)."""
 
 from __future__ import annotations
 
-from odmactl.sortedints import SortedInts
+from odmactl.extentlist import ExtentList
 
 
 class FreeExtents:
@@ -13,10 +13,9 @@ class FreeExtents:
     in O(1) and `take` of the same size pops it back, last in first out. This is the hot path: an
     allocator whose blocks come in a few sizes (ODMA buckets, static slots) mostly reuses blocks.
 
-    Coalesced extents, indexed three ways and kept consistent on every change: by start
-    (`_size_at[start]`), by end (`_start_ending_at[end]`) and by size (`_starts_of_size[size]`, an
-    insertion-ordered set of starts), with `_sizes` the sizes present (a SortedInts) so `take`
-    finds the best fit by binary search and splits off the low end. Extents are maximal: no two touch.
+    Coalesced extents (`_extents`, an ExtentList in address order): `take` finds the best fit
+    (the smallest extent large enough, the lowest on a tie) and splits off its low end. Extents are
+    maximal: no two touch.
 
     Binned blocks are merged into the extents (`consolidate`) when a `take` finds neither a block of
     its size nor an extent large enough, so free space that is contiguous is never refused; and
@@ -27,8 +26,7 @@ class FreeExtents:
     they are in. Everything is deterministic: no hashing of objects, no clocks.
     """
 
-    __slots__ = ("base", "size_bytes", "free_bytes", "binned_bytes", "consolidations", "_bins",
-                 "_size_at", "_start_ending_at", "_starts_of_size", "_sizes")
+    __slots__ = ("base", "size_bytes", "free_bytes", "binned_bytes", "consolidations", "_bins", "_extents")
 
     def __init__(self, base: int, size_bytes: int) -> None:
         assert base >= 0 and size_bytes >= 0
@@ -41,30 +39,34 @@ class FreeExtents:
         self.free_bytes = self.size_bytes
         self.binned_bytes = 0
         self._bins: dict[int, list[int]] = {}
-        self._size_at: dict[int, int] = {}
-        self._start_ending_at: dict[int, int] = {}
-        self._starts_of_size: dict[int, dict[int, None]] = {}
-        self._sizes = SortedInts()
+        self._extents = ExtentList()
         if self.size_bytes:
-            self._insert(self.base, self.size_bytes)
+            self._extents.add(self.base, self.size_bytes)
 
-    # -- the two operations (index updates written out inline: this is the allocator's hot path) --
+    # -- the two operations ----------------------------------------------------------------------
 
     def take(self, nbytes: int) -> int | None:
         """Start of a free range of `nbytes`, now taken; None when no free piece is large enough.
 
-        Order: a released block of exactly this size; else an extent of exactly this size; else the
-        smallest larger extent, split; else consolidate the free lists and look again.
+        Order: a released block of exactly this size; else the best-fitting extent, split; else
+        consolidate the free lists and look again. A request for more than all the free bytes
+        fails at once (a full pool retried at every admission would otherwise consolidate for
+        nothing).
         """
+        if nbytes > self.free_bytes:
+            return None
         binned = self._bins.get(nbytes)
         if binned:
             self.free_bytes -= nbytes
             self.binned_bytes -= nbytes
             return binned.pop()
-        start = self._take_extent(nbytes)
-        if start is None and self.binned_bytes:
+        start = self._extents.take(nbytes)
+        if start < 0 and self.binned_bytes:
             self.consolidate()
-            start = self._take_extent(nbytes)
+            start = self._extents.take(nbytes)
+        if start < 0:
+            return None
+        self.free_bytes -= nbytes
         return start
 
     def give(self, start: int, nbytes: int) -> None:
@@ -86,15 +88,16 @@ class FreeExtents:
         self.consolidations += 1
         bins, self._bins = self._bins, {}
         self.binned_bytes = 0
+        extents = self._extents
         for nbytes, starts in bins.items():
             for start in starts:
-                self._merge(start, nbytes)
+                extents.add(start, nbytes)
 
     # -- queries -------------------------------------------------------------------------------
 
     def extents(self) -> list[tuple[int, int]]:
         """Free (start, nbytes) in address order, touching pieces merged (a read-only view)."""
-        pieces = sorted([*self._size_at.items(), *((s, n) for n, starts in self._bins.items() for s in starts)])
+        pieces = sorted([*self._extents.tolist(), *((s, n) for n, starts in self._bins.items() for s in starts)])
         out: list[list[int]] = []
         for start, n in pieces:
             if out and out[-1][0] + out[-1][1] == start:
@@ -105,18 +108,12 @@ class FreeExtents:
 
     def check(self) -> None:
         """Raise AssertionError if an invariant of the class docstring does not hold."""
-        coalesced = sorted(self._size_at.items())
+        coalesced = self._extents.tolist()
         prev_end = None
         for start, n in coalesced:
             assert n > 0, f"empty extent at {start}"
-            assert prev_end is None or start > prev_end, f"extents touch or overlap at {start} (not coalesced)"
-            assert self._start_ending_at.get(start + n) == start, f"end index missing for extent {start}+{n}"
-            assert start in self._starts_of_size.get(n, {}), f"size index missing for extent {start}+{n}"
+            assert prev_end is None or start > prev_end, f"extents touch, overlap or are out of order at {start}"
             prev_end = start + n
-        assert len(self._start_ending_at) == len(coalesced), "stale entries in the end index"
-        assert sum(len(s) for s in self._starts_of_size.values()) == len(coalesced), "stale entries in the size index"
-        assert self._sizes.tolist() == sorted(self._starts_of_size) and all(self._starts_of_size.values()), \
-            "size list out of date"
         binned = [(s, n) for n, starts in self._bins.items() for s in starts]
         assert sum(n for _, n in binned) == self.binned_bytes, "binned byte count disagrees with the free lists"
         pos = self.base
@@ -125,63 +122,3 @@ class FreeExtents:
             pos = start + n
         assert pos <= self.base + self.size_bytes, "a free piece runs past the region"
         assert sum(n for _, n in coalesced) + self.binned_bytes == self.free_bytes, "free byte count disagrees"
-
-    # -- coalesced extents ---------------------------------------------------------------------
-
-    def _take_extent(self, nbytes: int) -> int | None:
-        by_size = self._starts_of_size
-        size = self._sizes.ceiling(nbytes)
-        if size < 0:
-            return None
-        starts = by_size[size]
-        start = starts.popitem()[0]
-        if not starts:
-            del by_size[size]
-            self._sizes.remove(size)
-        del self._size_at[start]
-        self.free_bytes -= nbytes
-        if size == nbytes:
-            del self._start_ending_at[start + size]
-            return start
-        # the remainder keeps the extent's end: re-point the end index, re-file it under its new size
-        rest_start, rest = start + nbytes, size - nbytes
-        self._size_at[rest_start] = rest
-        self._start_ending_at[start + size] = rest_start
-        bucket = by_size.get(rest)
-        if bucket is None:
-            by_size[rest] = {rest_start: None}
-            self._sizes.add(rest)
-        else:
-            bucket[rest_start] = None
-        return start
-
-    def _merge(self, start: int, nbytes: int) -> None:
-        end = start + nbytes
-        before = self._start_ending_at.pop(start, None)
-        if before is not None:
-            self._unfile(before, start - before)
-            del self._size_at[before]
-            start = before
-        after = self._size_at.pop(end, None)
-        if after is not None:
-            self._unfile(end, after)
-            del self._start_ending_at[end + after]
-            end += after
-        self._insert(start, end - start)
-
-    def _insert(self, start: int, nbytes: int) -> None:
-        self._size_at[start] = nbytes
-        self._start_ending_at[start + nbytes] = start
-        starts = self._starts_of_size.get(nbytes)
-        if starts is None:
-            self._starts_of_size[nbytes] = {start: None}
-            self._sizes.add(nbytes)
-        else:
-            starts[start] = None
-
-    def _unfile(self, start: int, nbytes: int) -> None:
-        starts = self._starts_of_size[nbytes]
-        del starts[start]
-        if not starts:
-            del self._starts_of_size[nbytes]
-            self._sizes.remove(nbytes)
