@@ -175,7 +175,7 @@ class LengthPredictor:
             train_rows, val_rows = inner.train_rows, inner.test_rows
         except TraceError:  # too few distinct prompts to hold any back: train on all, fixed epochs
             train_rows, val_rows = rows, rows[:0]
-        # dropout draws from torch's global RNG: seed it, restore it after
+        # dropout draws from torch's global RNG: seed it, restore it after; one thread (threads.py)
         with torch.random.fork_rng(devices=[]), single_thread():
             torch.manual_seed(seed)
             epochs = model._train(feats, target, classes, train_rows, val_rows, seed, progress)

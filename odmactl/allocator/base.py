@@ -3,6 +3,7 @@ bookkeeping and invariant checks that do not depend on how a policy places block
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
@@ -33,7 +34,7 @@ class Allocation:
                  "region", "block_ids", "live")
 
     def __init__(self, request_id: str, offset_bytes: int, nbytes: int, capacity_tokens: int, used_tokens: int,
-                 bucket: int | str | None, region: str = "main", block_ids=None) -> None:
+                 bucket: int | str | None, region: str = "main", block_ids: array | None = None) -> None:
         self.request_id = request_id
         self.offset_bytes = offset_bytes
         self.nbytes = nbytes

@@ -22,8 +22,9 @@ class PagedAllocator(AllocatorBase):
     would touch n reference counts (and free n of them at the end). The queue is `_free[_head:]`,
     with a moving front, so taking n blocks is one slice; the consumed prefix is dropped once it
     is three quarters of the array (each dropped block then costs at most a third of an id moved,
-    and the array stays within four times the pool's blocks). `reserve` takes the prompt's blocks; `extend` adds blocks all-or-nothing and
-    answers False when the queue runs dry (the caller preempts: vLLM recomputes the newest request).
+    and the array stays within four times the pool's blocks). `reserve` takes the prompt's
+    blocks; `extend` adds blocks all-or-nothing and answers False when the queue runs dry (the
+    caller preempts: vLLM recomputes the newest request).
     """
 
     name = "paged"
