@@ -20,7 +20,7 @@ from odmactl import __version__
 from odmactl.errors import PredictorError
 
 FORMAT = "odmactl-predictor"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the quantile head and the headroom uncertainty (was class entropy)
 WEIGHTS = "weights.safetensors"
 MANIFEST = "predictor.toml"
 

@@ -15,6 +15,7 @@ from odmactl.buckets import equal_width_classes, reserved_kv_tokens
 
 GAMMA_CURVE = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 NUM_DECILES = 10
+UNIFORM_FACTOR = 2.0  # the u-blind reservation of the decile table: twice L_hat
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,9 @@ def reservation_metrics(prompt: np.ndarray, actual: np.ndarray, reserved: np.nda
 
 
 def evaluate_predictions(prompt_tokens: np.ndarray, output_tokens: np.ndarray, l_hat: np.ndarray,
-                         uncertainty: np.ndarray, s: EvalSettings) -> dict:
+                         uncertainty: np.ndarray, s: EvalSettings, extra_gammas: tuple[float, ...] = ()) -> dict:
+    """The held-out figures; the gamma curve covers GAMMA_CURVE and `extra_gammas` (the predictor's
+    conformal coverage gamma), in increasing order."""
     prompt = np.asarray(prompt_tokens, dtype=np.int64)
     actual = np.asarray(output_tokens, dtype=np.int64)
     l_hat = np.asarray(l_hat, dtype=np.int64)
@@ -70,10 +73,12 @@ def evaluate_predictions(prompt_tokens: np.ndarray, output_tokens: np.ndarray, l
     hedged, large = _reserve(prompt, l_hat, u, s, gamma=s.gamma, tau=s.tau)
     main = reservation_metrics(prompt, actual, hedged, large, s, gamma=s.gamma, tau=s.tau)
     curve = [reservation_metrics(prompt, actual, *_reserve(prompt, l_hat, u, s, gamma=g, tau=s.tau), s,
-                                 gamma=g, tau=s.tau) for g in GAMMA_CURVE]
+                                 gamma=g, tau=s.tau) for g in sorted(set(GAMMA_CURVE) | set(extra_gammas))]
 
-    # u deciles: does u mean what it says? The reservation without inflation or routing (the
-    # fitted bucket of prompt + L_hat) should fail more often where u is higher.
+    # u deciles: does u mean what it says? u is the headroom a request needs over L_hat, so under one
+    # reservation for everyone that ignores u (UNIFORM_FACTOR x L_hat) the under_rate should rise with
+    # u. (The fitted bucket of prompt + L_hat, "unhedged", is also shown; its rounding slack varies
+    # with L_hat, which confounds it.)
     no_hedge, _ = _reserve(prompt, l_hat, u, s, gamma=0.0, tau=np.inf)
     order = np.argsort(u, kind="stable")
     deciles = []
@@ -83,6 +88,7 @@ def evaluate_predictions(prompt_tokens: np.ndarray, output_tokens: np.ndarray, l
         kv = prompt[rows] + actual[rows]
         deciles.append({"decile": d + 1, "rows": int(rows.size), "u_min": float(u[rows].min()),
                         "u_max": float(u[rows].max()),
+                        "under_rate_uniform": float(np.mean(actual[rows] > UNIFORM_FACTOR * l_hat[rows])),
                         "under_rate_unhedged": float(np.mean(kv > no_hedge[rows])),
                         "under_rate": float(np.mean(kv > hedged[rows]))})
     return {

@@ -13,7 +13,7 @@ import polars as pl
 from odmactl.buckets import quantile_boundaries
 from odmactl.errors import TraceError
 from odmactl.evaluation import EvalSettings
-from odmactl.predictor import LengthPredictor, PredictorSettings, ProgressFn
+from odmactl.predictor import UPPER_QUANTILE, LengthPredictor, PredictorSettings, ProgressFn
 from odmactl.splits import split_trace
 
 
@@ -56,6 +56,10 @@ def run_fit(frame: pl.DataFrame, trace_name: str, settings: PredictorSettings, r
                     "boundaries_tokens": [int(b) for b in boundaries],
                     "over": "KV tokens (prompt + output) of the training part"},
         "training": predictor.state.training,
+        "uncertainty": ({"u": "headroom: (L_hi / L_hat - 1) / (headroom_scale - 1), clipped to [0, 1]",
+                         "upper_quantile": UPPER_QUANTILE, "headroom_scale": predictor.state.headroom_scale,
+                         "coverage_gamma": predictor.state.coverage_gamma} if settings.mode == "odma"
+                        else {"u": "normalised class entropy"}),
         "evaluation": evaluation,
         "held_out_output_tokens": _describe(test["output_tokens"].to_numpy()),
     }

@@ -1,11 +1,13 @@
 """`odmactl plan`: choose ODMA's settings on the earlier part of a trace and validate the choice on
 the later part, against static, paged and s3.
 
-The search space (`candidate_grid`, 1,200 candidates):
-  num_buckets B          4, 6, 8, 12, 16
+The search space (`candidate_grid`, 1,680 candidates, up to 3,360 with a fitted predictor):
+  num_buckets B          4, 6, 8, 12, 16, 32, 64 (fine buckets round a well-hedged need up the least)
   quantile levels        "equal": i/B (ODMA eq. 2, equal occupancy); "tail": 1 - (1 - i/B)^2, finer
                          buckets in the long tail, where rounding a request up costs the most
-  gamma                  0, 0.25, 0.5, 1, 2 (need = prompt + ceil(L_hat * (1 + gamma * u)))
+  gamma                  0, 0.25, 0.5, 1, 2 (need = prompt + ceil(L_hat * (1 + gamma * u))), and with
+                         a fitted predictor also 0.5, 0.7, 0.85, 1 and 1.2 x its coverage gamma (the
+                         gamma at which its headroom u covers 99% of held-back lengths: predictor.py)
   tau                    0.5, 0.8, or never (u > tau sends a request to the large pool)
   large_pool_fraction    0.05, 0.1, 0.2, 0.3 of the KV pool (at least one max_model_len block: without
                          one, a request longer than the last boundary could never be served)
@@ -50,9 +52,10 @@ from odmactl.buckets import bucket_levels, quantile_boundaries, rounded_quantile
 from odmactl.errors import ConfigError
 from odmactl.replay import SchedulerSettings, Workload
 
-BUCKETS = (4, 6, 8, 12, 16)
+BUCKETS = (4, 6, 8, 12, 16, 32, 64)
 LEVELS = ("equal", "tail")
 GAMMAS = (0.0, 0.25, 0.5, 1.0, 2.0)
+COVERAGE_FRACTIONS = (0.5, 0.7, 0.85, 1.0, 1.2)  # of the predictor's coverage gamma
 TAUS = (0.5, 0.8, math.inf)
 LARGE_FRACTIONS = (0.05, 0.1, 0.2, 0.3)
 REFITS = ((10_000, 1_000), (2_000, 200))
@@ -94,9 +97,26 @@ class Candidate:
                 f"large={large} refit={self.refit_window}/{self.refit_every}")
 
 
-def candidate_grid() -> list[Candidate]:
-    return [Candidate(b, lv, g, t, f, w, e) for b in BUCKETS for lv in LEVELS for g in GAMMAS for t in TAUS
+def candidate_grid(coverage_gamma: float | None = None) -> list[Candidate]:
+    gammas = list(GAMMAS)
+    if coverage_gamma is not None and coverage_gamma > 0:
+        gammas += [g for g in (round(f * coverage_gamma, 3) for f in COVERAGE_FRACTIONS) if g not in gammas]
+    return [Candidate(b, lv, g, t, f, w, e) for b in BUCKETS for lv in LEVELS for g in gammas for t in TAUS
             for f in LARGE_FRACTIONS for w, e in REFITS]
+
+
+def coverage_gamma(predictor: str) -> float | None:
+    """The fitted predictor's conformal coverage gamma (None for "oracle", or an s3-mode predictor)."""
+    if predictor in ("oracle", "none"):
+        return None
+    from pathlib import Path
+
+    from odmactl.artifact import read_manifest
+
+    manifest = read_manifest(Path(predictor))
+    if manifest["settings"].get("mode") != "odma":
+        return None
+    return float(manifest["state"]["coverage_gamma"])
 
 
 @dataclass(frozen=True)
@@ -349,7 +369,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     search_f, hold_f = frame.head(split), frame.slice(split)
     scheduler = SchedulerSettings(**({"max_num_seqs": spec.max_num_seqs} if spec.max_num_seqs else {}))
 
-    grid = candidate_grid()
+    grid = candidate_grid(coverage_gamma(spec.predictor))
     estimates = estimate(grid, search_w, max_len, pool_bytes // bpt, progress=progress)
     ranked, pruned = rank(estimates, spec.objective, spec.max_overflow_rate)
     if not ranked:  # nothing keeps migrations near the limit by the bounds: replay the closest ones

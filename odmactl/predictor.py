@@ -7,16 +7,27 @@ Two feature families share one torch network (`LengthNet`):
   - "encoder": a frozen local Hugging Face encoder's mean-pooled prompt embedding in place of the
     n-grams (`--encoder DIR`).
 and two heads modes:
-  - "odma": a regression head for log output tokens (L_hat = its exponential) and a classification
-    head over `num_classes` equal-occupancy length classes of the training data; the uncertainty is
-    the normalised entropy of that class distribution, as the ODMA papers suggest.
+  - "odma": a regression head for log output tokens (L_hat = its exponential), a quantile head for
+    the UPPER_QUANTILE (0.99) of log output tokens (pinball loss, Koenker & Bassett 1978), and a
+    classification head over `num_classes` equal-occupancy length classes of the training data
+    (trained alongside; it shapes the shared layers and reports bucket accuracy).
   - "s3": the S3 baseline (Jin et al., NeurIPS 2023, arXiv:2306.06000): a classifier over
     equal-width buckets of the maximum length, `max_model_len_tokens / s3_num_buckets` tokens each;
     L_hat = the predicted bucket's upper bound (what S3 reserves).
-u is calibrated on the training rows: the share of them whose class distribution had a lower
-entropy than this request's (so u is uniform on [0, 1] over the training data and tau = 0.8 routes
-the least certain fifth to the large pool); raw normalised entropy crowds into 0.7-1.0 with
-equal-occupancy classes, which would make tau meaningless.
+u (odma mode) is the headroom the request needs over L_hat, on a scale set by the training rows:
+u = (L_hi / L_hat - 1) / (K - 1) clipped to [0, 1], with L_hi = max(quantile head, L_hat) and K
+the 99th percentile of L_hi / L_hat over the training rows (a maximum would let one outlier squash
+every other u). So ODMA's need, L_hat * (1 + gamma * u), is L_hi itself at gamma = K - 1 for all
+but the top 1% (u = 1: the ones tau routes first), and smaller gammas scale the headroom down.
+`coverage_gamma` is calibrated by split conformal prediction with a normalised score (Lei et al.
+2018, arXiv:1604.04173) on the held-back prompts: the smallest gamma under which the share
+UPPER_QUANTILE of them fits L_hat * (1 + gamma * u).
+Why not the class entropy the ODMA papers suggest: its rank says how unsure the classifier is, not
+by how much a request outgrows L_hat, so no gamma made it a working hedge (Azure conv, MLU370-X4:
+with gamma up to 16 and up to 64 buckets plan's cheap bounds found nothing above 47% KV
+utilization within a 0.5% overflow rate; with the headroom u plan's choice reached 78%).
+In s3 mode u is the class distribution's normalised entropy (S3 itself has none; it is there for
+the evaluation table).
 """
 
 from __future__ import annotations
@@ -41,7 +52,8 @@ from odmactl.threads import single_thread
 FAMILIES = ("embedded", "encoder")
 MODES = ("odma", "s3")
 ProgressFn = Callable[[str, int, int], None]
-U_LEVELS = np.linspace(0.0, 1.0, 101)
+UPPER_QUANTILE = 0.99
+MAX_GAMMA = 1.0e6
 
 
 @dataclass(frozen=True)
@@ -93,8 +105,9 @@ class Features:
 
 
 class LengthNet(nn.Module):
-    """Inputs -> (standardised log-length estimate, class logits). Two ReLU layers over the
-    concatenated text bag, identifier embeddings (id 0 = null or unseen) and dense features."""
+    """Inputs -> (standardised log-length estimate, its UPPER_QUANTILE, class logits). Two ReLU
+    layers over the concatenated text bag, identifier embeddings (id 0 = null or unseen) and dense
+    features."""
 
     def __init__(self, *, num_hash_buckets: int, text_dim: int, num_models: int, num_tenants: int, id_dim: int,
                  dense_dim: int, hidden: int, num_classes: int) -> None:
@@ -106,14 +119,15 @@ class LengthNet(nn.Module):
         width = (text_dim if self.text is not None else 0) + 2 * id_dim + dense_dim
         self.body = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
         self.reg = nn.Linear(hidden, 1)
+        self.upper = nn.Linear(hidden, 1)
         self.cls = nn.Linear(hidden, num_classes)
 
-    def forward(self, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         parts = [self.models(x["model"]), self.tenants(x["tenant"]), x["dense"]]
         if self.text is not None:
             parts.insert(0, self.text_dropout(self.text(x["text_indices"], x["text_offsets"])))
         h = self.body(torch.cat(parts, dim=1))
-        return self.reg(h).squeeze(1), self.cls(h)
+        return self.reg(h).squeeze(1), self.upper(h).squeeze(1), self.cls(h)
 
 
 @dataclass
@@ -127,7 +141,8 @@ class FittedState:
     target_mean: float  # of log(output_tokens) over the training rows
     target_std: float
     class_edges_tokens: list[int]  # odma mode: upper edges of the length classes but the last
-    entropy_quantiles: list[float] = field(default_factory=list)  # raw entropy at u = 0, 0.01, ..., 1
+    headroom_scale: float = 1.0  # K: the 99th percentile of L_hi / L_hat over the training rows (odma mode)
+    coverage_gamma: float = 0.0  # gamma at which UPPER_QUANTILE of the held-back rows fit (odma mode)
     encoder_dir: str | None = None
     encoder_sha256: str | None = None
     training: dict = field(default_factory=dict)
@@ -179,7 +194,10 @@ class LengthPredictor:
         with torch.random.fork_rng(devices=[]), single_thread():
             torch.manual_seed(seed)
             epochs = model._train(feats, target, classes, train_rows, val_rows, seed, progress)
-        model.state.entropy_quantiles = [float(q) for q in np.quantile(model._raw(feats, rows)[1], U_LEVELS)]
+        if settings.mode == "odma":
+            model.state.headroom_scale = float(max(1.0, np.quantile(model._raw(feats, rows)[1], 0.99)))
+            calibration = val_rows if val_rows.size else rows
+            model.state.coverage_gamma = model._coverage_gamma(feats, calibration, output[calibration])
         model.state.training = {"rows": int(frame.height), "epochs": epochs,
                                 "training_data_sha256": training_data_sha256(frame), "seed": seed}
         return model
@@ -191,11 +209,27 @@ class LengthPredictor:
         return np.searchsorted(np.asarray(self.state.class_edges_tokens, dtype=np.int64), output, side="left")
 
     def _loss(self, x: dict, target: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
-        reg, logits = self.net(x)
+        reg, upper, logits = self.net(x)
         loss = nn.functional.cross_entropy(logits, classes)
         if self.settings.mode == "odma":
-            loss = loss + nn.functional.mse_loss(reg, target)
+            miss = target - upper  # pinball loss: the head settles where UPPER_QUANTILE of targets lie below
+            pinball = torch.maximum(UPPER_QUANTILE * miss, (UPPER_QUANTILE - 1.0) * miss).mean()
+            loss = loss + nn.functional.mse_loss(reg, target) + pinball
         return loss
+
+    def _coverage_gamma(self, feats: Features, rows: np.ndarray, output: np.ndarray) -> float:
+        """Split conformal: the finite-sample UPPER_QUANTILE of the score (output / L_hat - 1) / u
+        over `rows`, so that L_hat * (1 + gamma * u) covers that share of them."""
+        l_hat, ratio = self._raw(feats, rows)
+        u = self._headroom(ratio)
+        excess = output / l_hat - 1.0
+        score = np.where(excess <= 0, 0.0, np.divide(excess, u, out=np.full(u.size, np.inf), where=u > 0))
+        rank = min(math.ceil((rows.size + 1) * UPPER_QUANTILE), rows.size)
+        return float(min(np.sort(score)[rank - 1], MAX_GAMMA))  # MAX_GAMMA: only the large pool covers
+
+    def _headroom(self, ratio: np.ndarray) -> np.ndarray:
+        k = self.state.headroom_scale
+        return np.clip((ratio - 1.0) / (k - 1.0), 0.0, 1.0) if k > 1.0 else np.zeros(ratio.size)
 
     def _train(self, feats: Features, target: torch.Tensor, classes: torch.Tensor, train_rows: np.ndarray,
                val_rows: np.ndarray, seed: int, progress: ProgressFn | None) -> int:
@@ -246,38 +280,38 @@ class LengthPredictor:
     def predict(self, frame: pl.DataFrame, *, batch_rows: int = 16_384) -> tuple[np.ndarray, np.ndarray]:
         """(L_hat in output tokens, int64 >= 1; u in [0, 1], float64) for every row of `frame`."""
         rows = np.arange(frame.height, dtype=np.int64)
-        l_hat, entropy = self._raw(self.features(frame), rows, batch_rows)
-        q = np.asarray(self.state.entropy_quantiles, dtype=np.float64)
-        # the calibration curve is non-decreasing; ties (flat stretches) take their midpoint level
-        u = 0.5 * (np.interp(entropy, q, U_LEVELS, left=0.0, right=1.0)
-                   + np.interp(-entropy, -q[::-1], U_LEVELS[::-1], left=1.0, right=0.0))
-        return l_hat, np.clip(u, 0.0, 1.0)
+        l_hat, spread = self._raw(self.features(frame), rows, batch_rows)
+        return l_hat, (spread if self.settings.mode == "s3" else self._headroom(spread))
 
     def _raw(self, feats: Features, rows: np.ndarray, batch_rows: int = 16_384) -> tuple[np.ndarray, np.ndarray]:
-        """(L_hat, normalised class entropy) for `rows` of `feats`."""
+        """(L_hat, spread) for `rows` of `feats`: spread is L_hi / L_hat >= 1 in odma mode, the
+        normalised class entropy in s3 mode."""
         s, st = self.settings, self.state
         l_hat = np.empty(rows.size, dtype=np.int64)
-        entropy = np.empty(rows.size, dtype=np.float64)
+        spread = np.empty(rows.size, dtype=np.float64)
         with torch.inference_mode(), single_thread():
             for start in range(0, rows.size, batch_rows):
                 part = slice(start, start + batch_rows)
-                reg, logits = self.net(feats.batch(rows[part]))
-                p = torch.softmax(logits.double(), dim=1)
-                h = -(p * torch.log(p.clamp_min(1e-300))).sum(1) / math.log(p.shape[1])
-                entropy[part] = h.clamp(0.0, 1.0).numpy()
+                reg, upper, logits = self.net(feats.batch(rows[part]))
                 if s.mode == "s3":
+                    p = torch.softmax(logits.double(), dim=1)
+                    h = -(p * torch.log(p.clamp_min(1e-300))).sum(1) / math.log(p.shape[1])
+                    spread[part] = h.clamp(0.0, 1.0).numpy()
                     width = s.max_model_len_tokens / s.s3_num_buckets
-                    upper = np.floor((logits.argmax(1).numpy() + 1) * width)  # the largest length in the bucket
-                    l_hat[part] = np.minimum(upper, s.max_model_len_tokens).astype(np.int64)
+                    upper_tokens = np.floor((logits.argmax(1).numpy() + 1) * width)  # the largest length in the bucket
+                    l_hat[part] = np.minimum(upper_tokens, s.max_model_len_tokens).astype(np.int64)
                 else:
-                    log_len = reg.double().numpy() * st.target_std + st.target_mean
-                    l_hat[part] = np.maximum(1, np.rint(np.exp(np.minimum(log_len, 30.0)))).astype(np.int64)
-        return l_hat, entropy
+                    log_len = np.minimum(reg.double().numpy() * st.target_std + st.target_mean, 30.0)
+                    log_hi = np.minimum(upper.double().numpy() * st.target_std + st.target_mean, 30.0)
+                    l_hat[part] = np.maximum(1, np.rint(np.exp(log_len))).astype(np.int64)
+                    spread[part] = np.maximum(np.exp(log_hi) / l_hat[part], 1.0)
+        return l_hat, spread
 
     def evaluate(self, frame: pl.DataFrame, settings: EvalSettings) -> dict:
         l_hat, u = self.predict(frame)
+        coverage = (self.state.coverage_gamma,) if self.settings.mode == "odma" else ()
         return evaluate_predictions(frame["prompt_tokens"].to_numpy(), frame["output_tokens"].to_numpy(),
-                                    l_hat, u, settings)
+                                    l_hat, u, settings, extra_gammas=coverage)
 
     # -- artifacts ------------------------------------------------------------------------------------
 

@@ -114,19 +114,26 @@ def render_fit(console: Console, out_dir: str, summary: dict, seconds: float) ->
         table.add_row(name, f"{value:.4f}")
     console.print(table)
     console.print(f"buckets (KV tokens): {summary['buckets']['boundaries_tokens']}")
+    unc = summary["uncertainty"]
+    coverage = unc.get("coverage_gamma")
+    if coverage is not None:
+        console.print(f"u = {unc['u']}; headroom_scale {unc['headroom_scale']:.3f}; coverage gamma {coverage:g} "
+                      f"(fits {unc['upper_quantile']:.0%} of the held-back training prompts; marked *)")
     curve = Table(title="trade-off over gamma (tau fixed)", title_justify="left")
     for col in ("gamma", "under_rate", "reserved/actual", "kv_utilization", "routed large"):
         curve.add_column(col, justify="right")
     for c in ev["gamma_curve"]:
-        curve.add_row(f"{c['gamma']:g}", f"{c['under_rate']:.4f}", f"{c['reserved_over_actual']:.3f}",
+        mark = " *" if c["gamma"] == coverage else ""
+        curve.add_row(f"{c['gamma']:g}{mark}", f"{c['under_rate']:.4f}", f"{c['reserved_over_actual']:.3f}",
                       f"{c['kv_utilization']:.3f}", f"{c['routed_large_rate']:.3f}")
     console.print(curve)
-    dec = Table(title="under_rate by u decile (unhedged: the fitted bucket of prompt + L_hat)", title_justify="left")
-    for col in ("decile", "u range", "rows", "under_rate unhedged", "under_rate"):
+    dec = Table(title="under_rate by u decile (uniform: 2 x L_hat for all; unhedged: the fitted bucket of "
+                      "prompt + L_hat)", title_justify="left")
+    for col in ("decile", "u range", "rows", "under_rate uniform", "under_rate unhedged", "under_rate"):
         dec.add_column(col, justify="right")
     for d in ev["u_deciles"]:
         dec.add_row(str(d["decile"]), f"{d['u_min']:.3f}-{d['u_max']:.3f}", f"{d['rows']:,}",
-                    f"{d['under_rate_unhedged']:.4f}", f"{d['under_rate']:.4f}")
+                    f"{d['under_rate_uniform']:.4f}", f"{d['under_rate_unhedged']:.4f}", f"{d['under_rate']:.4f}")
     console.print(dec)
 
 

@@ -14,7 +14,7 @@ import pytest
 from scipy.stats import kendalltau
 
 from odmactl.allocator import make_allocator
-from odmactl.artifact import MANIFEST, WEIGHTS
+from odmactl.artifact import FORMAT_VERSION, MANIFEST, WEIGHTS
 from odmactl.buckets import equal_width_classes, reserved_kv_tokens
 from odmactl.errors import PredictorError
 from odmactl.evaluation import EvalSettings, evaluate_predictions
@@ -184,7 +184,7 @@ def test_damaged_artifacts_are_clear_errors(multi_model, tmp_path, damage, expec
     elif damage == "truncate_manifest":
         m.write_text(text[: len(text) // 2] + '\n[settings\n')
     elif damage == "bump_version":
-        m.write_text(text.replace("format_version = 1", "format_version = 99"))
+        m.write_text(text.replace(f"format_version = {FORMAT_VERSION}", "format_version = 99"))
     elif damage == "missing_key":
         m.write_text(text.replace("hidden = 64\n", ""))
     elif damage == "unknown_key":
@@ -270,3 +270,34 @@ def test_fit_does_not_depend_on_the_callers_thread_count(multi_model):
     finally:
         torch.set_num_threads(before)
     assert weights[0] == weights[1]
+
+
+def test_headroom_u_tracks_the_spread_and_the_coverage_gamma_covers(alpaca):
+    """Two generators with the same typical length, one steady (+-5%) and one wild (log-normal,
+    sigma 0.8): u must be larger for the wild one, and L_hat * (1 + coverage_gamma * u), calibrated
+    on held-back prompts, must cover about 99% of lengths it has not seen."""
+    base = pl.read_parquet(alpaca).select("request_id", "arrival_s", "prompt_tokens", "prompt_text", "tenant")
+    rng = np.random.default_rng(7)
+
+    def sample(frame: pl.DataFrame, tag: str) -> pl.DataFrame:
+        wild = np.arange(frame.height) % 2 == 1
+        length = np.where(wild, 200 * np.exp(rng.normal(0.0, 0.8, frame.height)),
+                          200 * rng.uniform(0.95, 1.05, frame.height))
+        return frame.with_columns(
+            (pl.col("request_id") + tag).alias("request_id"),
+            pl.Series("model", np.where(wild, "wild", "steady")),
+            pl.Series("output_tokens", np.maximum(1, np.rint(length)).astype(np.int32)))
+
+    train = pl.concat([sample(base.head(1500), "-a"), sample(base.head(1500), "-b")])
+    fresh = sample(base.slice(1500), "-c")
+    p = LengthPredictor.fit(train, PredictorSettings(max_epochs=12, num_hash_buckets=1 << 12), seed=0)
+    l_hat, u = p.predict(fresh)
+    wild = (fresh["model"] == "wild").to_numpy()
+    assert u[wild].mean() > 3 * u[~wild].mean()
+    gamma = p.state.coverage_gamma
+    assert gamma > 0 and p.state.headroom_scale > 1
+    need = np.ceil(l_hat * (1.0 + gamma * u))
+    actual = fresh["output_tokens"].to_numpy()
+    assert np.mean(actual <= need) >= 0.96
+    # the steady generator is not charged for the wild one's spread
+    assert need[~wild].mean() < 1.4 * actual[~wild].mean()

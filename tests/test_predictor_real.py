@@ -34,10 +34,11 @@ def test_split_by_instruction_and_u_is_informative(alpaca_eval_fit, cli):
     # generator identity alone ranks at tau ~0.32 on this split; the prompt text must add to it
     assert ev["kendall_tau"] > 0.38
     assert 0 < ev["mae_tokens"] < 200
-    # u means what it says: the unhedged reservation fails more often as u rises, decile by decile
-    # (a dip is allowed only within two standard errors of the binomial noise between neighbours)
+    # u means what it says: one reservation for all (2 x L_hat) fails more often as u rises, decile
+    # by decile (a dip is allowed only within two standard errors of the binomial noise between
+    # neighbours)
     deciles = ev["u_deciles"]
-    rates = [d["under_rate_unhedged"] for d in deciles]
+    rates = [d["under_rate_uniform"] for d in deciles]
     for lo, hi, d in zip(rates, rates[1:], deciles[1:]):
         se = math.sqrt(2 * hi * (1 - hi) / d["rows"])
         assert hi >= lo - 2 * se, rates
