@@ -195,9 +195,11 @@ class LengthPredictor:
             torch.manual_seed(seed)
             epochs = model._train(feats, target, classes, train_rows, val_rows, seed, progress)
         if settings.mode == "odma":
-            model.state.headroom_scale = float(max(1.0, np.quantile(model._raw(feats, rows)[1], 0.99)))
+            l_hat, spread = model._raw(feats, rows)  # one pass: K over every row, the score over the held-back
+            model.state.headroom_scale = float(max(1.0, np.quantile(spread, 0.99)))
             calibration = val_rows if val_rows.size else rows
-            model.state.coverage_gamma = model._coverage_gamma(feats, calibration, output[calibration])
+            model.state.coverage_gamma = model._coverage_gamma(l_hat[calibration], spread[calibration],
+                                                               output[calibration])
         model.state.training = {"rows": int(frame.height), "epochs": epochs,
                                 "training_data_sha256": training_data_sha256(frame), "seed": seed}
         return model
@@ -217,14 +219,13 @@ class LengthPredictor:
             loss = loss + nn.functional.mse_loss(reg, target) + pinball
         return loss
 
-    def _coverage_gamma(self, feats: Features, rows: np.ndarray, output: np.ndarray) -> float:
+    def _coverage_gamma(self, l_hat: np.ndarray, spread: np.ndarray, output: np.ndarray) -> float:
         """Split conformal: the finite-sample UPPER_QUANTILE of the score (output / L_hat - 1) / u
-        over `rows`, so that L_hat * (1 + gamma * u) covers that share of them."""
-        l_hat, ratio = self._raw(feats, rows)
-        u = self._headroom(ratio)
+        over the calibration rows, so that L_hat * (1 + gamma * u) covers that share of them."""
+        u = self._headroom(spread)
         excess = output / l_hat - 1.0
         score = np.where(excess <= 0, 0.0, np.divide(excess, u, out=np.full(u.size, np.inf), where=u > 0))
-        rank = min(math.ceil((rows.size + 1) * UPPER_QUANTILE), rows.size)
+        rank = min(math.ceil((output.size + 1) * UPPER_QUANTILE), output.size)
         return float(min(np.sort(score)[rank - 1], MAX_GAMMA))  # MAX_GAMMA: only the large pool covers
 
     def _headroom(self, ratio: np.ndarray) -> np.ndarray:
