@@ -1,0 +1,119 @@
+"""How far could any length predictor take ODMA on a ServeGen trace? A hindsight ceiling per 6 h window.
+
+ServeGen publishes, per client and per 6 h window, only the marginal distributions of input and output
+tokens, and `odmactl ingest` samples the two independently (odmactl/readers/servegen.py). Within a
+window, a request's output length therefore carries no information beyond its client (the trace's
+`tenant`): the prompt is independent of it. Every reservation rule a predictor can drive is then at
+best "prompt + r(tenant)". This script finds, per window and in hindsight (on that window's own
+lengths), the per-tenant r that maximises kv_utilization while at most `--limit` of the requests
+outgrow their reservation (a Lagrangian sweep over each tenant's distinct output lengths; no bucket
+rounding), with an upper bound on it from the same sweep (Lagrangian duality), and prints both
+beside s3 with the given predictor. When the bound is below s3, no ODMA configuration on that
+window can beat s3 on kv_utilization within the migration limit.
+
+Run from the repository root:
+
+    odmactl ingest ../shared/traces/servegen/reason/deepseek-r1 --format servegen --duration 86400 \
+        --rate-scale 0.05 --seed 1 --out /tmp/r1-24h.parquet
+    python -c "import polars as pl; pl.read_parquet('/tmp/r1-24h.parquet').head(20000).write_parquet('/tmp/r1-train.parquet')"
+    odmactl fit /tmp/r1-train.parquet --out /tmp/r1-pred --split-by time --max-model-len 32768
+    python examples/servegen_ceiling.py /tmp/r1-24h.parquet --predictor /tmp/r1-pred --max-model-len 32768
+
+(The predictor trains on the first 20,000 requests, all in window 0: s3's figure there is in-sample.)
+
+The two kv_utilization figures of the ceiling count an overflowing request's final reservation as its
+own length (no cost at all) and as one max_model_len block (odma's large-pool migration). s3's
+figure uses odmactl's s3 rule (10 equal-width buckets over max_model_len; an overflow moves to the
+smallest bucket that holds the final length) with the predictor's L_hat, without replay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+WINDOW_S = 21_600.0
+S3_BUCKETS = 10
+
+
+def tenant_costs(prompt: np.ndarray, output: np.ndarray, max_len: int, overflow_to_max: bool) -> tuple[np.ndarray, np.ndarray]:
+    """For one tenant and every candidate output reservation r (its distinct output lengths: between
+    two of them a larger r only costs more), exactly: (tokens reserved in all, requests outgrowing)."""
+    kv = np.minimum(prompt + output, max_len)
+    outgrown_cost = np.full(kv.size, float(max_len)) if overflow_to_max else kv
+    candidates = np.unique(output)
+    reserved = np.empty(candidates.size)
+    over = np.empty(candidates.size)
+    for lo in range(0, candidates.size, 256):
+        r = candidates[lo:lo + 256, None]
+        need = np.minimum(prompt[None, :] + r, max_len)
+        outgrown = kv[None, :] > need
+        reserved[lo:lo + 256] = np.where(outgrown, outgrown_cost[None, :], need).sum(axis=1)
+        over[lo:lo + 256] = outgrown.sum(axis=1)
+    return reserved, over
+
+
+def ceiling(prompt: np.ndarray, output: np.ndarray, tenant: np.ndarray, max_len: int, limit: float,
+            overflow_to_max: bool) -> tuple[float, float, float]:
+    """(overflow rate, kv_utilization) of the best prompt + r(tenant) rule found within `limit`, and
+    an upper bound on any such rule's kv_utilization (Lagrangian duality: for every penalty lam >= 0,
+    sum over tenants of min_r [reserved + lam * outgrown] - lam * allowed is at most the least total
+    reservation within the limit)."""
+    kv_total = float(np.minimum(prompt + output, max_len).sum())
+    allowed = limit * prompt.size
+    costs = [tenant_costs(prompt[tenant == t], output[tenant == t], max_len, overflow_to_max) for t in np.unique(tenant)]
+    best_reserved, best = np.inf, (1.0, 0.0)
+    dual = 0.0
+    for lam in np.concatenate([[0.0], np.geomspace(1.0, 1e9, 400)]):
+        picks = [np.argmin(reserved + lam * over) for reserved, over in costs]
+        reserved = sum(c[0][j] for c, j in zip(costs, picks))
+        over = sum(c[1][j] for c, j in zip(costs, picks))
+        dual = max(dual, reserved + lam * (over - allowed))
+        if over <= allowed and reserved < best_reserved:
+            best_reserved, best = reserved, (over / prompt.size, kv_total / reserved)
+    return best[0], best[1], kv_total / dual
+
+
+def s3_estimate(prompt: np.ndarray, output: np.ndarray, l_hat: np.ndarray, max_len: int) -> tuple[float, float]:
+    kv = np.minimum(prompt + output, max_len)
+    width = -(-max_len // S3_BUCKETS)
+    cap = np.minimum(np.ceil(np.minimum(prompt + l_hat, max_len) / width) * width, max_len)
+    outgrown = kv > cap
+    final = np.where(outgrown, np.minimum(np.ceil(kv / width) * width, max_len), cap)
+    return float(outgrown.mean()), float(kv.sum() / final.sum())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace", type=Path, help="canonical parquet of a ServeGen trace (odmactl ingest)")
+    ap.add_argument("--predictor", type=Path, required=True, help="predictor directory (odmactl fit), for s3")
+    ap.add_argument("--max-model-len", type=int, default=32_768)
+    ap.add_argument("--limit", type=float, default=0.005, help="most requests that may outgrow their block")
+    args = ap.parse_args(argv)
+    from odmactl.predictor import LengthPredictor
+
+    frame = pl.read_parquet(args.trace).filter(pl.col("prompt_tokens") <= args.max_model_len)
+    l_hat, _ = LengthPredictor.load(args.predictor).predict(frame)
+    frame = frame.with_columns(pl.Series("l_hat", l_hat), (pl.col("arrival_s") // WINDOW_S).cast(pl.Int64).alias("window"))
+    print(f"{args.trace.name}: max_model_len {args.max_model_len:,}, at most {args.limit:.1%} outgrown\n")
+    print("| window | requests | tenants | best found (bound), no overflow cost | best found (bound), overflow to max_model_len | s3 (overflow rate) |")
+    print("|---|---|---|---|---|---|")
+    for window in sorted(frame["window"].unique().to_list()):
+        part = frame.filter(pl.col("window") == window)
+        prompt = part["prompt_tokens"].to_numpy().astype(np.float64)
+        output = part["output_tokens"].to_numpy().astype(np.float64)
+        tenant = part["tenant"].to_numpy()
+        _, free, free_bound = ceiling(prompt, output, tenant, args.max_model_len, args.limit, overflow_to_max=False)
+        over, paid, paid_bound = ceiling(prompt, output, tenant, args.max_model_len, args.limit, overflow_to_max=True)
+        s3_over, s3_util = s3_estimate(prompt, output, part["l_hat"].to_numpy().astype(np.float64), args.max_model_len)
+        print(f"| {window} ({window * 6}-{window * 6 + 6} h) | {part.height:,} | {np.unique(tenant).size} | {free:.1%} (<= {free_bound:.1%}) "
+              f"| {paid:.1%} (<= {paid_bound:.1%}; {over:.2%} outgrown) | {s3_util:.1%} ({s3_over:.1%}) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
