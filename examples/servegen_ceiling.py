@@ -23,8 +23,9 @@ Run from the repository root:
 
 The two kv_utilization figures of the ceiling count an overflowing request's final reservation as its
 own length (no cost at all) and as one max_model_len block (odma's large-pool migration). s3's
-figure uses odmactl's s3 rule (10 equal-width buckets over max_model_len; an overflow moves to the
-smallest bucket that holds the final length) with the predictor's L_hat, without replay.
+figure uses odmactl's s3 rule (`s3_capacities`, the allocator's default 10 equal-width buckets over
+max_model_len; an overflow moves to the smallest bucket that holds the final length) with the
+predictor's L_hat, without replay.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import numpy as np
 import polars as pl
 
 WINDOW_S = 21_600.0
-S3_BUCKETS = 10
 
 
 def tenant_costs(prompt: np.ndarray, output: np.ndarray, max_len: int, overflow_to_max: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -79,11 +79,15 @@ def ceiling(prompt: np.ndarray, output: np.ndarray, tenant: np.ndarray, max_len:
 
 
 def s3_estimate(prompt: np.ndarray, output: np.ndarray, l_hat: np.ndarray, max_len: int) -> tuple[float, float]:
+    """(overflow rate, kv_utilization) of s3's rule with the allocator's default buckets."""
+    from odmactl.allocator.config import AllocatorConfig
+    from odmactl.allocator.s3 import s3_capacities
+
+    capacities = np.asarray(s3_capacities(max_len, AllocatorConfig().s3_num_buckets), dtype=np.float64)
     kv = np.minimum(prompt + output, max_len)
-    width = -(-max_len // S3_BUCKETS)
-    cap = np.minimum(np.ceil(np.minimum(prompt + l_hat, max_len) / width) * width, max_len)
+    cap = capacities[np.searchsorted(capacities, np.minimum(prompt + l_hat, max_len))]
     outgrown = kv > cap
-    final = np.where(outgrown, np.minimum(np.ceil(kv / width) * width, max_len), cap)
+    final = np.where(outgrown, capacities[np.searchsorted(capacities, kv)], cap)
     return float(outgrown.mean()), float(kv.sum() / final.sum())
 
 

@@ -10,6 +10,14 @@ from odmactl.allocator.config import AllocatorConfig
 from odmactl.allocator.contiguous import ContiguousAllocator
 
 
+def s3_capacities(max_tokens: int, num_buckets: int) -> tuple[int, ...]:
+    """The bucket capacities in KV tokens: min((i + 1) * width, max_tokens) for width =
+    ceil(max_tokens / n), n = min(num_buckets, max_tokens), increasing."""
+    n = min(num_buckets, max_tokens)
+    width = -(-max_tokens // n)
+    return tuple(sorted({min((i + 1) * width, max_tokens) for i in range(n)}))
+
+
 class S3Allocator(ContiguousAllocator):
     """`s3_num_buckets` equal-width buckets over KV tokens up to max_model_len: bucket i holds
     `capacities_tokens[i]` = min((i + 1) * width, max_model_len). A request gets the smallest bucket
@@ -21,9 +29,7 @@ class S3Allocator(ContiguousAllocator):
     def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
         super().__init__(pool_bytes, bytes_per_token, config, arena)
         self._init_regions({"main": pool_bytes})
-        n = min(config.s3_num_buckets, self.max_tokens)
-        width = -(-self.max_tokens // n)
-        self.capacities_tokens = tuple(sorted({min((i + 1) * width, self.max_tokens) for i in range(n)}))
+        self.capacities_tokens = s3_capacities(self.max_tokens, config.s3_num_buckets)
 
     def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
                 uncertainty: float | None = None) -> Allocation | None:
