@@ -40,42 +40,24 @@ import polars as pl
 WINDOW_S = 21_600.0
 
 
-def tenant_costs(prompt: np.ndarray, output: np.ndarray, max_len: int, overflow_to_max: bool) -> tuple[np.ndarray, np.ndarray]:
-    """For one tenant and every candidate output reservation r (its distinct output lengths: between
-    two of them a larger r only costs more), exactly: (tokens reserved in all, requests outgrowing)."""
-    kv = np.minimum(prompt + output, max_len)
-    outgrown_cost = np.full(kv.size, float(max_len)) if overflow_to_max else kv
-    candidates = np.unique(output)
-    reserved = np.empty(candidates.size)
-    over = np.empty(candidates.size)
-    for lo in range(0, candidates.size, 256):
-        r = candidates[lo:lo + 256, None]
-        need = np.minimum(prompt[None, :] + r, max_len)
-        outgrown = kv[None, :] > need
-        reserved[lo:lo + 256] = np.where(outgrown, outgrown_cost[None, :], need).sum(axis=1)
-        over[lo:lo + 256] = outgrown.sum(axis=1)
-    return reserved, over
-
-
 def ceiling(prompt: np.ndarray, output: np.ndarray, tenant: np.ndarray, max_len: int, limit: float,
             overflow_to_max: bool) -> tuple[float, float, float]:
     """(overflow rate, kv_utilization) of the best prompt + r(tenant) rule found within `limit`, and
     an upper bound on any such rule's kv_utilization (Lagrangian duality: for every penalty lam >= 0,
     sum over tenants of min_r [reserved + lam * outgrown] - lam * allowed is at most the least total
-    reservation within the limit)."""
+    reservation within the limit). The sweep is the one `odmactl plan` fits its hedge tables with
+    (odmactl/hedge.py), here with each tenant as a group."""
+    from odmactl.hedge import group_costs, lagrangian_pick
+
     kv_total = float(np.minimum(prompt + output, max_len).sum())
     allowed = limit * prompt.size
-    costs = [tenant_costs(prompt[tenant == t], output[tenant == t], max_len, overflow_to_max) for t in np.unique(tenant)]
-    best_reserved, best = np.inf, (1.0, 0.0)
-    dual = 0.0
-    for lam in np.concatenate([[0.0], np.geomspace(1.0, 1e9, 400)]):
-        picks = [np.argmin(reserved + lam * over) for reserved, over in costs]
-        reserved = sum(c[0][j] for c, j in zip(costs, picks))
-        over = sum(c[1][j] for c, j in zip(costs, picks))
-        dual = max(dual, reserved + lam * (over - allowed))
-        if over <= allowed and reserved < best_reserved:
-            best_reserved, best = reserved, (over / prompt.size, kv_total / reserved)
-    return best[0], best[1], kv_total / dual
+    costs = [group_costs(prompt[tenant == t], output[tenant == t], max_len, overflow_to_max) for t in np.unique(tenant)]
+    picks, dual = lagrangian_pick(costs, allowed)
+    reserved = sum(float(c[1][j]) for c, j in zip(costs, picks))
+    over = sum(float(c[2][j]) for c, j in zip(costs, picks))
+    if over > allowed:
+        return 1.0, 0.0, kv_total / dual
+    return over / prompt.size, kv_total / reserved, kv_total / dual
 
 
 def s3_estimate(prompt: np.ndarray, output: np.ndarray, l_hat: np.ndarray, max_len: int) -> tuple[float, float]:

@@ -1,8 +1,10 @@
 """`odmactl plan`: choose ODMA's settings on the earlier part of a trace and validate the choice on
 the later part, against static, paged and s3.
 
-The search space (`candidate_grid`, 1,680 candidates, up to 3,360 with a fitted predictor):
-  num_buckets B          4, 6, 8, 12, 16, 32, 64 (fine buckets round a well-hedged need up the least)
+The search space (`candidate_grid`, 2,160 candidates; with a fitted predictor up to 4,320, and 1,728
+hedge-table candidates):
+  num_buckets B          4, 6, 8, 12, 16, 32, 64, 128, 256 (fine buckets round a well-hedged need up
+                         the least)
   quantile levels        "equal": i/B (ODMA eq. 2, equal occupancy); "tail": 1 - (1 - i/B)^2, finer
                          buckets in the long tail, where rounding a request up costs the most
   gamma                  0, 0.25, 0.5, 1, 2 (need = prompt + ceil(L_hat * (1 + gamma * u))), and with
@@ -12,6 +14,12 @@ The search space (`candidate_grid`, 1,680 candidates, up to 3,360 with a fitted 
   large_pool_fraction    0.05, 0.1, 0.2, 0.3 of the KV pool (at least one max_model_len block: without
                          one, a request longer than the last boundary could never be served)
   refit window / every   10,000 / 1,000 (the papers) and 2,000 / 200 (faster drift)
+  hedge table            with a fitted predictor, in place of gamma and tau (odmactl/hedge.py): 8, 16
+                         or 32 groups of L_hat, each with its own output reservation, fitted to let at
+                         most 0.3, 0.5, 0.7 or 1 x the migration-rate limit outgrow. A table is fitted
+                         on the first two thirds of the search part, and its bounds and replays are
+                         on the last third (out of sample: drift shows); the chosen one is refitted on
+                         the whole search part for serving.
 
 1. Cheap bounds, no replay (`estimate`): for every candidate, ODMA's reservation rule applied to the
    search part with vectorised numpy (as `buckets.reserved_kv_tokens`), the boundaries refitted per
@@ -50,13 +58,17 @@ import polars as pl
 
 from odmactl.buckets import bucket_levels, quantile_boundaries, rounded_quantiles
 from odmactl.errors import ConfigError
+from odmactl.hedge import HedgeTable, fit_hedge_table
 from odmactl.replay import SchedulerSettings, Workload
 
-BUCKETS = (4, 6, 8, 12, 16, 32, 64)
+BUCKETS = (4, 6, 8, 12, 16, 32, 64, 128, 256)
 LEVELS = ("equal", "tail")
 GAMMAS = (0.0, 0.25, 0.5, 1.0, 2.0)
 COVERAGE_FRACTIONS = (0.5, 0.7, 0.85, 1.0, 1.2)  # of the predictor's coverage gamma
 TAUS = (0.5, 0.8, math.inf)
+HEDGE_GROUPS = (8, 16, 32)  # hedge tables (odmactl/hedge.py): groups of L_hat
+HEDGE_LIMIT_FRACTIONS = (0.3, 0.5, 0.7, 1.0)  # of the migration-rate limit, the share a table may outgrow where fitted
+HEDGE_FIT_SHARE = 2 / 3  # a table is fitted on this earlier share of the search part, measured on the rest
 LARGE_FRACTIONS = (0.05, 0.1, 0.2, 0.3)
 REFITS = ((10_000, 1_000), (2_000, 200))
 OBJECTIVES = ("tps", "utilization")
@@ -76,6 +88,8 @@ class Candidate:
     large_pool_fraction: float
     refit_window: int
     refit_every: int
+    hedge_groups: int = 0  # > 0: a hedge table over this many groups of L_hat replaces gamma
+    hedge_limit: float = 0.0  # the share of requests the table may outgrow where it is fitted
 
     def quantile_levels(self) -> tuple[float, ...]:
         equal = bucket_levels(self.num_buckets)
@@ -93,16 +107,24 @@ class Candidate:
     def label(self) -> str:
         tau = f"{self.tau:g}" if math.isfinite(self.tau) else "never"
         large = f"{self.large_pool_fraction:.0%}"
-        return (f"B={self.num_buckets} {self.levels} gamma={self.gamma:g} tau={tau} "
+        hedge = f"hedge={self.hedge_groups}@{self.hedge_limit:.2%}" if self.hedge_groups else f"gamma={self.gamma:g}"
+        return (f"B={self.num_buckets} {self.levels} {hedge} tau={tau} "
                 f"large={large} refit={self.refit_window}/{self.refit_every}")
 
 
-def candidate_grid(coverage_gamma: float | None = None) -> list[Candidate]:
+def candidate_grid(coverage_gamma: float | None = None, max_overflow_rate: float | None = None) -> list[Candidate]:
+    """The gamma candidates, and with a fitted predictor (`coverage_gamma`) and a migration-rate
+    limit also the hedge-table candidates (tau never: the table hedges by L_hat instead of u)."""
     gammas = list(GAMMAS)
     if coverage_gamma is not None and coverage_gamma > 0:
         gammas += [g for g in (round(f * coverage_gamma, 3) for f in COVERAGE_FRACTIONS) if g not in gammas]
-    return [Candidate(b, lv, g, t, f, w, e) for b in BUCKETS for lv in LEVELS for g in gammas for t in TAUS
+    grid = [Candidate(b, lv, g, t, f, w, e) for b in BUCKETS for lv in LEVELS for g in gammas for t in TAUS
             for f in LARGE_FRACTIONS for w, e in REFITS]
+    if coverage_gamma is not None and max_overflow_rate:
+        grid += [Candidate(b, lv, 0.0, math.inf, f, w, e, k, round(share * max_overflow_rate, 6))
+                 for b in BUCKETS for lv in LEVELS for k in HEDGE_GROUPS for share in HEDGE_LIMIT_FRACTIONS
+                 for f in LARGE_FRACTIONS for w, e in REFITS]
+    return grid
 
 
 def coverage_gamma(predictor: str) -> float | None:
@@ -183,10 +205,11 @@ class _Periods:
 
 
 def estimate(candidates: list[Candidate], w: Workload, max_len: int, pool_tokens: int,
-             granularity: int = 16, progress=None) -> list[dict]:
+             granularity: int = 16, progress=None, hedges: dict | None = None, label: str = "plan: bounds") -> list[dict]:
     """Each candidate's cheap figures on workload `w` (see the module docstring). The boundaries
-    depend on (B, levels, refit), the reservations also on gamma, the routing also on tau, and the
-    large pool only scales the capacity: each is computed once for the candidates that share it."""
+    depend on (B, levels, refit), the reservations also on gamma (or the hedge table), the routing
+    also on tau, and the large pool only scales the capacity: each is computed once for the
+    candidates that share it. A hedge candidate reserves by `hedges[(groups, limit)]`."""
     prompt = w.prompt_tokens.astype(np.int64)
     kv = w.kv_tokens(max_len)
     output = kv - np.minimum(prompt, kv)  # the tokens generated within max_len
@@ -201,20 +224,25 @@ def estimate(candidates: list[Candidate], w: Workload, max_len: int, pool_tokens
         key = (c.num_buckets, c.levels, c.refit_window, c.refit_every)
         if key not in periods:
             periods[key] = _Periods.of(kv, c, max_len, granularity)
-        if key + (c.gamma,) not in reserved_of:
-            reserved_of[key + (c.gamma,)] = _reserve_rows(prompt, l_hat, u, periods[key], c.gamma, max_len)
-        if key + (c.gamma, c.tau) not in routed:
-            reserved, fits = reserved_of[key + (c.gamma,)]
+        rule = ("hedge", c.hedge_groups, c.hedge_limit) if c.hedge_groups else ("gamma", c.gamma)
+        if key + rule not in reserved_of:
+            if c.hedge_groups:
+                need = prompt + hedges[(c.hedge_groups, c.hedge_limit)].outputs(l_hat)
+            else:
+                need = np.maximum(prompt + np.ceil(l_hat * (1.0 + c.gamma * u)).astype(np.int64), prompt)
+            reserved_of[key + rule] = _reserve_rows(need, periods[key], max_len)
+        if key + rule + (c.tau,) not in routed:
+            reserved, fits = reserved_of[key + rule]
             large = (u > c.tau) | ~fits
             migrate = ~large & (kv > reserved)
             final = np.where(large | migrate, max_len, reserved)
-            routed[key + (c.gamma, c.tau)] = {
+            routed[key + rule + (c.tau,)] = {
                 "overflow_rate": float(migrate.mean()) if kv.size else 0.0,
                 "kv_utilization": float(kv.sum() / final.sum()) if kv.size else 0.0,
                 "routed_large": float(large.mean()) if kv.size else 0.0,
                 "main_tt": float(np.sum(np.where(large, 0, reserved * np.where(migrate, np.maximum(reserved - prompt, 1), output)))),
                 "large_tt": float(np.sum(np.where(large, max_len * output, np.where(migrate, max_len * (kv - reserved), 0))))}
-        r = routed[key + (c.gamma, c.tau)]
+        r = routed[key + rule + (c.tau,)]
         large_tokens = max(int(pool_tokens * c.large_pool_fraction) // max_len, 1) * max_len  # >= one block
         main_tokens = pool_tokens - large_tokens
         sustain = min(main_tokens / r["main_tt"] if r["main_tt"] else math.inf,
@@ -222,14 +250,13 @@ def estimate(candidates: list[Candidate], w: Workload, max_len: int, pool_tokens
         out.append({"candidate": c, "overflow_rate": r["overflow_rate"], "kv_utilization": r["kv_utilization"],
                     "capacity_index": sustain * total_output, "routed_large": r["routed_large"]})
         if progress is not None and (j + 1) % 16 == 0:
-            progress("plan: bounds", j + 1, len(candidates))
+            progress(label, j + 1, len(candidates))
     return out
 
 
-def _reserve_rows(prompt, l_hat, u, periods: _Periods, gamma: float, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+def _reserve_rows(need: np.ndarray, periods: _Periods, max_len: int) -> tuple[np.ndarray, np.ndarray]:
     """`buckets.reserved_kv_tokens` before the tau test, each request with the boundaries of its
     refresh period, vectorised: (the smallest boundary >= need, whether there is one)."""
-    need = np.maximum(prompt + np.ceil(l_hat * (1.0 + gamma * u)).astype(np.int64), prompt)
     b = periods.rows.shape[1]
     fits = need <= periods.rows[periods.period, -1]
     found = np.searchsorted(periods.shifted, np.minimum(need, max_len) + periods.period * (max_len + 1), side="left")
@@ -250,10 +277,12 @@ def _distinct(ranked: list[dict]) -> list[dict]:
 
 
 def rank(estimates: list[dict], objective: str, max_overflow_rate: float) -> tuple[list[dict], int]:
-    """Survivors of the pruning, best first by the objective's estimate; and how many were pruned."""
+    """Survivors of the pruning, best first by the objective's estimate (those estimated within the
+    limit before those only within its slack); and how many were pruned."""
     keep = [e for e in estimates if e["overflow_rate"] <= max_overflow_rate * PRUNE_SLACK + 1e-12]
     key = "capacity_index" if objective == "tps" else "kv_utilization"
-    order = sorted(range(len(keep)), key=lambda i: (-keep[i][key], -keep[i]["kv_utilization"], i))
+    order = sorted(range(len(keep)), key=lambda i: (keep[i]["overflow_rate"] > max_overflow_rate + 1e-12,
+                                                    -keep[i][key], -keep[i]["kv_utilization"], i))
     return [keep[i] for i in order], len(estimates) - len(keep)
 
 
@@ -309,22 +338,43 @@ def run_jobs(jobs: list[tuple], workers: int, label: str, progress=None) -> list
     return results
 
 
-def _replay_on_ray(ctx: _Context, tables: list[dict], progress=None) -> list[dict]:
-    """The same replays as Ray tasks (the context is put in the object store once)."""
+def _replay_on_ray(jobs: list[tuple[_Context, dict]], progress=None) -> list[dict]:
+    """The same replays as Ray tasks (each context is put in the object store once)."""
     try:
         import ray
     except ImportError:
         raise ConfigError("--executor ray needs Ray installed", hint="pip install 'odmactl[ray]'") from None
     ray.init(ignore_reinit_error=True)
     remote = ray.remote(replay_candidate)
-    shared = ray.put(ctx)
-    refs = [remote.remote(shared, table) for table in tables]
+    shared: dict[int, object] = {}
+    refs = []
+    for ctx, table in jobs:
+        if id(ctx) not in shared:
+            shared[id(ctx)] = ray.put(ctx)
+        refs.append(remote.remote(shared[id(ctx)], table))
     results = []
     for i, ref in enumerate(refs):
         results.append(ray.get(ref))
         if progress is not None:
-            progress("plan: replay candidates", i + 1, len(tables))
+            progress("plan: replay candidates", i + 1, len(jobs))
     return results
+
+
+def _fit_hedge(w: Workload, max_len: int, groups: int, limit: float) -> HedgeTable:
+    """The hedge table fitted on workload `w`'s predictions and realized lengths."""
+    prompt = w.prompt_tokens.astype(np.int64)
+    kv = w.kv_tokens(max_len)
+    return fit_hedge_table(np.maximum(w.predicted_output_tokens, 1.0), prompt, kv - np.minimum(prompt, kv),
+                           max_len=max_len, groups=groups, limit=limit)
+
+
+def _with_hedge(c: Candidate, hedges: dict) -> dict:
+    """The candidate's [allocator] settings, with its hedge table when it has one."""
+    table = c.allocator_table()
+    if c.hedge_groups:
+        hedge = hedges[(c.hedge_groups, c.hedge_limit)]
+        table.update(hedge_edges=list(hedge.edges), hedge_output_tokens=list(hedge.output_tokens))
+    return table
 
 
 def choose(replayed: list[tuple[dict, dict]], spec: PlanSpec) -> tuple[int, bool]:
@@ -369,25 +419,39 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     search_f, hold_f = frame.head(split), frame.slice(split)
     scheduler = SchedulerSettings(**({"max_num_seqs": spec.max_num_seqs} if spec.max_num_seqs else {}))
 
-    grid = candidate_grid(coverage_gamma(spec.predictor))
-    estimates = estimate(grid, search_w, max_len, pool_bytes // bpt, progress=progress)
+    grid = candidate_grid(coverage_gamma(spec.predictor), spec.max_overflow_rate)
+    # hedge tables: fitted on the earlier part of the search part, measured (bounds and replays) on
+    # the rest, so that choosing one sees how it holds up on requests it was not fitted on
+    fit_rows = int(split * HEDGE_FIT_SHARE)
+    later_w = search_w.take(fit_rows, split)
+    hedges = {(c.hedge_groups, c.hedge_limit): None for c in grid if c.hedge_groups}
+    for k, limit in hedges:
+        hedges[(k, limit)] = _fit_hedge(search_w.take(0, fit_rows), max_len, k, limit)
+    estimates = estimate([c for c in grid if not c.hedge_groups], search_w, max_len, pool_bytes // bpt,
+                         progress=progress)
+    estimates += estimate([c for c in grid if c.hedge_groups], later_w, max_len, pool_bytes // bpt,
+                          progress=progress, hedges=hedges, label="plan: bounds of hedge tables")
     ranked, pruned = rank(estimates, spec.objective, spec.max_overflow_rate)
     if not ranked:  # nothing keeps migrations near the limit by the bounds: replay the closest ones
         ranked = sorted(estimates, key=lambda e: (e["overflow_rate"], -e["kv_utilization"]))
     shortlist = _distinct(ranked)[: spec.replays]
     ctx = _Context(search_f, search_w, cost, max_len, pool_bytes, bpt, scheduler)
-    tables = [e["candidate"].allocator_table() for e in shortlist]
+    later_ctx = _Context(search_f.slice(fit_rows), later_w, cost, max_len, pool_bytes, bpt, scheduler)
+    jobs = [(later_ctx, _with_hedge(e["candidate"], hedges)) if e["candidate"].hedge_groups
+            else (ctx, e["candidate"].allocator_table()) for e in shortlist]
     if spec.executor == "ray":
-        metrics = _replay_on_ray(ctx, tables, progress)
+        metrics = _replay_on_ray(jobs, progress)
     else:
-        metrics = run_jobs([(ctx, t) for t in tables], spec.workers, "plan: replay candidates", progress)
+        metrics = run_jobs(jobs, spec.workers, "plan: replay candidates", progress)
     replayed = list(zip(shortlist, metrics))
     best, feasible = choose(replayed, spec)
     chosen = shortlist[best]["candidate"]
 
     # validation on the later part: the recommendation and the baselines
     hold_ctx = _Context(hold_f, hold_w, cost, max_len, pool_bytes, bpt, scheduler)
-    final_table = {**chosen.allocator_table(), "boundaries_tokens": _final_boundaries(search_w, chosen, max_len)}
+    final_hedges = {(chosen.hedge_groups, chosen.hedge_limit): _fit_hedge(search_w, max_len, chosen.hedge_groups,
+                                                                          chosen.hedge_limit)} if chosen.hedge_groups else {}
+    final_table = {**_with_hedge(chosen, final_hedges), "boundaries_tokens": _final_boundaries(search_w, chosen, max_len)}
     runs = [("odma", "odma", final_table, max_len), ("static", "static", {}, max_len)]
     if max_len > STATIC_TIGHT_TOKENS:
         runs.append((f"static@{STATIC_TIGHT_TOKENS}", "static", {}, STATIC_TIGHT_TOKENS))

@@ -29,11 +29,18 @@ def _plan(cli, trace, out, *args):
 
 def test_grid_covers_the_search_space_and_every_candidate_is_a_valid_config():
     grid = candidate_grid()
-    assert len(grid) == len(set(grid)) == 1680
+    assert len(grid) == len(set(grid)) == 2160
     fitted = candidate_grid(coverage_gamma=4.0)  # adds 2.8, 3.4, 4 and 4.8 (2 is in the grid already)
-    assert len(fitted) == len(set(fitted)) == 3024
+    assert len(fitted) == len(set(fitted)) == 3888
     assert sorted({c.gamma for c in fitted}) == [0.0, 0.25, 0.5, 1.0, 2.0, 2.8, 3.4, 4.0, 4.8]
-    for c in fitted:
+    # with a migration-rate limit, hedge tables too: 3 group counts x 4 limits for every B, levels,
+    # large pool and refit (tau never)
+    hedged = candidate_grid(coverage_gamma=4.0, max_overflow_rate=0.005)
+    tables = [c for c in hedged if c.hedge_groups]
+    assert len(hedged) == len(set(hedged)) == 3888 + 1728 and len(tables) == 1728
+    assert sorted({c.hedge_limit for c in tables}) == [0.0015, 0.0025, 0.0035, 0.005]
+    assert all(c.tau == math.inf for c in tables) and tables[5].label.startswith("B=4 equal hedge=8@0.15% tau=never")
+    for c in hedged:
         AllocatorConfig.from_mapping({**c.allocator_table(), "max_model_len_tokens": 8192})
     tail = Candidate(4, "tail", 0.0, math.inf, 0.1, 2000, 200)
     assert tail.quantile_levels() == (0.4375, 0.75, 0.9375, 1.0)
@@ -44,7 +51,7 @@ def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
     r = _plan(cli, trace, out, "--report", report, "--workers", "2", "--json")
     assert r.code == 0, r.err
     doc = json.loads(r.out)
-    assert doc["candidates"] == 1680 and doc["replayed"] == 4
+    assert doc["candidates"] == 2160 and doc["replayed"] == 4
     assert set(doc["validation"]) == {"odma", "static", "paged", "s3"}
     assert doc["trace"]["search_requests"] == 1050 and doc["trace"]["holdout_requests"] == 450
     for row in doc["search"]["replays"]:  # with exact lengths the bounds are the replay, up to refit timing
@@ -88,7 +95,7 @@ def test_plan_prints_its_recommendation(cli, trace, tmp_path):
     r = _plan(cli, trace, tmp_path / "c.toml")
     assert r.code == 0, r.err
     text = " ".join((r.out + r.err).split())
-    assert "1680 candidates" in text and "overflow rate <= 0.50%" in text
+    assert "2160 candidates" in text and "overflow rate <= 0.50%" in text
     config = tomllib.loads((tmp_path / "c.toml").read_text())
     assert config["meta"]["chosen"] in text
 

@@ -40,6 +40,10 @@ class AllocatorConfig:
     boundaries_tokens: tuple[int, ...] = ()
     gamma: float = 0.2
     tau: float = 0.8
+    # a hedge table (odmactl/hedge.py) in place of gamma: need = prompt + hedge_output_tokens[g],
+    # g the group of L_hat among hedge_edges; empty: the gamma rule
+    hedge_edges: tuple[float, ...] = ()
+    hedge_output_tokens: tuple[int, ...] = ()
     large_pool_bytes: int | None = None
     large_pool_fraction: float = 0.1
     granularity_tokens: int = 16
@@ -74,6 +78,15 @@ class AllocatorConfig:
                   or list(q) != sorted(set(q)) or not 0 < q[0] or q[-1] != 1):
             raise ConfigError(f"expected num_buckets ({self.num_buckets}) strictly increasing levels in (0, 1] "
                               f"ending at 1, got {list(q)}", key="quantile_levels")
+        if self.hedge_edges or self.hedge_output_tokens:
+            edges, tokens = self.hedge_edges, self.hedge_output_tokens
+            if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in edges) or list(edges) != sorted(set(edges)):
+                raise ConfigError(f"expected strictly increasing predicted lengths, got {list(edges)}", key="hedge_edges")
+            if any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in tokens):
+                raise ConfigError(f"expected token counts >= 0, got {list(tokens)}", key="hedge_output_tokens")
+            if len(tokens) != len(edges) + 1:
+                raise ConfigError(f"expected one more count than hedge_edges ({len(edges) + 1}), got {len(tokens)}",
+                                  key="hedge_output_tokens")
         b = self.boundaries_tokens
         if any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in b) or list(b) != sorted(set(b)):
             raise ConfigError(f"expected strictly increasing token counts >= 1, got {list(b)}", key="boundaries_tokens")
@@ -90,7 +103,7 @@ class AllocatorConfig:
                 raise ConfigError(f"unknown allocator setting '{key}' (known: {', '.join(sorted(known))})",
                                   file=source, key=key)
         values = dict(data)
-        for key in ("boundaries_tokens", "quantile_levels"):
+        for key in ("boundaries_tokens", "quantile_levels", "hedge_edges", "hedge_output_tokens"):
             if key in values:
                 raw = values[key]
                 values[key] = tuple(raw) if isinstance(raw, (list, tuple)) else raw
@@ -105,4 +118,6 @@ class AllocatorConfig:
         out = dataclasses.asdict(self)
         out["boundaries_tokens"] = list(self.boundaries_tokens)
         out["quantile_levels"] = list(self.quantile_levels)
+        for key in ("hedge_edges", "hedge_output_tokens"):  # written only when a table is set
+            out[key] = list(getattr(self, key)) if self.hedge_edges or self.hedge_output_tokens else None
         return {k: v for k, v in out.items() if v is not None}

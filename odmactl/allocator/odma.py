@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from math import ceil
 
 import numpy as np
@@ -39,7 +39,8 @@ def large_pool_bytes(pool_bytes: int, block_bytes: int, config: AllocatorConfig)
 
 class OdmaAllocator(ContiguousAllocator):
     """Regions "main" (bucket blocks) then "large" (the reserved large pool, blocks of
-    max_model_len tokens). A request needs prompt + ceil(L_hat * (1 + gamma * u)) KV tokens and gets
+    max_model_len tokens). A request needs prompt + ceil(L_hat * (1 + gamma * u)) KV tokens (or,
+    with a hedge table, prompt + the table's output count for L_hat's group) and gets
     the smallest bucket boundary >= that in "main"; it goes to "large" when u > tau, when it has no
     prediction, or when the need exceeds the last boundary. Growing past the block migrates into
     "large" (allocate, contiguous copy, release) or fails. Boundaries change only through
@@ -57,6 +58,10 @@ class OdmaAllocator(ContiguousAllocator):
         self._large = self.regions[LARGE]
         self.gamma = config.gamma
         self.tau = config.tau
+        # the hedge table (odmactl/hedge.py), when the config has one: group edges over L_hat and
+        # each group's output reservation; None: the gamma rule
+        self.hedge_edges = tuple(float(x) for x in config.hedge_edges)
+        self.hedge_output_tokens = tuple(config.hedge_output_tokens) or None
         self.boundaries_tokens: tuple[int, ...] = ()
         self.set_boundaries(config.boundaries_tokens or
                             equal_width_boundaries(self.max_tokens, config.num_buckets, config.granularity_tokens))
@@ -82,7 +87,10 @@ class OdmaAllocator(ContiguousAllocator):
         self.boundaries_tokens = b
 
     def need_tokens(self, prompt_tokens: int, predicted_output_tokens: int, uncertainty: float | None) -> int:
-        """KV tokens to reserve: prompt + ceil(L_hat * (1 + gamma * u)); no u means no inflation."""
+        """KV tokens to reserve: prompt + the hedge table's output count for L_hat's group when
+        there is a table, else prompt + ceil(L_hat * (1 + gamma * u)) (no u: no inflation)."""
+        if self.hedge_output_tokens is not None:
+            return prompt_tokens + self.hedge_output_tokens[bisect_right(self.hedge_edges, predicted_output_tokens)]
         u = uncertainty if uncertainty is not None else 0.0
         return prompt_tokens + ceil(predicted_output_tokens * (1.0 + self.gamma * u))
 
@@ -92,12 +100,14 @@ class OdmaAllocator(ContiguousAllocator):
             self._admit(request_id, prompt_tokens)
         if predicted_output_tokens is not None:
             # need_tokens(), written out (the hot path)
-            if uncertainty is None:
-                need = prompt_tokens + ceil(predicted_output_tokens)
-            elif uncertainty <= self.tau:
-                need = prompt_tokens + ceil(predicted_output_tokens * (1.0 + self.gamma * uncertainty))
-            else:
+            if uncertainty is not None and uncertainty > self.tau:
                 need = None
+            elif self.hedge_output_tokens is not None:
+                need = prompt_tokens + self.hedge_output_tokens[bisect_right(self.hedge_edges, predicted_output_tokens)]
+            elif uncertainty is None:
+                need = prompt_tokens + ceil(predicted_output_tokens)
+            else:
+                need = prompt_tokens + ceil(predicted_output_tokens * (1.0 + self.gamma * uncertainty))
             if need is not None:
                 if need < prompt_tokens:  # a negative prediction
                     need = prompt_tokens

@@ -5,7 +5,7 @@ Run:  python tests/benchmarks/bench_plan.py [--requests 100000] [--workers 1,2] 
 The trace is bench_replay.py's ServeGen reason/deepseek-r1 trace (cached under $TMPDIR). Each run is
 the full `odmactl plan` command in a fresh process: DeepSeek-R1-Distill-Qwen-7B on an A100-80GB,
 max_model_len 32,768, the oracle predictor. That covers ingest-free loading, the cheap bounds over
-all 1,680 candidates, 12 replays on the search part (70%), and 5 validation replays on the rest.
+all 2,160 candidates, 12 replays on the search part (70%), and 5 validation replays on the rest.
 Reported: wall seconds and peak RSS per worker count, and whether the plans are identical.
 """
 
