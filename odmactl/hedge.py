@@ -109,11 +109,12 @@ def lagrangian_pick(costs: list[tuple[np.ndarray, np.ndarray, np.ndarray]], allo
     return best[1], dual
 
 
-def fit_hedge_table(l_hat: np.ndarray, prompt: np.ndarray, output: np.ndarray, *, max_len: int, groups: int,
-                    limit: float) -> HedgeTable:
-    """The table over `groups` quantile groups of L_hat that reserves the fewest KV tokens on these
-    requests with at most `limit` of them outgrowing their block (an outgrown one costing a
-    max_model_len block); see the module docstring."""
+def fit_hedge_tables(l_hat: np.ndarray, prompt: np.ndarray, output: np.ndarray, *, max_len: int, groups: int,
+                     limits: tuple[float, ...]) -> dict[float, HedgeTable]:
+    """For each limit, the table over `groups` quantile groups of L_hat that reserves the fewest KV
+    tokens on these requests with at most `limit` of them outgrowing their block (an outgrown one
+    costing a max_model_len block); see the module docstring. The groups and their costs do not
+    depend on the limit: they are computed once for all of them."""
     l_hat = np.asarray(l_hat, dtype=np.float64)
     prompt = np.asarray(prompt, dtype=np.int64)
     output = np.asarray(output, dtype=np.int64)
@@ -122,5 +123,14 @@ def fit_hedge_table(l_hat: np.ndarray, prompt: np.ndarray, output: np.ndarray, *
     edges = group_edges(l_hat, groups)
     group = np.searchsorted(np.asarray(edges, dtype=np.float64), l_hat, side="right")
     costs = [group_costs(prompt[group == g], output[group == g], max_len) for g in range(len(edges) + 1)]
-    picks, _ = lagrangian_pick(costs, limit * l_hat.size)
-    return HedgeTable(edges, tuple(int(c[0][j]) for c, j in zip(costs, picks)))
+    tables = {}
+    for limit in limits:
+        picks, _ = lagrangian_pick(costs, limit * l_hat.size)
+        tables[limit] = HedgeTable(edges, tuple(int(c[0][j]) for c, j in zip(costs, picks)))
+    return tables
+
+
+def fit_hedge_table(l_hat: np.ndarray, prompt: np.ndarray, output: np.ndarray, *, max_len: int, groups: int,
+                    limit: float) -> HedgeTable:
+    """`fit_hedge_tables` for one limit."""
+    return fit_hedge_tables(l_hat, prompt, output, max_len=max_len, groups=groups, limits=(limit,))[limit]

@@ -58,7 +58,7 @@ import polars as pl
 
 from odmactl.buckets import bucket_levels, quantile_boundaries, rounded_quantiles
 from odmactl.errors import ConfigError
-from odmactl.hedge import HedgeTable, fit_hedge_table
+from odmactl.hedge import HedgeTable, fit_hedge_tables
 from odmactl.replay import SchedulerSettings, Workload
 
 BUCKETS = (4, 6, 8, 12, 16, 32, 64, 128, 256)
@@ -360,15 +360,22 @@ def _replay_on_ray(jobs: list[tuple[_Context, dict]], progress=None) -> list[dic
     return results
 
 
-def _fit_hedge(w: Workload, max_len: int, groups: int, limit: float) -> HedgeTable:
-    """The hedge table fitted on workload `w`'s predictions and realized lengths."""
+def _fit_hedges(w: Workload, max_len: int, candidates: list[Candidate]) -> dict[tuple[int, float], HedgeTable]:
+    """The hedge tables of the candidates' (groups, limit) pairs, fitted on workload `w`'s
+    predictions and realized lengths (one fit per group count serves all its limits)."""
     prompt = w.prompt_tokens.astype(np.int64)
     kv = w.kv_tokens(max_len)
-    return fit_hedge_table(np.maximum(w.predicted_output_tokens, 1.0), prompt, kv - np.minimum(prompt, kv),
-                           max_len=max_len, groups=groups, limit=limit)
+    l_hat, output = np.maximum(w.predicted_output_tokens, 1.0), kv - np.minimum(prompt, kv)
+    limits: dict[int, dict[float, None]] = {}
+    for c in candidates:
+        if c.hedge_groups:
+            limits.setdefault(c.hedge_groups, {})[c.hedge_limit] = None
+    return {(k, limit): table for k, wanted in limits.items()
+            for limit, table in fit_hedge_tables(l_hat, prompt, output, max_len=max_len, groups=k,
+                                                 limits=tuple(wanted)).items()}
 
 
-def _with_hedge(c: Candidate, hedges: dict) -> dict:
+def _with_hedge(c: Candidate, hedges: dict[tuple[int, float], HedgeTable]) -> dict:
     """The candidate's [allocator] settings, with its hedge table when it has one."""
     table = c.allocator_table()
     if c.hedge_groups:
@@ -424,9 +431,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     # the rest, so that choosing one sees how it holds up on requests it was not fitted on
     fit_rows = int(split * HEDGE_FIT_SHARE)
     later_w = search_w.take(fit_rows, split)
-    hedges = {(c.hedge_groups, c.hedge_limit): None for c in grid if c.hedge_groups}
-    for k, limit in hedges:
-        hedges[(k, limit)] = _fit_hedge(search_w.take(0, fit_rows), max_len, k, limit)
+    hedges = _fit_hedges(search_w.take(0, fit_rows), max_len, grid)
     estimates = estimate([c for c in grid if not c.hedge_groups], search_w, max_len, pool_bytes // bpt,
                          progress=progress)
     estimates += estimate([c for c in grid if c.hedge_groups], later_w, max_len, pool_bytes // bpt,
@@ -449,9 +454,8 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
 
     # validation on the later part: the recommendation and the baselines
     hold_ctx = _Context(hold_f, hold_w, cost, max_len, pool_bytes, bpt, scheduler)
-    final_hedges = {(chosen.hedge_groups, chosen.hedge_limit): _fit_hedge(search_w, max_len, chosen.hedge_groups,
-                                                                          chosen.hedge_limit)} if chosen.hedge_groups else {}
-    final_table = {**_with_hedge(chosen, final_hedges), "boundaries_tokens": _final_boundaries(search_w, chosen, max_len)}
+    final_table = {**_with_hedge(chosen, _fit_hedges(search_w, max_len, [chosen])),
+                   "boundaries_tokens": _final_boundaries(search_w, chosen, max_len)}
     runs = [("odma", "odma", final_table, max_len), ("static", "static", {}, max_len)]
     if max_len > STATIC_TIGHT_TOKENS:
         runs.append((f"static@{STATIC_TIGHT_TOKENS}", "static", {}, STATIC_TIGHT_TOKENS))

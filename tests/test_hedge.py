@@ -110,7 +110,7 @@ def test_plan_bounds_for_a_hedge_candidate_agree_with_its_replay(conv_sample_hea
     than the load, the replay's migrations are the bounds' overflows, and the utilizations agree."""
     import polars as pl
 
-    from odmactl.plan import Candidate, _Context, _fit_hedge, _with_hedge, estimate, replay_candidate
+    from odmactl.plan import Candidate, _Context, _fit_hedges, _with_hedge, estimate, replay_candidate
     from odmactl.replay import SchedulerSettings
     from odmactl.workload import LoadOptions, build_workload, serving
 
@@ -121,7 +121,7 @@ def test_plan_bounds_for_a_hedge_candidate_agree_with_its_replay(conv_sample_hea
     setup = serving("a100-80gb-sxm", "DeepSeek-R1-Distill-Qwen-7B", "fp16", None)
     max_len, fit_rows = 8192, 800
     c = Candidate(64, "tail", 0.0, math.inf, 0.3, 2000, 200, 16, 0.01)
-    hedges = {(16, 0.01): _fit_hedge(w.take(0, fit_rows), max_len, 16, 0.01)}
+    hedges = _fit_hedges(w.take(0, fit_rows), max_len, [c])
     later = w.take(fit_rows, w.size)
     est = estimate([c], later, max_len, setup.pool_bytes // setup.bytes_per_token, hedges=hedges)[0]
     ctx = _Context(frame.slice(fit_rows), later, setup.cost, max_len, setup.pool_bytes,
