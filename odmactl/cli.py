@@ -204,7 +204,8 @@ def replay(
     model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
     policy: Annotated[str, typer.Option(help="allocator policy: static, paged, s3, odma")] = "odma",
     compare: Annotated[Optional[str], typer.Option(help="comma-separated policies replayed on the same trace, side by side")] = None,
-    predictor: Annotated[str, typer.Option(help="`odmactl fit` artifact folder, `oracle` (true lengths) or `none`")] = "none",
+    predictor: Annotated[Optional[str], typer.Option(help="`odmactl fit` artifact folder, `oracle` (true lengths) or `none` "
+                                                          "(default: the --config's [meta] predictor, else none)")] = None,
     config: Annotated[Optional[Path], typer.Option(help="config TOML with [allocator] and [scheduler] tables (plan's output)")] = None,
     rate: Annotated[Optional[float], typer.Option(help="rescale arrivals to this many requests/s")] = None,
     offline: Annotated[bool, typer.Option(help="every request arrives at t=0")] = False,
@@ -333,7 +334,8 @@ def check(
     device: Annotated[str, typer.Option(help="device profile name or TOML path")],
     model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
     policy: Annotated[str, typer.Option(help="the policy the config is for")] = "odma",
-    predictor: Annotated[str, typer.Option(help="`odmactl fit` artifact folder, `oracle` or `none`")] = "none",
+    predictor: Annotated[Optional[str], typer.Option(help="`odmactl fit` artifact folder, `oracle` or `none` "
+                                                          "(default: the config's [meta] predictor, else none)")] = None,
     min_utilization: Annotated[Optional[float], typer.Option(help="fail when kv_utilization is below this (0-1)")] = None,
     max_migration_rate: Annotated[Optional[float], typer.Option(help="fail when migration_rate is above this")] = None,
     max_overflow_rate: Annotated[Optional[float], typer.Option(help="fail when (migrations + preemptions) / requests is above this")] = None,

@@ -88,9 +88,10 @@ def build_workload(frame: pl.DataFrame, load: LoadOptions, predictor: str) -> tu
 
 def read_config(path: Path | None) -> dict[str, dict]:
     """The tables of a config TOML (plan's output): "allocator", "scheduler" and "thresholds" (read
-    by check.py), each {} when absent; unknown tables refused, and bad allocator and scheduler keys."""
+    by check.py), each {} when absent, and "meta" (plan's record: the predictor it chose with, the
+    expected metrics); unknown tables refused, and bad allocator and scheduler keys."""
     if path is None:
-        return {name: {} for name in CONFIG_TABLES}
+        return {name: {} for name in CONFIG_TABLES + ("meta",)}
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
@@ -104,6 +105,10 @@ def read_config(path: Path | None) -> dict[str, dict]:
         if not isinstance(data.get(name, {}), dict):
             raise ConfigError(f"'{name}' must be a table", file=path, key=name)
     tables = {name: dict(data.get(name, {})) for name in CONFIG_TABLES}
+    tables["meta"] = dict(data["meta"]) if isinstance(data.get("meta"), dict) else {}
+    if not isinstance(tables["meta"].get("predictor", ""), str):
+        raise ConfigError("'predictor' must be a string (an `odmactl fit` artifact folder, oracle or none)",
+                          file=path, key="meta.predictor")
     allocator, scheduler = tables["allocator"], tables["scheduler"]
     AllocatorConfig.from_mapping(allocator, source=path)  # reject bad keys now, naming the file
     known = {f.name for f in dataclasses.fields(SchedulerSettings)} - {"fast_forward", "series_points"}
@@ -157,7 +162,7 @@ class ReplaySpec:
     device: str
     model: str
     kv_dtype: str = "fp16"
-    predictor: str = "none"
+    predictor: str | None = None  # None: the config's [meta] predictor (what plan chose with), else "none"
     config: Path | None = None
     load: LoadOptions = LoadOptions()
     max_model_len: int | None = None
@@ -220,7 +225,8 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
     bpt = setup.bytes_per_token
     tables = read_config(spec.config)
     allocator_settings, scheduler_settings = tables["allocator"], tables["scheduler"]
-    workload, frame, label = build_workload(frame, spec.load, spec.predictor)
+    predictor = spec.predictor if spec.predictor is not None else tables["meta"].get("predictor", "none")
+    workload, frame, label = build_workload(frame, spec.load, predictor)
     max_len = spec.max_model_len or allocator_settings.get("max_model_len_tokens") or \
         default_max_model_len(frame, model.max_position_embeddings, pool_bytes // bpt)
     if spec.max_num_seqs is not None:

@@ -12,7 +12,7 @@ import tomllib
 import pytest
 
 from odmactl.allocator import AllocatorConfig
-from odmactl.plan import Candidate, PlanSpec, candidate_grid
+from odmactl.plan import Candidate, PlanSpec, candidate_grid, choose
 from odmactl.errors import ConfigError
 
 DEVICE, MODEL = "mlu370-x4", "DeepSeek-R1-Distill-Qwen-7B"
@@ -46,6 +46,22 @@ def test_grid_covers_the_search_space_and_every_candidate_is_a_valid_config():
     assert tail.quantile_levels() == (0.4375, 0.75, 0.9375, 1.0)
 
 
+def _measured(overflows: int, utilization: float, requests: int = 3000) -> dict:
+    return {"overflow_rate": overflows / requests, "requests": requests, "rejections": 0,
+            "rejected_prompt_too_long": 0, "kv_utilization": utilization, "tps": utilization * 100, "ttft_p99": 1.0}
+
+
+def test_choose_holds_the_overflow_count_plus_one_standard_error_to_the_limit():
+    spec = PlanSpec(DEVICE, MODEL, max_overflow_rate=0.005)  # 15 of 3,000 requests allowed
+    # 13 + sqrt(13) = 16.6 > 15: the better one is not taken; 11 + sqrt(11) = 14.3 <= 15 is
+    replayed = [({}, _measured(13, 0.82)), ({}, _measured(11, 0.80)), ({}, _measured(4, 0.70))]
+    assert choose(replayed, spec) == (1, True)
+    # none within the margin: the closest to it, not the best by the objective
+    assert choose([({}, _measured(20, 0.9)), ({}, _measured(14, 0.8))], spec) == (1, False)
+    # no overflow at all needs no margin
+    assert choose([({}, _measured(0, 0.5))], PlanSpec(DEVICE, MODEL, max_overflow_rate=0.0)) == (0, True)
+
+
 def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
     out, report = tmp_path / "odma.toml", tmp_path / "plan.html"
     r = _plan(cli, trace, out, "--report", report, "--workers", "2", "--json")
@@ -75,6 +91,17 @@ def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
             "--junit", junit)
     assert r.code == 0, r.out + r.err
     assert 'failures="0"' in junit.read_text()
+    # without --predictor, replay and check take the predictor plan chose with ([meta] predictor)
+    assert config["meta"]["predictor"] == "oracle"
+    r = cli("check", trace, "--config", out, "--device", DEVICE, "--model", MODEL, "--json")
+    assert r.code == 0, r.out + r.err
+    assert json.loads(r.out)["metrics"]["odma"]["kv_utilization"] == pytest.approx(
+        json.loads(cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--config", out, "--predictor", "oracle",
+                       "--json").out)["results"]["odma"]["metrics"]["kv_utilization"])
+    bad = tmp_path / "bad.toml"
+    bad.write_text(out.read_text().replace('predictor = "oracle"', "predictor = 3"))
+    r = cli("check", trace, "--config", bad, "--device", DEVICE, "--model", MODEL)
+    assert r.code == 1 and "meta.predictor" in r.err and "Traceback" not in r.err, r.err
 
 
 def test_plan_is_deterministic_whatever_the_workers(cli, trace, tmp_path):
@@ -95,7 +122,7 @@ def test_plan_prints_its_recommendation(cli, trace, tmp_path):
     r = _plan(cli, trace, tmp_path / "c.toml")
     assert r.code == 0, r.err
     text = " ".join((r.out + r.err).split())
-    assert "2160 candidates" in text and "overflow rate <= 0.50%" in text
+    assert "2160 candidates" in text and "overflow rate + 1 s.e. <= 0.50%" in text
     config = tomllib.loads((tmp_path / "c.toml").read_text())
     assert config["meta"]["chosen"] in text
 
