@@ -454,12 +454,12 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     shortlist = _distinct(ranked)[: spec.replays]
     ctx = _Context(search_f, search_w, cost, max_len, pool_bytes, bpt, scheduler)
     later_ctx = _Context(search_f.slice(fit_rows), later_w, cost, max_len, pool_bytes, bpt, scheduler)
-    jobs = [(later_ctx, _with_hedge(e["candidate"], hedges)) if e["candidate"].hedge_groups
-            else (ctx, e["candidate"].allocator_table()) for e in shortlist]
+    search_jobs = [(later_ctx, _with_hedge(e["candidate"], hedges)) if e["candidate"].hedge_groups
+                   else (ctx, e["candidate"].allocator_table()) for e in shortlist]
     if spec.executor == "ray":
-        metrics = _replay_on_ray(jobs, progress)
+        metrics = _replay_on_ray(search_jobs, progress)
     else:
-        metrics = run_jobs(jobs, spec.workers, "plan: replay candidates", progress)
+        metrics = run_jobs(search_jobs, spec.workers, "plan: replay candidates", progress)
     replayed = list(zip(shortlist, metrics))
     best, feasible = choose(replayed, spec)
     chosen = shortlist[best]["candidate"]
@@ -487,7 +487,8 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
         "constraints_met_on_search": feasible,
         "chosen": {"label": chosen.label, "allocator": final_table},
         "search": {"estimates": [_estimate_row(e) for e in estimates],
-                   "replays": [{**_estimate_row(e), "measured": m} for e, m in replayed]},
+                   "replays": [{**_estimate_row(e), "allocator": table, "measured": m}
+                               for (e, m), (_, table) in zip(replayed, search_jobs)]},
         "validation": validation,
         "against_baselines": _against(validation),
         "holdout_histogram": _histogram(hold_w, max_len),
@@ -521,8 +522,12 @@ def _final_boundaries(w: Workload, c: Candidate, max_len: int) -> list[int]:
 
 
 def _estimate_row(e: dict) -> dict:
+    """One candidate's settings (its label's, as numbers: the quantile levels follow from
+    num_buckets and levels) and its cheap estimate."""
     c: Candidate = e["candidate"]
-    return {"label": c.label, "allocator": c.allocator_table(),
+    settings = {f.name: getattr(c, f.name) for f in dataclasses.fields(Candidate)}
+    settings["tau"] = c.allocator_table()["tau"]  # never: 1e9, as in [allocator] (JSON has no infinity)
+    return {"label": c.label, "settings": settings,
             "estimate": {k: e[k] for k in ("overflow_rate", "kv_utilization", "capacity_index", "routed_large")}}
 
 
