@@ -298,7 +298,7 @@ def plan(
     from odmactl.plan_report import write_plan_report
     from odmactl.report import render_plan, to_json
     from odmactl.trace import read_trace
-    from odmactl.workload import read_config
+    from odmactl.workload import predictor_for_config, read_config
 
     pool_bytes = _replay_inputs([], [out_path, report], force, kv_pool)
     spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, objective=objective,
@@ -314,6 +314,7 @@ def plan(
         "--objective", objective, "--max-migration-rate", max_migration_rate, "--holdout", holdout,
         "--replays", replays, "--out", out_path] + (["--ttft-p99", ttft_p99] if ttft_p99 is not None else []))
     config = config_document(doc, command)
+    config["meta"]["predictor"] = predictor_for_config(predictor, out_path)
     with atomic_output(out_path, force=force) as tmp:
         tmp.write_text("# Written by odmactl plan; [meta] says how and what it expects.\n" + tomli_w.dumps(config),
                        encoding="utf-8")
@@ -367,7 +368,8 @@ def check(
     flags = {"min_utilization": min_utilization, "max_migration_rate": max_migration_rate,
              "max_overflow_rate": max_overflow_rate, "max_rejection_rate": max_rejection_rate,
              "min_tps_gain": min_tps_gain, "baseline": baseline}
-    thresholds = Thresholds.merged(read_config(config)["thresholds"], flags, config)
+    tables = read_config(config)
+    thresholds = Thresholds.merged(tables["thresholds"], flags, config)
     if thresholds.empty:
         raise OdmaError("nothing to check: give a threshold flag or a [thresholds] table in the config",
                         hint="e.g. --min-utilization 0.6 --max-migration-rate 0.005")
@@ -379,7 +381,7 @@ def check(
     started = time.perf_counter()
     frame = read_trace(trace_path)
     with progress_bar(not json_out and err.is_terminal) as progress:
-        doc = run_policies(frame, policies, spec, progress=progress)
+        doc = run_policies(frame, policies, spec, progress=progress, tables=tables)
     doc["trace"]["path"] = str(trace_path)
     verdicts = evaluate(doc, policy, thresholds)
     seconds = time.perf_counter() - started

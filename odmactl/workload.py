@@ -5,6 +5,7 @@ that holds at least one max-length block)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,22 @@ def build_workload(frame: pl.DataFrame, load: LoadOptions, predictor: str) -> tu
         output_tokens=frame["output_tokens"].to_numpy().astype(np.int64),
         predicted_output_tokens=l_hat, uncertainty=u)
     return workload, frame, label
+
+
+def predictor_for_config(predictor: str, config_path: Path) -> str:
+    """How a config at `config_path` names a predictor: `oracle` and `none` as they are, an artifact
+    folder relative to the config's folder, so that the two can move together (a repository, a CI
+    job) and `predictor_from_config` finds it from anywhere."""
+    if predictor in PREDICTOR_CHOICES:
+        return predictor
+    return os.path.relpath(Path(predictor).resolve(), config_path.resolve().parent)
+
+
+def predictor_from_config(named: str, config_path: Path) -> str:
+    """The predictor a config's [meta] names (`predictor_for_config`), resolved against its folder."""
+    if named in PREDICTOR_CHOICES or Path(named).is_absolute():
+        return named
+    return str(config_path.parent / named)
 
 
 def read_config(path: Path | None) -> dict[str, dict]:
@@ -211,7 +228,8 @@ def serving(device_ref: str, model_ref: str, kv_dtype: str = "fp16", kv_pool_byt
     return Serving(device, full_model, model, CostModel(device, model, compute_dtype=dtype), pool_bytes, dtype)
 
 
-def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, progress=None) -> dict:
+def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, progress=None,
+                 tables: dict[str, dict] | None = None) -> dict:
     """Replay the trace once per policy; returns the JSON-ready document (settings, one result each).
     On device, the model is scaled to `spec.on_device.scale` of its layers with the pool's size in
     tokens kept, each policy gets a torch arena, and each result gains an "on_device" section."""
@@ -223,9 +241,11 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
                     on_device.scale if on_device is not None else None)
     device, model, cost, pool_bytes = setup.device, setup.model, setup.cost, setup.pool_bytes
     bpt = setup.bytes_per_token
-    tables = read_config(spec.config)
+    if tables is None:  # `read_config(spec.config)`, unless the caller has read it already
+        tables = read_config(spec.config)
     allocator_settings, scheduler_settings = tables["allocator"], tables["scheduler"]
-    predictor = spec.predictor if spec.predictor is not None else tables["meta"].get("predictor", "none")
+    predictor = spec.predictor if spec.predictor is not None else \
+        predictor_from_config(tables["meta"].get("predictor", "none"), spec.config) if spec.config else "none"
     workload, frame, label = build_workload(frame, spec.load, predictor)
     max_len = spec.max_model_len or allocator_settings.get("max_model_len_tokens") or \
         default_max_model_len(frame, model.max_position_embeddings, pool_bytes // bpt)

@@ -8,6 +8,7 @@ import json
 import math
 import re
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -142,3 +143,17 @@ def test_plan_errors(cli, trace, conv_sample_head, tmp_path):
     assert not (tmp_path / "x.toml").exists() and not (tmp_path / "y.toml").exists()
     with pytest.raises(ConfigError):
         PlanSpec(device=DEVICE, model=MODEL, replays=0)
+
+
+def test_a_config_names_its_predictor_relative_to_itself(tmp_path, monkeypatch):
+    from odmactl.workload import predictor_for_config, predictor_from_config
+
+    (tmp_path / "ci" / "pred").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "ci" / "odma.toml"
+    assert predictor_for_config("oracle", config) == "oracle"
+    named = predictor_for_config("ci/pred", config)
+    assert named == "pred"
+    monkeypatch.chdir(tmp_path / "ci" / "pred")  # check run from elsewhere finds the same folder
+    assert Path(predictor_from_config(named, config)).resolve() == (tmp_path / "ci" / "pred")
+    assert predictor_from_config("none", config) == "none"
