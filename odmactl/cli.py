@@ -313,8 +313,7 @@ def plan(
         "odmactl", "plan", trace_path, "--device", device, "--model", model, "--predictor", predictor,
         "--objective", objective, "--max-migration-rate", max_migration_rate, "--holdout", holdout,
         "--replays", replays, "--out", out_path] + (["--ttft-p99", ttft_p99] if ttft_p99 is not None else []))
-    config = config_document(doc, command)
-    config["meta"]["predictor"] = predictor_for_config(predictor, out_path)
+    config = config_document(doc, command, predictor_for_config(predictor, out_path))
     with atomic_output(out_path, force=force) as tmp:
         tmp.write_text("# Written by odmactl plan; [meta] says how and what it expects.\n" + tomli_w.dumps(config),
                        encoding="utf-8")

@@ -33,9 +33,9 @@ hedge-table candidates):
    the chosen one is the best by the objective (tps or kv_utilization) among those that keep the
    overflow rate (migrations plus preemptions, per request: an overflow the large pool cannot take
    preempts the request) within the migration-rate limit with a margin for sampling noise (the
-   count plus one Poisson standard error, sqrt(count), must keep it: `overflow_bound`), reject nothing a policy could serve (a
-   prompt past max_model_len is rejected by all) and, when asked, keep TTFT p99 within its bound;
-   when none does, the one closest to doing so.
+   count plus one Poisson standard error, sqrt(count), must keep it: `overflow_bound`), reject
+   nothing a policy could serve (a prompt past max_model_len is rejected by all) and, when asked,
+   keep TTFT p99 within its bound; when none does, the one closest to doing so.
 3. Validation on time: the chosen config, static (at max_model_len, and at 8,192 when that is
    tighter), paged and s3 are replayed on the held-out later part; those are the expected metrics
    written to the config and the report.
@@ -531,15 +531,16 @@ def _estimate_row(e: dict) -> dict:
             "estimate": {k: e[k] for k in ("overflow_rate", "kv_utilization", "capacity_index", "routed_large")}}
 
 
-def config_document(doc: dict, command: str) -> dict:
-    """The config TOML plan writes: what `replay --config` and `check` read, and the expected metrics."""
+def config_document(doc: dict, command: str, predictor: str) -> dict:
+    """The config TOML plan writes: what `replay --config` and `check` read, and the expected metrics.
+    `predictor` is how the config names the predictor (`workload.predictor_for_config`)."""
     odma = doc["validation"]["odma"]["metrics"]
     allocator = {**doc["chosen"]["allocator"], "max_model_len_tokens": doc["max_model_len"]}
     baselines = {name: {k: v["metrics"][k] for k in EXPECTED_KEYS} for name, v in doc["validation"].items()
                  if name != "odma"}
     return {
         "meta": {"generated_by": command, "policy": "odma", "device": doc["device"], "model": doc["model"],
-                 "predictor": doc["predictor"], "objective": doc["objective"], "trace_digest": doc["trace"]["digest"],
+                 "predictor": predictor, "objective": doc["objective"], "trace_digest": doc["trace"]["digest"],
                  "search_requests": doc["trace"]["search_requests"],
                  "holdout_requests": doc["trace"]["holdout_requests"],
                  "candidates": doc["candidates"], "replayed": doc["replayed"], "chosen": doc["chosen"]["label"],

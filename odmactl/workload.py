@@ -244,8 +244,10 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
     if tables is None:  # `read_config(spec.config)`, unless the caller has read it already
         tables = read_config(spec.config)
     allocator_settings, scheduler_settings = tables["allocator"], tables["scheduler"]
-    predictor = spec.predictor if spec.predictor is not None else \
-        predictor_from_config(tables["meta"].get("predictor", "none"), spec.config) if spec.config else "none"
+    predictor = spec.predictor
+    if predictor is None:  # what plan chose with, else none
+        named = tables["meta"].get("predictor", "none")
+        predictor = predictor_from_config(named, spec.config) if spec.config is not None else named
     workload, frame, label = build_workload(frame, spec.load, predictor)
     max_len = spec.max_model_len or allocator_settings.get("max_model_len_tokens") or \
         default_max_model_len(frame, model.max_position_embeddings, pool_bytes // bpt)
