@@ -19,7 +19,6 @@ allocator applies it (`AllocatorConfig.hedge_edges` / `hedge_output_tokens`).
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,12 +47,9 @@ class HedgeTable:
         if any(r < 0 for r in self.output_tokens):
             raise ValueError(f"hedge output counts must be >= 0, got {list(self.output_tokens)}")
 
-    def output_for(self, l_hat: float) -> int:
-        """The output tokens reserved for one request predicted at `l_hat`."""
-        return self.output_tokens[bisect_right(self.edges, l_hat)]
-
     def outputs(self, l_hat: np.ndarray) -> np.ndarray:
-        """`output_for` of every request, vectorised."""
+        """The output tokens reserved for each request predicted at `l_hat`: its group's count, the
+        group found as the allocator does (`bisect_right` over the edges)."""
         table = np.asarray(self.output_tokens, dtype=np.int64)
         return table[np.searchsorted(np.asarray(self.edges, dtype=np.float64), l_hat, side="right")]
 

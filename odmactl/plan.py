@@ -99,9 +99,14 @@ class Candidate:
             return equal
         return tuple(round(1.0 - (1.0 - level) ** 2, 6) for level in equal)
 
+    @property
+    def config_tau(self) -> float:
+        """tau as [allocator] and the plan JSON write it: never is 1e9 (TOML and JSON have no infinity)."""
+        return self.tau if math.isfinite(self.tau) else 1.0e9
+
     def allocator_table(self) -> dict:
         return {"num_buckets": self.num_buckets, "quantile_levels": list(self.quantile_levels()),
-                "gamma": self.gamma, "tau": self.tau if math.isfinite(self.tau) else 1.0e9,
+                "gamma": self.gamma, "tau": self.config_tau,
                 "large_pool_fraction": self.large_pool_fraction, "refit_window": self.refit_window,
                 "refit_every": self.refit_every}
 
@@ -131,11 +136,13 @@ def candidate_grid(coverage_gamma: float | None = None, max_overflow_rate: float
 
 def coverage_gamma(predictor: str) -> float | None:
     """The fitted predictor's conformal coverage gamma (None for "oracle", or an s3-mode predictor)."""
-    if predictor in ("oracle", "none"):
-        return None
     from pathlib import Path
 
     from odmactl.artifact import read_manifest
+    from odmactl.workload import PREDICTOR_CHOICES
+
+    if predictor in PREDICTOR_CHOICES:
+        return None
 
     manifest = read_manifest(Path(predictor))
     if manifest["settings"].get("mode") != "odma":
@@ -526,7 +533,7 @@ def _estimate_row(e: dict) -> dict:
     num_buckets and levels) and its cheap estimate."""
     c: Candidate = e["candidate"]
     settings = {f.name: getattr(c, f.name) for f in dataclasses.fields(Candidate)}
-    settings["tau"] = c.allocator_table()["tau"]  # never: 1e9, as in [allocator] (JSON has no infinity)
+    settings["tau"] = c.config_tau
     return {"label": c.label, "settings": settings,
             "estimate": {k: e[k] for k in ("overflow_rate", "kv_utilization", "capacity_index", "routed_large")}}
 

@@ -59,7 +59,7 @@ def test_the_budget_goes_where_it_saves_the_most():
     output = np.r_[np.full(99, 100), [3000], np.arange(100, 1100, 10)]
     table = fit_hedge_table(l_hat, prompt, output, max_len=MAX_LEN, groups=2, limit=0.005)
     assert len(table.edges) == 1 and 50 < table.edges[0] <= 500
-    assert (table.output_for(50.0), table.output_for(500.0)) == (100, 1090)
+    assert tuple(table.outputs(np.array([50.0, 500.0])).tolist()) == (100, 1090)
 
 
 def test_group_edges_leave_no_group_empty():
@@ -78,7 +78,7 @@ def test_table_invariants():
     with pytest.raises(ValueError, match=">= 0"):
         HedgeTable((), (-1,))
     t = HedgeTable((10.0, 20.0), (5, 50, 500))
-    assert [t.output_for(x) for x in (9.9, 10.0, 19.0, 20.0, 1e6)] == [5, 50, 50, 500, 500]
+    assert t.outputs(np.array([9.9, 10.0, 19.0, 20.0, 1e6])).tolist() == [5, 50, 50, 500, 500]
     assert t.outputs(np.array([9.9, 10.0, 20.0])).tolist() == [5, 50, 500]
 
 
