@@ -118,6 +118,24 @@ def test_plan_is_deterministic_whatever_the_workers(cli, trace, tmp_path):
         tomllib.loads((tmp_path / "c2.toml").read_text())["allocator"]
 
 
+def test_plan_on_ray_makes_the_same_plan_as_local_workers(cli, trace, tmp_path):
+    """--executor ray runs the same replays as Ray tasks (a local Ray instance here): same plan."""
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+    docs = []
+    try:
+        for executor in ("process", "ray"):
+            r = _plan(cli, trace, tmp_path / f"{executor}.toml", "--executor", executor, "--json")
+            assert r.code == 0, r.err
+            doc = json.loads(r.out)
+            doc.pop("out")
+            docs.append(json.dumps(doc, sort_keys=True))
+    finally:
+        ray.shutdown()
+    assert docs[0] == docs[1]
+    assert tomllib.loads((tmp_path / "process.toml").read_text())["allocator"] == \
+        tomllib.loads((tmp_path / "ray.toml").read_text())["allocator"]
+
+
 def test_plan_prints_its_recommendation(cli, trace, tmp_path):
     """The README's main job: plan without --json prints the search, the limit and the pick."""
     r = _plan(cli, trace, tmp_path / "c.toml")
