@@ -105,35 +105,31 @@ def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
     assert r.code == 1 and "meta.predictor" in r.err and "Traceback" not in r.err, r.err
 
 
-def test_plan_is_deterministic_whatever_the_workers(cli, trace, tmp_path):
+def _same_plan(cli, trace, tmp_path, option: str, values: tuple[str, str]) -> None:
+    """Plans with `option` at each of two values make the same JSON (less the out path) and config."""
     docs = []
-    for workers in ("1", "2"):
-        r = _plan(cli, trace, tmp_path / f"c{workers}.toml", "--workers", workers, "--json")
+    for value in values:
+        r = _plan(cli, trace, tmp_path / f"{value}.toml", option, value, "--json")
         assert r.code == 0, r.err
         doc = json.loads(r.out)
         doc.pop("out")
         docs.append(json.dumps(doc, sort_keys=True))
     assert docs[0] == docs[1]
-    assert tomllib.loads((tmp_path / "c1.toml").read_text())["allocator"] == \
-        tomllib.loads((tmp_path / "c2.toml").read_text())["allocator"]
+    assert tomllib.loads((tmp_path / f"{values[0]}.toml").read_text())["allocator"] == \
+        tomllib.loads((tmp_path / f"{values[1]}.toml").read_text())["allocator"]
+
+
+def test_plan_is_deterministic_whatever_the_workers(cli, trace, tmp_path):
+    _same_plan(cli, trace, tmp_path, "--workers", ("1", "2"))
 
 
 def test_plan_on_ray_makes_the_same_plan_as_local_workers(cli, trace, tmp_path):
     """--executor ray runs the same replays as Ray tasks (a local Ray instance here): same plan."""
     ray = pytest.importorskip("ray", reason="the ray extra is not installed")
-    docs = []
     try:
-        for executor in ("process", "ray"):
-            r = _plan(cli, trace, tmp_path / f"{executor}.toml", "--executor", executor, "--json")
-            assert r.code == 0, r.err
-            doc = json.loads(r.out)
-            doc.pop("out")
-            docs.append(json.dumps(doc, sort_keys=True))
+        _same_plan(cli, trace, tmp_path, "--executor", ("process", "ray"))
     finally:
         ray.shutdown()
-    assert docs[0] == docs[1]
-    assert tomllib.loads((tmp_path / "process.toml").read_text())["allocator"] == \
-        tomllib.loads((tmp_path / "ray.toml").read_text())["allocator"]
 
 
 def test_plan_prints_its_recommendation(cli, trace, tmp_path):
