@@ -279,7 +279,7 @@ def plan(
     ttft_p99: Annotated[Optional[float], typer.Option(help="most seconds of TTFT p99 the recommendation may cause")] = None,
     holdout: Annotated[float, typer.Option(help="share of the trace, at its end, held out to validate on")] = 0.3,
     replays: Annotated[int, typer.Option(help="candidates replayed after the cheap bounds")] = 12,
-    workers: Annotated[int, typer.Option(help="worker processes for the replays")] = 1,
+    workers: Annotated[int, typer.Option(help="worker processes for the cheap bounds and the replays")] = 1,
     executor: Annotated[str, typer.Option(help="process (local workers) or ray (a Ray cluster; the ray extra)")] = "process",
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the trace's longest, within model and pool)")] = None,
     max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,

@@ -28,7 +28,8 @@ hedge-table candidates):
    utilization (realized / reserved at completion), and a capacity index: how much decode time the
    two pools sustain, min(main tokens / main token-time, large tokens / large token-time), where a
    request holds its block for as many steps as it generates. Candidates whose estimated overflow
-   rate exceeds 1.5 x the limit are pruned; the rest are ranked by the objective's estimate.
+   rate exceeds 1.5 x the limit are pruned; the rest are ranked by the objective's estimate. The
+   bounds run in the worker processes too (`estimate_all`).
 2. The best `replays` survivors are replayed on the search part, in worker processes (or on Ray);
    the chosen one is the best by the objective (tps or kv_utilization) among those that keep the
    overflow rate (migrations plus preemptions, per request: an overflow the large pool cannot take
@@ -47,6 +48,7 @@ does not depend on the number of workers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import multiprocessing
@@ -327,24 +329,46 @@ def replay_candidate(ctx: _Context, table: dict, policy: str = "odma", series: b
             "config": config.to_mapping()}
 
 
-def run_jobs(jobs: list[tuple], workers: int, label: str, progress=None) -> list:
-    """`replay_candidate(*job)` for every job, in `workers` processes; results in the jobs' order
-    (whichever finishes first), so the outcome does not depend on the number of workers."""
+def run_jobs(jobs: list[tuple], workers: int, label: str, progress=None, fn=None) -> list:
+    """`fn(*job)` (default `replay_candidate`) for every job, in `workers` processes; results in the
+    jobs' order (whichever finishes first), so the outcome does not depend on the number of workers."""
+    fn = fn or replay_candidate
     results: list = [None] * len(jobs)
     if workers == 1 or len(jobs) == 1:
         for i, job in enumerate(jobs):
-            results[i] = replay_candidate(*job)
+            results[i] = fn(*job)
             if progress is not None:
                 progress(label, i + 1, len(jobs))
         return results
     method = "fork" if sys.platform == "linux" else "spawn"
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method)) as pool:
-        futures = {pool.submit(replay_candidate, *job): i for i, job in enumerate(jobs)}
+        futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
         for done, future in enumerate(as_completed(futures), start=1):
             results[futures[future]] = future.result()
             if progress is not None:
                 progress(label, done, len(jobs))
     return results
+
+
+def estimate_all(candidates: list[Candidate], w: Workload, max_len: int, pool_tokens: int, workers: int,
+                 progress=None, hedges: dict | None = None, label: str = "plan: bounds") -> list[dict]:
+    """`estimate` of every candidate, in grid order, split over `workers` processes. Candidates that
+    share boundaries (B, levels, refit) stay in one job, so each job computes them once."""
+    if workers == 1 or not candidates:
+        return estimate(candidates, w, max_len, pool_tokens, progress=progress, hedges=hedges, label=label)
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(candidates):
+        groups.setdefault((c.num_buckets, c.levels, c.refit_window, c.refit_every), []).append(i)
+    chunks: list[list[int]] = [[] for _ in range(min(len(groups), 4 * workers))]  # a few per worker evens the load
+    for k, members in enumerate(groups.values()):
+        chunks[k % len(chunks)] += members
+    jobs = [([candidates[i] for i in chunk], w, max_len, pool_tokens) for chunk in chunks]
+    results = run_jobs(jobs, workers, label, progress, fn=functools.partial(estimate, hedges=hedges))
+    out: list = [None] * len(candidates)
+    for chunk, rows in zip(chunks, results):
+        for i, row in zip(chunk, rows):
+            out[i] = row
+    return out
 
 
 def _replay_on_ray(jobs: list[tuple[_Context, dict]], progress=None) -> list[dict]:
@@ -451,10 +475,10 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     fit_rows = int(split * HEDGE_FIT_SHARE)
     later_w = search_w.take(fit_rows, split)
     hedges = _fit_hedges(search_w.take(0, fit_rows), max_len, grid)
-    estimates = estimate([c for c in grid if not c.hedge_groups], search_w, max_len, pool_bytes // bpt,
-                         progress=progress)
-    estimates += estimate([c for c in grid if c.hedge_groups], later_w, max_len, pool_bytes // bpt,
-                          progress=progress, hedges=hedges, label="plan: bounds of hedge tables")
+    estimates = estimate_all([c for c in grid if not c.hedge_groups], search_w, max_len, pool_bytes // bpt,
+                             spec.workers, progress=progress)
+    estimates += estimate_all([c for c in grid if c.hedge_groups], later_w, max_len, pool_bytes // bpt,
+                              spec.workers, progress=progress, hedges=hedges, label="plan: bounds of hedge tables")
     ranked, pruned = rank(estimates, spec.objective, spec.max_overflow_rate)
     if not ranked:  # nothing keeps migrations near the limit by the bounds: replay the closest ones
         ranked = sorted(estimates, key=lambda e: (e["overflow_rate"], -e["kv_utilization"]))

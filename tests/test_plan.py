@@ -4,16 +4,20 @@ has its plots, and bad options are clear errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 import tomllib
 from pathlib import Path
 
+import numpy as np
+import polars as pl
 import pytest
 
 from odmactl.allocator import AllocatorConfig
-from odmactl.plan import Candidate, PlanSpec, candidate_grid, choose
+from odmactl.plan import Candidate, PlanSpec, _fit_hedges, candidate_grid, choose, estimate, estimate_all
+from odmactl.workload import LoadOptions, build_workload
 from odmactl.errors import ConfigError
 
 DEVICE, MODEL = "mlu370-x4", "DeepSeek-R1-Distill-Qwen-7B"
@@ -50,6 +54,24 @@ def test_grid_covers_the_search_space_and_every_candidate_is_a_valid_config():
 def _measured(overflows: int, utilization: float, requests: int = 3000) -> dict:
     return {"overflow_rate": overflows / requests, "requests": requests, "rejections": 0,
             "rejected_prompt_too_long": 0, "kv_utilization": utilization, "tps": utilization * 100, "ttft_p99": 1.0}
+
+
+def test_bounds_split_over_workers_equal_the_bounds_in_one_process(conv_sample_head):
+    """estimate_all hands candidates to worker processes in chunks; the rows come back in grid
+    order, equal to one process's, for gamma and hedge-table candidates alike."""
+    w, _, _ = build_workload(pl.read_parquet(conv_sample_head(1200)), LoadOptions(), "oracle")
+    rng = np.random.default_rng(1)  # a noisy predictor, so that hedge tables have groups to fit
+    w = dataclasses.replace(w, predicted_output_tokens=w.output_tokens * rng.lognormal(0, 0.5, w.size),
+                            uncertainty=rng.uniform(0, 1, w.size))
+    grid = candidate_grid(coverage_gamma=0.4, max_overflow_rate=0.005)
+    hedges = _fit_hedges(w.take(0, 800), 8192, grid)
+    for part, kwargs in (([c for c in grid if not c.hedge_groups], {}),
+                         ([c for c in grid if c.hedge_groups], {"hedges": hedges})):
+        assert part
+        one = estimate(part, w, 8192, 2_000_000, **kwargs)
+        split = estimate_all(part, w, 8192, 2_000_000, workers=2, **kwargs)
+        assert [e["candidate"] for e in split] == part
+        assert split == one
 
 
 def test_choose_holds_the_overflow_count_plus_one_standard_error_to_the_limit():
