@@ -102,6 +102,11 @@ class Candidate:
         return tuple(round(1.0 - (1.0 - level) ** 2, 6) for level in equal)
 
     @property
+    def boundary_key(self) -> tuple[int, str, int, int]:
+        """What its boundaries over a workload depend on: candidates that share it share them."""
+        return (self.num_buckets, self.levels, self.refit_window, self.refit_every)
+
+    @property
     def config_tau(self) -> float:
         """tau as [allocator] and the plan JSON write it: never is 1e9 (TOML and JSON have no infinity)."""
         return self.tau if math.isfinite(self.tau) else 1.0e9
@@ -232,7 +237,7 @@ def estimate(candidates: list[Candidate], w: Workload, max_len: int, pool_tokens
     routed: dict[tuple, dict] = {}
     out = []
     for j, c in enumerate(candidates):
-        key = (c.num_buckets, c.levels, c.refit_window, c.refit_every)
+        key = c.boundary_key
         if key not in periods:
             periods[key] = _Periods.of(kv, c, max_len, granularity)
         rule = ("hedge", c.hedge_groups, c.hedge_limit) if c.hedge_groups else ("gamma", c.gamma)
@@ -358,7 +363,7 @@ def estimate_all(candidates: list[Candidate], w: Workload, max_len: int, pool_to
         return estimate(candidates, w, max_len, pool_tokens, progress=progress, hedges=hedges, label=label)
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(candidates):
-        groups.setdefault((c.num_buckets, c.levels, c.refit_window, c.refit_every), []).append(i)
+        groups.setdefault(c.boundary_key, []).append(i)
     chunks: list[list[int]] = [[] for _ in range(min(len(groups), 4 * workers))]  # a few per worker evens the load
     for k, members in enumerate(groups.values()):
         chunks[k % len(chunks)] += members
