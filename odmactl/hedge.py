@@ -6,7 +6,7 @@ ODMA's default rule hedges every request the same way, need = prompt + L_hat * (
 with one gamma for the whole trace. The table instead splits the requests into groups by L_hat
 (quantiles of L_hat, so the groups hold about as many requests each) and gives each group its own
 output reservation r_g: need = prompt + r_g. The r_g are chosen together, by a Lagrangian sweep
-(`fit_hedge_table`): for a penalty lam on each outgrown request, every group independently takes the
+(`fit_hedge_tables`): for a penalty lam on each outgrown request, every group independently takes the
 r that minimises its reserved tokens + lam * its outgrown requests; the sweep keeps the lam whose
 choice reserves the least while outgrowing at most `limit` of all requests. So the overflow budget
 goes where it saves the most reserved memory, instead of being spent evenly at one quantile level.
@@ -125,8 +125,3 @@ def fit_hedge_tables(l_hat: np.ndarray, prompt: np.ndarray, output: np.ndarray, 
         tables[limit] = HedgeTable(edges, tuple(int(c[0][j]) for c, j in zip(costs, picks)))
     return tables
 
-
-def fit_hedge_table(l_hat: np.ndarray, prompt: np.ndarray, output: np.ndarray, *, max_len: int, groups: int,
-                    limit: float) -> HedgeTable:
-    """`fit_hedge_tables` for one limit."""
-    return fit_hedge_tables(l_hat, prompt, output, max_len=max_len, groups=groups, limits=(limit,))[limit]

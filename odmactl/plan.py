@@ -220,17 +220,24 @@ class _Periods:
         return cls(table, period, (table + offsets).ravel())
 
 
+def _lengths(w: Workload, max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What the bounds and the hedge fits read of a workload: prompt tokens, realized KV tokens
+    (capped at max_len), the output tokens generated within max_len, and L_hat (at least 1)."""
+    assert w.predicted_output_tokens is not None, "plan needs predictions"
+    prompt = w.prompt_tokens.astype(np.int64)
+    kv = w.kv_tokens(max_len)
+    return prompt, kv, kv - np.minimum(prompt, kv), np.maximum(w.predicted_output_tokens, 1.0)
+
+
 def estimate(candidates: list[Candidate], w: Workload, max_len: int, pool_tokens: int,
              granularity: int = 16, progress=None, hedges: dict | None = None, label: str = "plan: bounds") -> list[dict]:
     """Each candidate's cheap figures on workload `w` (see the module docstring). The boundaries
     depend on (B, levels, refit), the reservations also on gamma (or the hedge table), the routing
     also on tau, and the large pool only scales the capacity: each is computed once for the
     candidates that share it. A hedge candidate reserves by `hedges[(groups, limit)]`."""
-    prompt = w.prompt_tokens.astype(np.int64)
-    kv = w.kv_tokens(max_len)
-    output = kv - np.minimum(prompt, kv)  # the tokens generated within max_len
-    assert w.predicted_output_tokens is not None and w.uncertainty is not None, "plan needs predictions"
-    l_hat, u = np.maximum(w.predicted_output_tokens, 1.0), w.uncertainty
+    assert w.uncertainty is not None, "plan needs predictions"
+    prompt, kv, output, l_hat = _lengths(w, max_len)
+    u = w.uncertainty
     total_output = float(output.sum())
     periods: dict[tuple, _Periods] = {}
     reserved_of: dict[tuple, np.ndarray] = {}
@@ -401,9 +408,7 @@ def _replay_on_ray(jobs: list[tuple[_Context, dict]], progress=None) -> list[dic
 def _fit_hedges(w: Workload, max_len: int, candidates: list[Candidate]) -> dict[tuple[int, float], HedgeTable]:
     """The hedge tables of the candidates' (groups, limit) pairs, fitted on workload `w`'s
     predictions and realized lengths (one fit per group count serves all its limits)."""
-    prompt = w.prompt_tokens.astype(np.int64)
-    kv = w.kv_tokens(max_len)
-    l_hat, output = np.maximum(w.predicted_output_tokens, 1.0), kv - np.minimum(prompt, kv)
+    prompt, _, output, l_hat = _lengths(w, max_len)
     limits: dict[int, dict[float, None]] = {}
     for c in candidates:
         if c.hedge_groups:

@@ -13,7 +13,7 @@ import pytest
 
 from odmactl.allocator import AllocatorConfig, make_allocator
 from odmactl.errors import ConfigError
-from odmactl.hedge import HedgeTable, fit_hedge_table, group_costs, group_edges, lagrangian_pick
+from odmactl.hedge import HedgeTable, fit_hedge_tables, group_costs, group_edges, lagrangian_pick
 
 MAX_LEN = 4096
 
@@ -35,7 +35,7 @@ def test_fit_keeps_the_limit_and_is_near_the_exact_optimum():
     prompt = rng.integers(1, 200, n)
     output = np.maximum(1, (l_hat * rng.lognormal(0, 0.6, n)).astype(np.int64))
     for groups, limit in ((3, 0.05), (2, 0.02), (3, 0.0)):
-        table = fit_hedge_table(l_hat, prompt, output, max_len=MAX_LEN, groups=groups, limit=limit)
+        table = fit_hedge_tables(l_hat, prompt, output, max_len=MAX_LEN, groups=groups, limits=(limit,))[limit]
         need = np.minimum(prompt + table.outputs(l_hat), MAX_LEN)
         kv = np.minimum(prompt + output, MAX_LEN)
         outgrown = kv > need
@@ -57,7 +57,7 @@ def test_the_budget_goes_where_it_saves_the_most():
     l_hat = np.r_[np.full(100, 50.0), np.full(100, 500.0)]
     prompt = np.full(200, 10)
     output = np.r_[np.full(99, 100), [3000], np.arange(100, 1100, 10)]
-    table = fit_hedge_table(l_hat, prompt, output, max_len=MAX_LEN, groups=2, limit=0.005)
+    table = fit_hedge_tables(l_hat, prompt, output, max_len=MAX_LEN, groups=2, limits=(0.005,))[0.005]
     assert len(table.edges) == 1 and 50 < table.edges[0] <= 500
     assert tuple(table.outputs(np.array([50.0, 500.0])).tolist()) == (100, 1090)
 
