@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parent
 
 
 def _native():
-    """odmactl/native.py, loaded by path: the module lists live there (importing the package here
+    """odmactl/core/native.py, loaded by path: the module lists live there (importing the package here
     would run its import-time code in the build)."""
-    spec = importlib.util.spec_from_file_location("_odmactl_native", ROOT / "odmactl" / "native.py")
+    spec = importlib.util.spec_from_file_location("_odmactl_native", ROOT / "odmactl" / "core" / "native.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -63,7 +63,7 @@ def extensions() -> list[Extension]:
         return []
     from Cython.Build import cythonize
 
-    # what the extensions are built from: odmactl.native compares it with the sources at import
+    # what the extensions are built from: odmactl.core.native compares it with the sources at import
     digests = {name: NATIVE.source_digest(name) for name in COMPILED}
     stamp = ROOT / "odmactl" / "_native_build.py"
     stamp.write_text('"""Written by setup.py when it compiles the core: sha256 of each compiled module\'s source."""\n\n'

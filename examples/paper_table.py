@@ -34,7 +34,7 @@ COLUMNS = ["kv_utilization", "tps", "ttft_p99", "tpot_p99", "migration_rate", "p
 
 
 def run(args: list[str]) -> None:
-    from odmactl.cli import main
+    from odmactl.cli.app import main
 
     code = main(args)
     if code != 0:
@@ -42,7 +42,7 @@ def run(args: list[str]) -> None:
 
 
 def prepare(work: Path, name: str, ingest_args: list[str], train_rows: int, max_len: int, split: str) -> tuple[Path, Path]:
-    from odmactl.trace import read_trace
+    from odmactl.trace.schema import read_trace
 
     slug = name.split()[0].replace("/", "-")
     full, train, test, pred = (work / f"{slug}.parquet", work / f"{slug}-train.parquet", work / f"{slug}-replay.parquet",
@@ -66,9 +66,9 @@ def main() -> None:
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
 
-    from odmactl.report import to_json
-    from odmactl.trace import read_trace
-    from odmactl.workload import ReplaySpec, run_policies
+    from odmactl.render.report import to_json
+    from odmactl.trace.schema import read_trace
+    from odmactl.run.workload import ReplaySpec, run_policies
 
     lines = [f"# {MODEL} on {DEVICE}: static, paged, s3 and odma", "",
              "Made by `python examples/paper_table.py` (see its docstring). Each row replays the same "

@@ -47,7 +47,7 @@ def ceiling(prompt: np.ndarray, output: np.ndarray, tenant: np.ndarray, max_len:
     sum over tenants of min_r [reserved + lam * outgrown] - lam * allowed is at most the least total
     reservation within the limit). The sweep is the one `odmactl plan` fits its hedge tables with
     (odmactl/hedge.py), here with each tenant as a group."""
-    from odmactl.hedge import group_costs, lagrangian_pick
+    from odmactl.rules.hedge import group_costs, lagrangian_pick
 
     kv_total = float(np.minimum(prompt + output, max_len).sum())
     allowed = limit * prompt.size
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=32_768)
     ap.add_argument("--limit", type=float, default=0.005, help="most requests that may outgrow their block")
     args = ap.parse_args(argv)
-    from odmactl.predictor import LengthPredictor
+    from odmactl.predict.predictor import LengthPredictor
 
     frame = pl.read_parquet(args.trace).filter(pl.col("prompt_tokens") <= args.max_model_len)
     l_hat, _ = LengthPredictor.load(args.predictor).predict(frame)

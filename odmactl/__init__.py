@@ -1,5 +1,5 @@
 __version__ = "0.1.0"
 
-from odmactl import native as _native
+from odmactl.core import native as _native
 
-_native.select()  # before any compiled-core module is imported: see odmactl/native.py
+_native.select()  # before any compiled-core module is imported: see odmactl/core/native.py

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from odmactl.cli import main
+from odmactl.cli.app import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = Path(os.environ.get("ODMACTL_SHARED_TRACES", ROOT.parent / "shared" / "traces"))
@@ -41,7 +41,7 @@ def cli(capsys):
 def conv_sample_head(tmp_path_factory):
     """The shipped Azure conv sample, ingested; `head(n)` writes its first n requests to a parquet
     file and returns the path."""
-    from odmactl.trace import read_trace
+    from odmactl.trace.schema import read_trace
 
     folder = tmp_path_factory.mktemp("conv-sample")
     full = folder / "conv.parquet"

@@ -7,7 +7,7 @@ import pytest
 
 from odmactl.allocator import ALLOCATORS, AllocatorConfig, make_allocator
 from odmactl.allocator.base import InvariantError
-from odmactl.errors import AllocationError, ConfigError
+from odmactl.core.errors import AllocationError, ConfigError
 
 BPT = 16
 POOL = 1 << 20

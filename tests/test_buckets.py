@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from odmactl.buckets import SlidingWindowRefit, bucket_of, quantile_boundaries
+from odmactl.rules.buckets import SlidingWindowRefit, bucket_of, quantile_boundaries
 
 
 def test_quantile_boundaries_match_numpy() -> None:

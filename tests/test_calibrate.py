@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from odmactl.calibrate import CHUNK_BYTES
-from odmactl.cost import CostModel, KvLayout
-from odmactl.profiles import load_model, read_device
+from odmactl.device.calibrate import CHUNK_BYTES
+from odmactl.hw.cost import CostModel, KvLayout
+from odmactl.hw.profiles import load_model, read_device
 
 
 def numpy_copy_bytes_per_s(num_bytes: int = 256 << 20, repeats: int = 5) -> float:

@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from odmactl.check import Thresholds, evaluate, junit_xml
-from odmactl.errors import ConfigError
+from odmactl.gate.thresholds import Thresholds, evaluate, junit_xml
+from odmactl.core.errors import ConfigError
 
 DEVICE, MODEL = "mlu370-x4", "DeepSeek-R1-Distill-Qwen-7B"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from odmactl.extentlist import ExtentList
+from odmactl.allocator.extentlist import ExtentList
 
 
 def _reference_take(pieces: list[list[int]], nbytes: int) -> int:

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from odmactl.allocator import AllocatorConfig, make_allocator
-from odmactl.errors import ConfigError
-from odmactl.hedge import HedgeTable, fit_hedge_tables, group_costs, group_edges, lagrangian_pick
+from odmactl.core.errors import ConfigError
+from odmactl.rules.hedge import HedgeTable, fit_hedge_tables, group_costs, group_edges, lagrangian_pick
 
 MAX_LEN = 4096
 
@@ -110,9 +110,9 @@ def test_plan_bounds_for_a_hedge_candidate_agree_with_its_replay(conv_sample_hea
     than the load, the replay's migrations are the bounds' overflows, and the utilizations agree."""
     import polars as pl
 
-    from odmactl.plan import Candidate, _Context, _fit_hedges, _with_hedge, estimate, replay_candidate
-    from odmactl.replay import SchedulerSettings
-    from odmactl.workload import LoadOptions, build_workload, serving
+    from odmactl.plan.search import Candidate, _Context, _fit_hedges, _with_hedge, estimate, replay_candidate
+    from odmactl.sim.loop import SchedulerSettings
+    from odmactl.run.workload import LoadOptions, build_workload, serving
 
     w, frame, _ = build_workload(pl.read_parquet(conv_sample_head(1200)), LoadOptions(), "oracle")
     rng = np.random.default_rng(0)  # a noisy predictor: oracle lengths times lognormal noise

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from odmactl.trace import read_metadata, read_trace
+from odmactl.trace.schema import read_metadata, read_trace
 
 
 def test_unsorted_arrivals_are_sorted_and_counted(cli, tmp_path):
@@ -123,7 +123,7 @@ def test_shipped_samples_ingest(cli, tmp_path):
 
 
 def test_read_trace_rejects_unsorted_parquet(tmp_path):
-    from odmactl.errors import TraceError
+    from odmactl.core.errors import TraceError
 
     frame = pl.DataFrame({"request_id": ["a", "b"], "arrival_s": [1.0, 0.0], "prompt_tokens": [1, 1],
                           "output_tokens": [1, 1], "prompt_text": [None, None], "model": [None, None], "tenant": [None, None]},

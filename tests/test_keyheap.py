@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from odmactl.keyheap import KeyHeap
+from odmactl.sim.keyheap import KeyHeap
 
 
 def test_keyheap_pops_what_heapq_pops_through_growth_and_draining():

@@ -1,4 +1,4 @@
-"""The compiled core (setup.py, odmactl/native.py): the Cython-compiled replay gives byte-identical
+"""The compiled core (setup.py, odmactl/core/native.py): the Cython-compiled replay gives byte-identical
 results to its Python source, and a compiled module older than its source is never run.
 
 The comparisons run the same script in two subprocesses, one with ODMACTL_PURE_PYTHON set. They
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from odmactl import native
+from odmactl.core import native
 
 TESTS = Path(__file__).resolve().parent
 
@@ -24,12 +24,12 @@ SCRIPT = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from test_replay import CASES, DEVICE, MODEL, _replay, case_workload
-from odmactl import native
-from odmactl.cli import main
-from odmactl.cost import CostModel
-from odmactl.profiles import load_device, load_model
-from odmactl.report import to_json
-from odmactl.trace import read_trace
+from odmactl.core import native
+from odmactl.cli.app import main
+from odmactl.hw.cost import CostModel
+from odmactl.hw.profiles import load_device, load_model
+from odmactl.render.report import to_json
+from odmactl.trace.schema import read_trace
 
 frame = read_trace(sys.argv[2])
 cost = CostModel(load_device(DEVICE), load_model(MODEL))
@@ -88,22 +88,22 @@ def test_a_compiled_module_older_than_its_source_is_not_run():
               "sys.modules['odmactl._native_build'] = types.SimpleNamespace(SOURCE_SHA256={})\n"
               "with warnings.catch_warnings(record=True) as caught:\n"
               "    warnings.simplefilter('always')\n"
-              "    import odmactl.replay, odmactl.segment\n"
-              "from odmactl import native\n"
-              "print(odmactl.replay.__file__, odmactl.segment.__file__, native.status(), [str(w.message) for w in caught])\n")
+              "    import odmactl.sim.loop, odmactl.sim.segment\n"
+              "from odmactl.core import native\n"
+              "print(odmactl.sim.loop.__file__, odmactl.sim.segment.__file__, native.status(), [str(w.message) for w in caught])\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     replay_file, segment_file, rest = done.stdout.split(" ", 2)
-    assert replay_file.endswith("replay.py") and segment_file.endswith("segment.py")
+    assert replay_file.endswith("sim/loop.py") and segment_file.endswith("sim/segment.py")
     assert "the core's sources changed since it was compiled" in rest and "pip install -e ." in rest
 
 
 def test_a_declarations_file_is_part_of_what_makes_a_build_current():
     """Editing only a .pxd changes the machine code, so the digest a build is checked against
-    covers it: the replay's is of replay.py followed by replay.pxd."""
+    covers it: the replay loop's is of sim/loop.py followed by sim/loop.pxd."""
     import hashlib
 
-    source = Path(native.__file__).with_name("replay.py")
+    source = Path(native.__file__).parents[1] / "sim" / "loop.py"
     expected = hashlib.sha256(source.read_bytes() + source.with_suffix(".pxd").read_bytes()).hexdigest()
-    assert native.source_digest("odmactl.replay") == expected
-    assert native.source_digest("odmactl.replay") != hashlib.sha256(source.read_bytes()).hexdigest()
+    assert native.source_digest("odmactl.sim.loop") == expected
+    assert native.source_digest("odmactl.sim.loop") != hashlib.sha256(source.read_bytes()).hexdigest()

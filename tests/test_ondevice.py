@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from odmactl.allocator import make_allocator
-from odmactl.ondevice import DecodeProbe, expand_runs, scaled_model, split_runs, step_time_fit
-from odmactl.profiles import load_model
-from odmactl.replay import Replay, SchedulerSettings, Workload
+from odmactl.device.ondevice import DecodeProbe, expand_runs, scaled_model, split_runs, step_time_fit
+from odmactl.hw.profiles import load_model
+from odmactl.sim.loop import Replay, SchedulerSettings, Workload
 
 PROFILE = str(Path(__file__).resolve().parents[1] / "profiles" / "devices" / "measured" / "cpu-xeon-2vcpu.toml")
 TINY = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -188,7 +188,7 @@ def test_runs_expand_to_their_indices_and_split_into_tiles_that_cover_them():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton run reader needs a CUDA device")
 def test_triton_run_reader_sums_each_tile():
-    from odmactl.runread import read_tiles
+    from odmactl.device.runread import read_tiles
 
     words = torch.randn(1 << 20, device="cuda")
     starts, lens = split_runs(np.array([0, 5008, 100000, 700000], np.int64),

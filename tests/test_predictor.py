@@ -14,13 +14,13 @@ import pytest
 from scipy.stats import kendalltau
 
 from odmactl.allocator import make_allocator
-from odmactl.artifact import FORMAT_VERSION, MANIFEST, WEIGHTS
-from odmactl.buckets import equal_width_classes, reserved_kv_tokens
-from odmactl.errors import PredictorError
-from odmactl.evaluation import EvalSettings, evaluate_predictions
-from odmactl.features import hash_ngrams
-from odmactl.predictor import LengthPredictor, PredictorSettings
-from odmactl.splits import prompt_keys, split_trace
+from odmactl.predict.artifact import FORMAT_VERSION, MANIFEST, WEIGHTS
+from odmactl.rules.buckets import equal_width_classes, reserved_kv_tokens
+from odmactl.core.errors import PredictorError
+from odmactl.predict.evaluation import EvalSettings, evaluate_predictions
+from odmactl.predict.features import hash_ngrams
+from odmactl.predict.predictor import LengthPredictor, PredictorSettings
+from odmactl.trace.splits import prompt_keys, split_trace
 
 from conftest import SAMPLES
 
@@ -30,7 +30,7 @@ FAST = PredictorSettings(max_epochs=4, num_hash_buckets=1 << 12)
 @pytest.fixture(scope="module")
 def alpaca(tmp_path_factory) -> Path:
     """The shipped 2,000-record Alpaca sample, ingested with the default tokenizer."""
-    from odmactl.cli import main
+    from odmactl.cli.app import main
 
     out = tmp_path_factory.mktemp("alpaca") / "alpaca.parquet"
     assert main(["ingest", str(SAMPLES / "alpaca_small_2000.json.gz"), "--out", str(out), "--offline"]) == 0

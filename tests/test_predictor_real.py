@@ -9,12 +9,12 @@ import math
 import polars as pl
 import pytest
 
-from odmactl.splits import prompt_keys
+from odmactl.trace.splits import prompt_keys
 
 
 @pytest.fixture(scope="module")
 def alpaca_eval_fit(shared_traces, tmp_path_factory):
-    from odmactl.cli import main
+    from odmactl.cli.app import main
 
     tmp = tmp_path_factory.mktemp("alpaca_eval")
     trace = tmp / "ae.parquet"

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from odmactl.errors import ProfileError
-from odmactl.profiles import device_paths, load_device, load_model, model_dirs, read_device, read_model
-from odmactl.units import parse_quantity
+from odmactl.core.errors import ProfileError
+from odmactl.hw.profiles import device_paths, load_device, load_model, model_dirs, read_device, read_model
+from odmactl.core.units import parse_quantity
 
 # DESIGN.md "Device and model facts": layers, heads, kv heads, head dim, params (B), active (B), KV bytes/token fp16
 DESIGN_MODELS = {
@@ -276,11 +276,11 @@ def test_an_installed_wheel_carries_the_shipped_profiles(tmp_path):
                    check=True, capture_output=True)
     env = {k: v for k, v in os.environ.items() if k != "ODMACTL_PROFILES"}
     env["PYTHONPATH"] = str(site)
-    probe = ("import json; from odmactl.profiles import profiles_dir, device_paths, model_dirs, load_device, load_model;"
+    probe = ("import json; from odmactl.hw.profiles import profiles_dir, device_paths, model_dirs, load_device, load_model;"
              "print(json.dumps([str(profiles_dir()), [p.relative_to(profiles_dir()).as_posix() for p in device_paths()],"
              " [d.name for d in model_dirs()], load_device('mlu370-x4').name,"
              " load_model('DeepSeek-R1-Distill-Qwen-7B').kv_bytes_per_token]));"
-             "from odmactl import native; print(json.dumps(native.status()))")
+             "from odmactl.core import native; print(json.dumps(native.status()))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, check=True, capture_output=True, text=True)
     first, second = out.stdout.splitlines()
     where, devices, models, device, kv_bytes = json.loads(first)

@@ -12,14 +12,14 @@ import polars as pl
 import pytest
 
 from odmactl.allocator import ALLOCATORS, make_allocator
-from odmactl.cli import main
-from odmactl.cost import CostModel, StepCoefficients
-from odmactl.profiles import load_device, load_model
-from odmactl.replay import PS, Replay, SchedulerSettings, Workload
-from odmactl.report import to_json
-from odmactl.segment import Segment
-from odmactl.trace import read_trace
-from odmactl.workload import LoadOptions, ReplaySpec, run_policies
+from odmactl.cli.app import main
+from odmactl.hw.cost import CostModel, StepCoefficients
+from odmactl.hw.profiles import load_device, load_model
+from odmactl.sim.loop import PS, Replay, SchedulerSettings, Workload
+from odmactl.render.report import to_json
+from odmactl.sim.segment import Segment
+from odmactl.trace.schema import read_trace
+from odmactl.run.workload import LoadOptions, ReplaySpec, run_policies
 
 from conftest import SAMPLES
 

@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 from scipy.stats import ks_2samp
 
-from odmactl.trace import read_metadata, read_trace
+from odmactl.trace.schema import read_metadata, read_trace
 
 SPAN_S = 21600.0
 TARGET = 100_000
@@ -40,7 +40,7 @@ def r1(shared_traces, tmp_path_factory):
     expected_total = sum(rate * 600 for rows in rates.values() for start, rate in rows if start < SPAN_S)
     scale = TARGET / expected_total
     out = tmp_path_factory.mktemp("sg") / "r1.parquet"
-    from odmactl.cli import main
+    from odmactl.cli.app import main
 
     assert main(["ingest", str(folder), "--format", "servegen", "--out", str(out), "--start", "0",
                  "--duration", str(SPAN_S), "--rate-scale", repr(scale), "--seed", "7"]) == 0

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import SAMPLES
-from odmactl.trace import read_trace
+from odmactl.trace.schema import read_trace
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from odmactl.allocator.odma import OdmaAllocator
 from odmactl.allocator.paged import PagedAllocator
 from odmactl.allocator.s3 import S3Allocator
 from odmactl.allocator.static import StaticAllocator
-from odmactl.errors import ConfigError
+from odmactl.core.errors import ConfigError
 
 ALLOCATORS: dict[str, type] = {
     "static": StaticAllocator,

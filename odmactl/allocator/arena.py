@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from odmactl.errors import ConfigError
+from odmactl.core.errors import ConfigError
 
 ARENA_KINDS = ("virtual", "torch")
 

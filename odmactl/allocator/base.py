@@ -9,7 +9,7 @@ from typing import Protocol
 
 from odmactl.allocator.arena import Arena, VirtualArena
 from odmactl.allocator.config import AllocatorConfig
-from odmactl.errors import AllocationError, ConfigError
+from odmactl.core.errors import AllocationError, ConfigError
 
 
 class InvariantError(AssertionError):

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from odmactl.errors import ConfigError
+from odmactl.core.errors import ConfigError
 
 STATIC_SLOTS = ("max_model_len", "prompt_plus_max_new")
 REFIT_MODES = ("inline", "deferred")

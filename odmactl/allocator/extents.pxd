@@ -1,5 +1,5 @@
 # Cython declarations for extents.py (see setup.py): FreeExtents as an extension type.
-from odmactl.extentlist cimport ExtentList
+from odmactl.allocator.extentlist cimport ExtentList
 
 
 cdef class FreeExtents:

@@ -3,7 +3,7 @@ that coalesce (deferred coalescing, the scheme of dlmalloc's fast bins)."""
 
 from __future__ import annotations
 
-from odmactl.extentlist import ExtentList
+from odmactl.allocator.extentlist import ExtentList
 
 
 class FreeExtents:

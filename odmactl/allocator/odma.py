@@ -12,8 +12,8 @@ from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation
 from odmactl.allocator.config import AllocatorConfig
 from odmactl.allocator.contiguous import ContiguousAllocator
-from odmactl.buckets import SlidingWindowRefit
-from odmactl.errors import ConfigError
+from odmactl.rules.buckets import SlidingWindowRefit
+from odmactl.core.errors import ConfigError
 
 LARGE = "large"
 

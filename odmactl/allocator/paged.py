@@ -7,7 +7,7 @@ from array import array
 from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation, AllocatorBase, RegionStats
 from odmactl.allocator.config import AllocatorConfig
-from odmactl.errors import ConfigError
+from odmactl.core.errors import ConfigError
 
 
 class PagedAllocator(AllocatorBase):

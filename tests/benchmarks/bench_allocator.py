@@ -68,7 +68,7 @@ def workload(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray,
 
 def make(policy: str, prompt: np.ndarray, output: np.ndarray):
     from odmactl.allocator import make_allocator
-    from odmactl.buckets import quantile_boundaries
+    from odmactl.rules.buckets import quantile_boundaries
 
     config = {"max_model_len_tokens": MAX_LEN_TOKENS}
     if policy == "odma":

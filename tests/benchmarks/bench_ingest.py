@@ -29,9 +29,9 @@ from pathlib import Path
 import polars as pl
 mode, src, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 if mode == "odmactl":
-    from odmactl.readers import ingest
-    from odmactl.readers.options import ReadOptions
-    from odmactl.trace import ArrivalOptions, write_trace
+    from odmactl.trace.readers import ingest
+    from odmactl.trace.readers.options import ReadOptions
+    from odmactl.trace.schema import ArrivalOptions, write_trace
     t0 = time.perf_counter()
     trace, _ = ingest([src], "auto", ReadOptions(), ArrivalOptions())
     write_trace(trace, out, force=True)

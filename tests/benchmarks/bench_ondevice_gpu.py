@@ -58,8 +58,8 @@ def bench_gemm(torch) -> list[dict]:
 
 
 def bench_reader(torch) -> dict:
-    from odmactl.ondevice import expand_runs, split_runs
-    from odmactl.runread import read_tiles
+    from odmactl.device.ondevice import expand_runs, split_runs
+    from odmactl.device.runread import read_tiles
 
     words = torch.zeros(20 << 28, device="cuda")  # 20 GiB of 4-byte words
     n, total = words.numel(), 16 << 30

@@ -33,7 +33,7 @@ def trace(path: str | None, tmp: Path) -> Path:
         return Path(path)
     out = tmp / "alpaca_eval.parquet"
     src = ROOT.parent / "shared" / "traces" / "alpaca_eval_model_outputs.jsonl.gz"
-    from odmactl.cli import main
+    from odmactl.cli.app import main
 
     if main(["ingest", str(src), "--out", str(out), "--offline", "--json"]) != 0:
         sys.exit("ingest failed")
@@ -46,7 +46,7 @@ def default_encoder() -> Path | None:
 
 
 def time_family(frame: pl.DataFrame, settings, encoder: Path | None) -> dict:
-    from odmactl.predictor import LengthPredictor
+    from odmactl.predict.predictor import LengthPredictor
 
     t0 = time.perf_counter()
     p = LengthPredictor.fit(frame, settings, seed=0, encoder_dir=encoder)
@@ -62,7 +62,7 @@ def time_family(frame: pl.DataFrame, settings, encoder: Path | None) -> dict:
 
 
 def main() -> None:
-    from odmactl.predictor import PredictorSettings
+    from odmactl.predict.predictor import PredictorSettings
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace")

@@ -32,8 +32,8 @@ SERVEGEN = ROOT.parent / "shared" / "traces" / "servegen" / "reason" / "deepseek
 
 
 def trace_path(requests: int) -> Path:
-    from odmactl.cli import main
-    from odmactl.trace import read_trace
+    from odmactl.cli.app import main
+    from odmactl.trace.schema import read_trace
 
     path = Path(tempfile.gettempdir()) / f"odmactl-bench-servegen-r1-{requests}.parquet"
     if path.exists():
@@ -61,11 +61,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from odmactl.allocator import make_allocator
-    from odmactl.cost import CostModel
-    from odmactl.profiles import load_device, load_model
-    from odmactl.replay import Replay, SchedulerSettings
-    from odmactl.trace import read_trace
-    from odmactl.workload import LoadOptions, allocator_config, build_workload
+    from odmactl.hw.cost import CostModel
+    from odmactl.hw.profiles import load_device, load_model
+    from odmactl.sim.loop import Replay, SchedulerSettings
+    from odmactl.trace.schema import read_trace
+    from odmactl.run.workload import LoadOptions, allocator_config, build_workload
 
     frame = read_trace(trace_path(args.requests))
     cost = CostModel(load_device(args.device), load_model(args.model))
@@ -84,7 +84,7 @@ def main() -> None:
                      "decode_iterations": m["decode_iterations"], "prefill_iterations": m["prefill_iterations"],
                      "mean_batch": round(m["mean_batch"], 1), "preemptions": m["preemptions"],
                      "migrations": m["migrations"], "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)})
-    from odmactl import native
+    from odmactl.core import native
 
     doc = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
            "core": native.status(), "device": args.device, "model": args.model, "results": rows}

@@ -1,0 +1,312 @@
+"""`odmactl calibrate`: measure the machine at hand with torch and describe it as a device profile.
+
+Measured: sequential read bandwidth (a full-buffer reduction), device copy bandwidth, reads of
+contiguous runs of each table size at random offsets (an index gather, timed against a contiguous
+copy of the same bytes, so both sides read and write the same amount), the fp16 and bf16 matmul
+rate, and a decode-attention cross-check: scaled_dot_product_attention over contiguous KV versus
+the same KV gathered from randomly placed 16-token blocks first. Buffers are several times the
+last-level cache; each timing warms up, synchronises (device events on CUDA) and keeps the median.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from odmactl import __version__
+from odmactl.core.errors import ProfileError
+from odmactl.core.units import format_bytes, format_rate
+
+CHUNK_BYTES = (64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 2 << 20)
+DEVICES = ("auto", "cpu", "cuda", "mlu")
+Progress = Callable[[str, int, int], None] | None
+
+# Budget figures a measurement cannot give; the same cited values as the shipped profiles.
+MEMORY_FRACTION_SOURCE = ("vLLM's default gpu_memory_utilization = 0.90 (vLLM engine arguments; shown in "
+                          "the vllm-project/vllm PR #10511 profiling log)")
+ACTIVATION_RESERVE = "3.05 GiB"
+ACTIVATION_RESERVE_SOURCE = ("vllm-project/vllm PR #10511 memory-profiling log, Meta-Llama-3-8B on an 80 GB GPU: "
+                             "PyTorch activation peak 1.26 GiB + non-torch memory 1.79 GiB = 3.05 GiB")
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """Sizes and repeats of one calibration run. Invariant: buffers are multiples of 2 MiB and
+    larger than `gather_bytes`; `repeats` >= 1 timed runs follow `warmup` untimed ones."""
+
+    device: str
+    quick: bool
+    buffer_bytes: int
+    gather_bytes: int
+    repeats: int
+    warmup: int
+    matmul_n: int
+    attn_batch: int
+    attn_heads: int
+    attn_head_dim: int
+    attn_context_tokens: int
+    attn_block_tokens: int
+    seed: int = 0
+
+    @classmethod
+    def for_device(cls, device: str, quick: bool, seed: int = 0) -> CalibrationSettings:
+        if device == "cpu":
+            return cls(device, quick, buffer_bytes=(256 if quick else 512) << 20, gather_bytes=(32 if quick else 64) << 20,
+                       repeats=3 if quick else 5, warmup=1, matmul_n=1024 if quick else 2048, attn_batch=8,
+                       attn_heads=8, attn_head_dim=128, attn_context_tokens=2048, attn_block_tokens=16, seed=seed)
+        return cls(device, quick, buffer_bytes=(1 if quick else 4) << 30, gather_bytes=(256 if quick else 512) << 20,
+                   repeats=5 if quick else 20, warmup=2 if quick else 5, matmul_n=8192, attn_batch=32,
+                   attn_heads=32, attn_head_dim=128, attn_context_tokens=4096, attn_block_tokens=16, seed=seed)
+
+
+def resolve_device(name: str) -> str:
+    """'auto' picks cuda, then mlu, then cpu; an explicit device that is not there is an error."""
+    import torch
+
+    if name not in DEVICES:
+        raise ProfileError(f"--device expects one of {', '.join(DEVICES)}, got '{name}'")
+    mlu_ok = hasattr(torch, "mlu") and torch.mlu.is_available()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "mlu" if mlu_ok else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ProfileError("no CUDA device is visible to torch", hint=f"torch {torch.__version__} was built "
+                           f"{'without CUDA' if torch.version.cuda is None else 'with CUDA ' + torch.version.cuda}; see README for a CUDA install")
+    if name == "mlu" and not mlu_ok:
+        raise ProfileError("no MLU device is visible to torch", hint="install Cambricon's torch_mlu and its driver")
+    return name
+
+
+class _Timer:
+    """Median wall time of a callable on one device: device events on CUDA, synchronise + perf_counter elsewhere."""
+
+    def __init__(self, torch, device: str, repeats: int, warmup: int) -> None:
+        self.torch, self.device, self.repeats, self.warmup = torch, device, repeats, warmup
+
+    def sync(self) -> None:
+        if self.device != "cpu":
+            device_backend(self.device).synchronize()
+
+    def median_s(self, fn: Callable[[], object]) -> float:
+        for _ in range(self.warmup):
+            fn()
+        self.sync()
+        times = []
+        for _ in range(self.repeats):
+            if self.device == "cuda":
+                start, end = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                self.sync()
+                times.append(time.perf_counter() - t0)
+        return float(statistics.median(times))
+
+
+def device_backend(device: str):
+    """torch.cuda or torch.mlu: the two expose the same device API."""
+    import torch
+
+    return getattr(torch, device)
+
+
+def device_name(device: str) -> str:
+    if device != "cpu":
+        backend = device_backend(device)
+        return backend.get_device_name(backend.current_device())
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"CPU {line.split(':', 1)[1].strip()} ({os.cpu_count()} threads)"
+    except OSError:
+        pass
+    return f"CPU {platform.processor() or platform.machine()} ({os.cpu_count()} threads)"
+
+
+def device_capacity_bytes(device: str) -> tuple[int, str]:
+    if device != "cpu":
+        backend = device_backend(device)
+        return backend.get_device_properties(backend.current_device()).total_memory, \
+            f"measured: torch.{device}.get_device_properties().total_memory"
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "measured: host physical memory (sysconf)"
+
+
+def measure(settings: CalibrationSettings, progress: Progress = None) -> dict:
+    """Run every measurement; returns raw figures (bytes/s, FLOP/s, seconds) keyed by name."""
+    import torch
+
+    step, total = 0, 4 + len(CHUNK_BYTES) + 1
+
+    def tick(label: str) -> None:
+        nonlocal step
+        step += 1
+        if progress:
+            progress(f"calibrate: {label}", step, total)
+
+    dev = torch.device(settings.device)
+    timer = _Timer(torch, settings.device, settings.repeats, settings.warmup)
+    gen = torch.Generator(device="cpu").manual_seed(settings.seed)
+    results = _bandwidths(torch, timer, dev, settings, gen, tick)
+    for dtype_name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        results[f"matmul_{dtype_name}_flops"] = _matmul_rate(torch, timer, dev, dtype, settings.matmul_n)
+        tick(f"{dtype_name} matmul")
+    results["attention"] = _attention_check(torch, timer, dev, settings, gen)
+    tick("decode attention")
+    return results
+
+
+def _bandwidths(torch, timer: _Timer, dev, settings: CalibrationSettings, gen, tick) -> dict:
+    """Sequential read, copy, and scattered runs of each table size; the buffers die on return."""
+    n = settings.buffer_bytes
+    src = torch.ones(n // 4, dtype=torch.float32, device=dev)
+    dst = torch.empty_like(src)
+    results: dict = {}
+    t = timer.median_s(lambda: torch.sum(src))
+    results["sequential_read_bytes_per_s"] = n / t
+    tick("sequential read")
+    t = timer.median_s(lambda: dst.copy_(src))
+    results["copy_bytes_per_s"] = 2 * n / t  # STREAM convention: bytes read + bytes written
+    tick("device copy")
+    words, out = src.view(torch.int64), dst.view(torch.int64)
+    scattered = []
+    for chunk in CHUNK_BYTES:
+        rows = words.view(-1, chunk // 8)
+        k = min(rows.shape[0], max(1, settings.gather_bytes // chunk))
+        index = torch.randperm(rows.shape[0], generator=gen)[:k].to(dev)
+        gathered = out[: k * chunk // 8].view(k, chunk // 8)
+        t_gather = timer.median_s(lambda: torch.index_select(rows, 0, index, out=gathered))
+        flat_src, flat_dst = words[: k * chunk // 8], out[: k * chunk // 8]
+        t_copy = timer.median_s(lambda: flat_dst.copy_(flat_src))
+        scattered.append({"chunk_bytes": chunk, "gather_bytes_per_s": k * chunk / t_gather,
+                          "contiguous_bytes_per_s": k * chunk / t_copy, "ratio": t_copy / t_gather})
+        tick(f"scattered {format_bytes(chunk)} runs")
+    results["scattered"] = scattered
+    return results
+
+
+def _matmul_rate(torch, timer: _Timer, dev, dtype, n: int) -> float | None:
+    """FLOP/s of an n x n x n matmul, or None where this device has no kernel for the dtype."""
+    try:
+        a = torch.randn(n, n, device=dev).to(dtype)
+        b = torch.randn(n, n, device=dev).to(dtype)
+        t = timer.median_s(lambda: torch.matmul(a, b))
+    except RuntimeError:
+        return None
+    return 2.0 * n**3 / t
+
+
+def _attention_check(torch, timer: _Timer, dev, s: CalibrationSettings, gen) -> dict:
+    """One decode step of attention: contiguous K/V, and K/V gathered from shuffled blocks first."""
+    import torch.nn.functional as F
+
+    dtype = torch.float16 if s.device != "cpu" else torch.float32
+    b, h, d, ctx, blk = s.attn_batch, s.attn_heads, s.attn_head_dim, s.attn_context_tokens, s.attn_block_tokens
+    blocks_per_req = ctx // blk
+    num_blocks = b * blocks_per_req
+    q = torch.randn(b, h, 1, d, device=dev, dtype=dtype)
+    k = torch.randn(b, h, ctx, d, device=dev, dtype=dtype)
+    v = torch.randn(b, h, ctx, d, device=dev, dtype=dtype)
+    # paged pools, one per head: [h, num_blocks, blk, d]; block i (request i // blocks_per_req) sits at slot table[i]
+    table = torch.randperm(num_blocks, generator=gen).to(dev)
+    k_pool = torch.empty(h, num_blocks, blk, d, device=dev, dtype=dtype)
+    v_pool = torch.empty_like(k_pool)
+    k_pool[:, table] = k.permute(1, 0, 2, 3).reshape(h, num_blocks, blk, d)
+    v_pool[:, table] = v.permute(1, 0, 2, 3).reshape(h, num_blocks, blk, d)
+
+    k_buf, v_buf = torch.empty_like(k_pool), torch.empty_like(v_pool)  # reused: no allocation in the timing
+    rows = (torch.arange(h, device=dev)[:, None] * num_blocks + table[None, :]).flatten()  # block rows per head
+
+    def gathered(pool, buf):  # one row gather of the blocks, then a strided view as [b, h, ctx, d]
+        torch.index_select(pool.view(h * num_blocks, blk * d), 0, rows, out=buf.view(h * num_blocks, blk * d))
+        return buf.view(h, b, ctx, d).permute(1, 0, 2, 3)
+
+    contiguous = F.scaled_dot_product_attention(q, k, v)
+    paged = F.scaled_dot_product_attention(q, gathered(k_pool, k_buf), gathered(v_pool, v_buf))
+    assert torch.allclose(contiguous, paged, atol=1e-3, rtol=1e-3), "the paged gather reordered the KV"
+    t_contig = timer.median_s(lambda: F.scaled_dot_product_attention(q, k, v))
+    t_paged = timer.median_s(lambda: F.scaled_dot_product_attention(q, gathered(k_pool, k_buf), gathered(v_pool, v_buf)))
+    kv_bytes = 2 * k.numel() * k.element_size()
+    return {"batch": b, "heads": h, "head_dim": d, "context_tokens": ctx, "block_tokens": blk,
+            "dtype": str(dtype).removeprefix("torch."), "kv_bytes": kv_bytes,
+            "contiguous_s": t_contig, "paged_s": t_paged, "paged_over_contiguous": t_paged / t_contig}
+
+
+def profile_document(results: dict, settings: CalibrationSettings, command: str, now: dt.datetime) -> dict:
+    """The measured device profile (a TOML-ready dict) built from `measure`'s results."""
+    import torch
+
+    name = device_name(settings.device)
+    capacity, capacity_source = device_capacity_bytes(settings.device)
+    date = now.date().isoformat()
+    how = f"measured {date} on {name} with `{command}`"
+    mode = "quick" if settings.quick else "full"
+    seq = results["sequential_read_bytes_per_s"]
+    compute = {}
+    for key, dtype_name in (("peak_fp16", "fp16"), ("peak_bf16", "bf16")):
+        rate = results[f"matmul_{dtype_name}_flops"]
+        if rate is not None:
+            compute[key] = {"value": format_rate(rate, "FLOPS"),
+                            "source": f"{how}: {dtype_name} {settings.matmul_n}^3 matmul, median of {settings.repeats}"}
+    if "peak_fp16" not in compute:
+        raise ProfileError(f"the fp16 matmul did not run on {settings.device}; cannot describe its compute rate")
+    scattered = [{"chunk": format_bytes(row["chunk_bytes"]), "efficiency": round(min(1.0, row["ratio"]), 4)}
+                 for row in results["scattered"]]
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:60]
+    return {
+        "format": "odmactl-device/1",
+        "name": f"measured-{slug}",
+        "description": f"{name}, measured by odmactl calibrate ({mode})",
+        "measured": True,
+        "measurement": {"date": date, "device": name, "torch": torch.__version__, "command": command,
+                        "odmactl": __version__, "mode": mode, "statistic": "median", "repeats": settings.repeats,
+                        "warmup": settings.warmup, "buffer_bytes": settings.buffer_bytes, "seed": settings.seed},
+        "memory": {
+            "type": {"value": "unknown", "source": "torch does not report the memory technology"},
+            "capacity": {"value": format_bytes(capacity), "source": f"{capacity_source} ({date})"},
+            "peak_bandwidth": {"value": format_rate(seq, "B/s"),
+                               "source": f"{how}: sequential read (sum over {format_bytes(settings.buffer_bytes)}), "
+                                         f"median of {settings.repeats}"},
+        },
+        "compute": compute,
+        "budget": {
+            "memory_fraction": {"value": 0.9, "source": MEMORY_FRACTION_SOURCE},
+            "activation_reserve": {"value": ACTIVATION_RESERVE, "source": ACTIVATION_RESERVE_SOURCE},
+        },
+        "bandwidth": {
+            "source": (f"{how}: random runs gathered with index_select from a {format_bytes(settings.buffer_bytes)} "
+                       f"buffer ({format_bytes(settings.gather_bytes)} per size), as a share of a contiguous copy of "
+                       "the same bytes, median of each; capped at 1"),
+            "sequential": {"efficiency": 1.0,
+                           "source": "by definition: peak_bandwidth is this device's measured sequential read rate"},
+            "scattered": scattered,
+        },
+        "calibration": _calibration_record(results),
+    }
+
+
+def _calibration_record(results: dict) -> dict:
+    """The raw measurements, kept in the profile for the record (the cost model does not read them)."""
+    seq, copy = results["sequential_read_bytes_per_s"], results["copy_bytes_per_s"]
+    record = {
+        "sequential_read_bytes_per_s": round(seq),
+        "copy_bytes_per_s": round(copy),
+        "sequential_read_over_copy": round(seq / copy, 4),
+        "scattered": [{k: (round(v) if k.endswith("per_s") else round(v, 4) if isinstance(v, float) else v)
+                       for k, v in row.items()} for row in results["scattered"]],
+        "attention": {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in results["attention"].items()},
+    }
+    for key in ("matmul_fp16_flops", "matmul_bf16_flops"):
+        if results[key] is not None:
+            record[key] = round(results[key])
+    return record

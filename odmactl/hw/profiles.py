@@ -1,0 +1,481 @@
+"""Device and model profiles: DeviceProfile from a TOML file, ModelProfile from a Hugging Face config.json.
+
+Device files live in `profiles/devices/` (measured ones in `profiles/devices/measured/`), models in
+`profiles/models/<name>/config.json`; either can also be given as a path. Every device figure is a
+`{ value = "...", source = "..." }` pair with its unit in the value; see profiles/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from odmactl.core.errors import ProfileError
+from odmactl.core.units import parse_quantity
+
+DEVICE_FORMAT = "odmactl-device/1"
+MEMORY_TYPES = ("LPDDR4X", "LPDDR5", "LPDDR5X", "HBM2", "HBM2e", "HBM3", "HBM3e",
+                "DDR4", "DDR5", "GDDR6", "GDDR6X", "unknown")
+
+# KV precision: bits per stored value. Oaken (ISCA'25, seeds/002 §4.4-4.5): every value is 4 bits in
+# the dense matrix and the 10% outliers (4% outer + 6% inner groups) add one 8-bit COO entry each,
+# 4 + 0.1 * 8 = 4.8 bits; each per-token K or V vector also carries min and max for its three
+# groups, 3 * 2 * 16 = 96 bits. That reproduces the paper's Table 2: 4.82 bits for Llama2-7B/13B
+# (vectors of 4096/5120 values) and 4.89 for Llama2-70B (1024 values, GQA).
+KV_DTYPE_BITS = {"fp16": 16.0, "bf16": 16.0, "fp8": 8.0, "int8": 8.0, "int4": 4.0, "oaken": 4.8}
+OAKEN_SCALE_BITS_PER_VECTOR = 96
+WEIGHT_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
+
+
+def profiles_dir() -> Path:
+    """$ODMACTL_PROFILES, else the shipped profiles: inside an installed wheel they are the data
+    package odmactl/_profiles; in a source checkout (editable install) the top-level profiles/."""
+    env = os.environ.get("ODMACTL_PROFILES")
+    if env:
+        return Path(env)
+    package = Path(__file__).resolve().parents[1]  # odmactl/
+    packaged = package / "_profiles"
+    return packaged if packaged.is_dir() else package.parent / "profiles"
+
+
+# ---------------------------------------------------------------------------------------- devices
+
+@dataclass(frozen=True)
+class BandwidthTable:
+    """Share of peak bandwidth reached reading contiguous runs of `chunk_bytes` at scattered offsets.
+
+    Invariant: `chunk_bytes` strictly increasing and >= 1, every efficiency in (0, 1]. `eff(c)` is
+    linear in log2(c) between entries; below the smallest run the throughput shrinks with the run
+    (a fixed cost per access dominates), and at or beyond the largest run it stays at that run's
+    value. `sequential_efficiency` is one unbroken stream (weights, migration copies). Where the
+    figures come from is in DeviceProfile.sources ("bandwidth.scattered", "bandwidth.sequential").
+    """
+
+    chunk_bytes: tuple[int, ...]
+    efficiency: tuple[float, ...]
+    sequential_efficiency: float
+
+    def eff(self, chunk_bytes: float | np.ndarray) -> np.ndarray:
+        c = np.maximum(np.asarray(chunk_bytes, dtype=np.float64), 1e-9)
+        sizes = np.log2(np.asarray(self.chunk_bytes, dtype=np.float64))
+        values = np.asarray(self.efficiency, dtype=np.float64)
+        inside = np.interp(np.log2(c), sizes, values)
+        below = values[0] * c / self.chunk_bytes[0]
+        return np.where(c < self.chunk_bytes[0], below, inside)
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One accelerator (or host) as the cost model sees it.
+
+    Invariant: capacity, bandwidth and compute are positive; `memory_fraction` in (0, 1];
+    `activation_reserve_bytes` is below the usable memory. `sources` maps each figure's key to the
+    datasheet, paper or measurement it came from.
+    """
+
+    name: str
+    description: str
+    path: Path
+    measured: bool
+    memory_type: str
+    capacity_bytes: float
+    peak_bandwidth_bytes_per_s: float
+    peak_fp16_flops: float
+    peak_bf16_flops: float | None
+    memory_fraction: float
+    activation_reserve_bytes: float
+    step_overhead_s: float
+    bandwidth: BandwidthTable
+    sources: Mapping[str, str]
+    measurement: Mapping[str, object] | None = None
+    calibration: Mapping[str, object] | None = None
+
+    @property
+    def sequential_bandwidth_bytes_per_s(self) -> float:
+        return self.peak_bandwidth_bytes_per_s * self.bandwidth.sequential_efficiency
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.capacity_bytes * self.memory_fraction
+
+    def kv_pool_bytes(self, model: ModelProfile) -> int:
+        """capacity * memory_fraction - weights - activation reserve; 0 when the model does not fit."""
+        return max(0, int(self.usable_bytes - model.weight_bytes - self.activation_reserve_bytes))
+
+    def peak_flops(self, dtype: str = "fp16") -> float:
+        if dtype == "bf16" and self.peak_bf16_flops is not None:
+            return self.peak_bf16_flops
+        return self.peak_fp16_flops
+
+
+class _Table:
+    """Reads one TOML table, naming file and dotted key in every error; `finish` rejects unknown keys."""
+
+    def __init__(self, data: object, file: Path, prefix: str) -> None:
+        if not isinstance(data, dict):
+            raise ProfileError(f"expected a table, got {type(data).__name__}", file=file, key=prefix or None)
+        self.data, self.file, self.prefix, self.used = data, file, prefix, set()
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def error(self, name: str, message: str) -> ProfileError:
+        return ProfileError(message, file=self.file, key=self.key(name))
+
+    def raw(self, name: str, required: bool = True) -> object:
+        self.used.add(name)
+        if name not in self.data:
+            if required:
+                raise self.error(name, "missing")
+            return None
+        return self.data[name]
+
+    def table(self, name: str, required: bool = True) -> _Table | None:
+        value = self.raw(name, required)
+        return None if value is None else _Table(value, self.file, self.key(name))
+
+    def string(self, name: str, required: bool = True) -> str | None:
+        value = self.raw(name, required)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self.error(name, f"expected a non-empty string, got {value!r}")
+        return value
+
+    def number(self, name: str, low: float, high: float, required: bool = True) -> float | None:
+        value = self.raw(name, required)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low < value <= high):
+            raise self.error(name, f"expected a number in ({low:g}, {high:g}], got {value!r}")
+        return float(value)
+
+    def quantity(self, name: str, kind: str) -> float:
+        """A string with its unit (units.KINDS), in base units."""
+        try:
+            return parse_quantity(self.raw(name), kind)
+        except ValueError as exc:
+            raise self.error(name, str(exc)) from None
+
+    def figure(self, name: str, kind: str | None, sources: dict[str, str], required: bool = True,
+               high: float = math.inf, allow_zero: bool = False) -> float | str | None:
+        """A `{ value, source }` pair; `kind` is a unit kind, None for a plain number in (0, high],
+        "text" for a string. A quantity must be positive (or zero, with `allow_zero`)."""
+        pair = self.table(name, required)
+        if pair is None:
+            return None
+        sources[pair.prefix] = pair.string("source")
+        if kind == "text":
+            value = pair.string("value")
+        elif kind is None:
+            value = pair.number("value", 0.0, high)
+        else:
+            value = pair.quantity("value", kind)
+            if value < 0 or (value == 0 and not allow_zero):
+                limit = "must not be negative" if allow_zero else "must be positive"
+                raise pair.error("value", f"impossible value {pair.raw('value')!r}: {limit}")
+        pair.finish()
+        return value
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            raise self.error(unknown[0], "unknown key (a typo?)")
+
+
+def _bandwidth(table: _Table, sources: dict[str, str]) -> BandwidthTable:
+    sources[table.key("scattered")] = table.string("source")
+    sequential = table.table("sequential")
+    seq_eff = sequential.number("efficiency", 0.0, 1.0)
+    sources[sequential.prefix] = sequential.string("source")
+    sequential.finish()
+    rows = table.raw("scattered")
+    if not isinstance(rows, list) or not rows:
+        raise table.error("scattered", "expected a non-empty array of { chunk, efficiency } tables")
+    chunks, effs = [], []
+    for i, row in enumerate(rows):
+        entry = _Table(row, table.file, f"{table.key('scattered')}[{i}]")
+        chunk = entry.quantity("chunk", "bytes")
+        if chunk < 1 or chunk != int(chunk) or (chunks and chunk <= chunks[-1]):
+            raise entry.error("chunk", "expected whole byte counts >= 1, strictly increasing down the table")
+        chunks.append(int(chunk))
+        effs.append(entry.number("efficiency", 0.0, 1.0))
+        if entry.raw("source", required=False) is not None:
+            sources[entry.key("source")] = entry.string("source")
+        entry.finish()
+    table.finish()
+    return BandwidthTable(tuple(chunks), tuple(effs), seq_eff)
+
+
+def _parse_file(path: Path, loads, decode_error: type[Exception], what: str) -> object:
+    try:
+        return loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProfileError(f"cannot read: {exc.strerror or exc}", file=path) from None
+    except (decode_error, UnicodeDecodeError) as exc:
+        raise ProfileError(f"not valid {what}: {exc}", file=path) from None
+
+
+def read_device(path: Path) -> DeviceProfile:
+    """Parse and check one device TOML; every problem is a ProfileError naming the file and key."""
+    path = Path(path)
+    top = _Table(_parse_file(path, tomllib.loads, tomllib.TOMLDecodeError, "TOML"), path, "")
+    fmt = top.string("format")
+    if fmt != DEVICE_FORMAT:
+        raise top.error("format", f"expected '{DEVICE_FORMAT}', got {fmt!r}")
+    sources: dict[str, str] = {}
+    name = top.string("name")
+    description = top.string("description", required=False) or name
+    measured = top.raw("measured")
+    if not isinstance(measured, bool):
+        raise top.error("measured", f"expected true or false, got {measured!r}")
+    memory, compute, budget = top.table("memory"), top.table("compute"), top.table("budget")
+    memory_type = memory.figure("type", "text", sources)
+    if memory_type not in MEMORY_TYPES:
+        raise memory.error("type", f"expected one of {', '.join(MEMORY_TYPES)}, got {memory_type!r}")
+    capacity = memory.figure("capacity", "bytes", sources)
+    peak_bw = memory.figure("peak_bandwidth", "bandwidth", sources)
+    memory.finish()
+    fp16 = compute.figure("peak_fp16", "flops", sources)
+    bf16 = compute.figure("peak_bf16", "flops", sources, required=False)
+    overhead = compute.figure("step_overhead", "seconds", sources, required=False, allow_zero=True)
+    compute.finish()
+    fraction = budget.figure("memory_fraction", None, sources, high=1.0)
+    reserve = budget.figure("activation_reserve", "bytes", sources, allow_zero=True)
+    budget.finish()
+    if reserve >= capacity * fraction:
+        raise budget.error("activation_reserve", f"impossible value: {reserve:.4g} bytes is not below the usable "
+                           f"memory (capacity * memory_fraction = {capacity * fraction:.4g} bytes)")
+    bandwidth = _bandwidth(top.table("bandwidth"), sources)
+    measurement = top.raw("measurement", required=measured)
+    if measurement is not None and not isinstance(measurement, dict):
+        raise top.error("measurement", "expected a table (date, device, torch, command)")
+    if measured:
+        for key in ("date", "device", "torch", "command"):
+            if not isinstance(measurement.get(key), str):
+                raise top.error(f"measurement.{key}", "missing: a measured profile records date, device, torch and command")
+    calibration = top.raw("calibration", required=False)
+    top.finish()
+    return DeviceProfile(name=name, description=description, path=path, measured=measured, memory_type=memory_type,
+                         capacity_bytes=capacity, peak_bandwidth_bytes_per_s=peak_bw, peak_fp16_flops=fp16,
+                         peak_bf16_flops=bf16, memory_fraction=fraction, activation_reserve_bytes=reserve,
+                         step_overhead_s=overhead or 0.0, bandwidth=bandwidth, sources=sources,
+                         measurement=measurement, calibration=calibration)
+
+
+def device_paths() -> list[Path]:
+    root = profiles_dir() / "devices"
+    return sorted(root.glob("*.toml")) + sorted((root / "measured").glob("*.toml"))
+
+
+def load_device(ref: str | Path) -> DeviceProfile:
+    """A device by shipped name (file stem or `name`, any case) or by path to a TOML file."""
+    candidate = Path(ref)
+    if candidate.suffix == ".toml" or candidate.exists():
+        if not candidate.is_file():
+            raise ProfileError("no such device profile file", file=candidate)
+        return read_device(candidate)
+    wanted = str(ref).lower()
+    for path in device_paths():
+        if path.stem.lower() == wanted:
+            return read_device(path)
+    for path in device_paths():
+        profile = read_device(path)
+        if profile.name.lower() == wanted:
+            return profile
+    names = ", ".join(p.stem for p in device_paths())
+    raise ProfileError(f"unknown device '{ref}'", hint=f"shipped: {names}; or give a path to a device TOML")
+
+
+# ----------------------------------------------------------------------------------------- models
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A decoder-only transformer's shape, from its config.json, and the KV precision it is served at.
+
+    Invariant: all counts positive, `num_attention_heads` a multiple of `num_kv_heads`,
+    `num_experts_per_token <= num_experts` (1 and 1 for dense models), `kv_dtype` a key of
+    KV_DTYPE_BITS. Parameter counts are computed from the shapes (embeddings, attention, gated MLP
+    or experts, norms, untied head).
+    """
+
+    name: str
+    path: Path
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    num_experts: int
+    num_experts_per_token: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    max_position_embeddings: int | None
+    weight_dtype: str
+    kv_dtype: str = "fp16"
+    total_params: int = field(init=False)
+    active_params: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.kv_dtype not in KV_DTYPE_BITS:
+            raise ProfileError(f"unknown KV dtype '{self.kv_dtype}'", hint=f"one of {', '.join(KV_DTYPE_BITS)}")
+        total, active = _count_params(self)
+        object.__setattr__(self, "total_params", total)
+        object.__setattr__(self, "active_params", active)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.total_params * WEIGHT_DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def kv_values_per_token_layer(self) -> int:
+        """K and V values one token stores in one layer."""
+        return 2 * self.num_kv_heads * self.head_dim
+
+    @property
+    def kv_bytes_per_token_layer(self) -> float:
+        """Average bytes per token per layer at `kv_dtype` (fractional for Oaken)."""
+        bits = self.kv_values_per_token_layer * KV_DTYPE_BITS[self.kv_dtype]
+        if self.kv_dtype == "oaken":
+            bits += 2 * OAKEN_SCALE_BITS_PER_VECTOR  # one K and one V vector per token per layer
+        return bits / 8
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes a token's KV occupies across all layers; rounded up to whole bytes for Oaken."""
+        return int(math.ceil(self.kv_bytes_per_token_layer * self.num_layers - 1e-9))
+
+    def with_kv_dtype(self, kv_dtype: str) -> ModelProfile:
+        return replace(self, kv_dtype=kv_dtype)
+
+
+def _count_params(m: ModelProfile) -> tuple[int, int]:
+    q_out = m.num_attention_heads * m.head_dim
+    kv_out = m.num_kv_heads * m.head_dim
+    attention = m.hidden_size * q_out + 2 * m.hidden_size * kv_out + q_out * m.hidden_size
+    if m.qkv_bias:
+        attention += q_out + 2 * kv_out
+    if m.qk_norm:
+        attention += 2 * m.head_dim
+    expert = 3 * m.hidden_size * m.intermediate_size  # gate, up, down
+    router = m.hidden_size * m.num_experts if m.num_experts > 1 else 0
+    norms = 2 * m.hidden_size
+    embed = m.vocab_size * m.hidden_size
+    head = 0 if m.tie_word_embeddings else embed
+    per_layer_fixed = attention + router + norms
+    total = m.num_layers * (per_layer_fixed + m.num_experts * expert) + embed + head + m.hidden_size
+    active = m.num_layers * (per_layer_fixed + m.num_experts_per_token * expert) + embed + head + m.hidden_size
+    return total, active
+
+
+REQUIRED_CONFIG_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                        "intermediate_size", "vocab_size")
+
+
+def _config_int(raw: Mapping, key: str, file: Path, default: int | None = None) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ProfileError(f"expected a positive integer, got {value!r}", file=file, key=key)
+    return value
+
+
+def read_model(model_dir: Path, name: str | None = None, kv_dtype: str = "fp16",
+               weight_dtype: str | None = None) -> ModelProfile:
+    """A ModelProfile from a local HF model directory's config.json (read with AutoConfig, offline)."""
+    model_dir = Path(model_dir)
+    file = model_dir / "config.json"
+    raw = _parse_file(file, json.loads, json.JSONDecodeError, "JSON")
+    if not isinstance(raw, dict):
+        raise ProfileError("expected a JSON object", file=file)
+    for key in REQUIRED_CONFIG_KEYS:
+        if key not in raw:
+            raise ProfileError("missing (needed to size the model)", file=file, key=key)
+    if raw["model_type"] not in SUPPORTED_MODEL_TYPES:
+        raise ProfileError(f"model_type {raw['model_type']!r} is not one odmactl can size",
+                           file=file, key="model_type", hint=f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    layers = _config_int(raw, "num_hidden_layers", file)
+    hidden = _config_int(raw, "hidden_size", file)
+    heads = _config_int(raw, "num_attention_heads", file)
+    kv_heads = _config_int(raw, "num_key_value_heads", file, default=heads)
+    if heads % kv_heads:
+        raise ProfileError(f"num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})",
+                           file=file, key="num_key_value_heads")
+    if raw.get("head_dim"):
+        head_dim = _config_int(raw, "head_dim", file)
+    elif hidden % heads:
+        raise ProfileError(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads})",
+                           file=file, key="hidden_size")
+    else:
+        head_dim = hidden // heads
+    experts = _config_int(raw, "num_local_experts", file, default=1)
+    per_token = _config_int(raw, "num_experts_per_tok", file, default=1)
+    if per_token > experts:
+        raise ProfileError(f"num_experts_per_tok ({per_token}) exceeds num_local_experts ({experts})",
+                           file=file, key="num_experts_per_tok")
+    config = _auto_config(model_dir, file)  # after our own checks, which name the key
+    dtype = weight_dtype or str(getattr(config, "dtype", None) or raw.get("torch_dtype") or "bfloat16")
+    dtype = dtype.removeprefix("torch.")
+    if dtype not in WEIGHT_DTYPE_BYTES:
+        raise ProfileError(f"unknown weight dtype {dtype!r}", file=file, key="torch_dtype",
+                           hint=f"one of {', '.join(WEIGHT_DTYPE_BYTES)}")
+    max_pos = raw.get("max_position_embeddings")
+    return ModelProfile(
+        name=name or model_dir.name, path=model_dir, model_type=raw["model_type"], num_layers=layers,
+        hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        intermediate_size=_config_int(raw, "intermediate_size", file), vocab_size=_config_int(raw, "vocab_size", file),
+        num_experts=experts, num_experts_per_token=per_token,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=raw["model_type"] == "qwen2" or bool(raw.get("attention_bias", False)),
+        qk_norm=raw["model_type"] == "qwen3",
+        max_position_embeddings=max_pos if isinstance(max_pos, int) else None,
+        weight_dtype=dtype, kv_dtype=kv_dtype)
+
+
+def _auto_config(model_dir: Path, file: Path) -> object:
+    """transformers.AutoConfig, local files only: proves the file is a config transformers accepts."""
+    import logging
+
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        return AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as exc:  # transformers raises ValueError, KeyError, OSError... for a bad config
+        raise ProfileError(f"transformers.AutoConfig cannot read it: {exc}", file=file) from None
+
+
+def model_dirs() -> list[Path]:
+    return sorted(p.parent for p in (profiles_dir() / "models").glob("*/config.json"))
+
+
+def find_model_dir(ref: str | Path) -> Path | None:
+    """The directory `ref` names: itself if it is one, else the shipped model of that name (any case)."""
+    candidate = Path(ref)
+    if candidate.is_dir():
+        return candidate
+    return next((p for p in model_dirs() if p.name.lower() == str(ref).lower()), None)
+
+
+def load_model(ref: str | Path, kv_dtype: str = "fp16", weight_dtype: str | None = None) -> ModelProfile:
+    """A model by shipped name (any case) or by path to a local HF model directory."""
+    model_dir = find_model_dir(ref)
+    if model_dir is not None:
+        if not (model_dir / "config.json").is_file():
+            raise ProfileError("no config.json in this directory", file=model_dir)
+        return read_model(model_dir, kv_dtype=kv_dtype, weight_dtype=weight_dtype)
+    names = ", ".join(p.name for p in model_dirs())
+    raise ProfileError(f"unknown model '{ref}'", hint=f"shipped: {names}; or give a local HF model directory")

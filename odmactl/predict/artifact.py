@@ -1,0 +1,156 @@
+"""The predictor artifact: a directory holding `weights.safetensors` and `predictor.toml`.
+
+predictor.toml names the format and its version, the odmactl / torch / transformers versions that
+wrote it, the settings and fitted state (vocabularies, normalisation, class edges, encoder), the
+training data's digest, the weights file's SHA-256, and whatever the caller adds (buckets, the
+held-out evaluation). Reading checks all of it before building anything, so a truncated, corrupted,
+edited or version-mismatched artifact is a PredictorError naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import tomllib
+from pathlib import Path
+
+import tomli_w
+
+from odmactl import __version__
+from odmactl.core.errors import PredictorError
+
+FORMAT = "odmactl-predictor"
+FORMAT_VERSION = 2  # 2: the quantile head and the headroom uncertainty (was class entropy)
+WEIGHTS = "weights.safetensors"
+MANIFEST = "predictor.toml"
+
+
+def files_sha256(paths: list[Path]) -> str:
+    """SHA-256 of the files' contents, one after another, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with Path(path).open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    return files_sha256([path])
+
+
+def _drop_none(value):
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+def write_artifact(predictor, directory: Path, extra: dict) -> None:
+    """Write both files into `directory` (created if needed; the CLI makes it atomic)."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous() for k, v in predictor.net.state_dict().items()}
+    save_file(tensors, str(directory / WEIGHTS), metadata={"format": f"{FORMAT}/{FORMAT_VERSION}"})  # one key: the header keeps a stable order
+    manifest = {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "versions": {"odmactl": __version__, "torch": torch.__version__.split("+")[0],
+                     "transformers": transformers.__version__},
+        "weights_file": WEIGHTS, "weights_sha256": file_sha256(directory / WEIGHTS),
+        "settings": dataclasses.asdict(predictor.settings),
+        "state": dataclasses.asdict(predictor.state),
+        **extra,
+    }
+    (directory / MANIFEST).write_text(tomli_w.dumps(_drop_none(manifest)), encoding="utf-8")
+
+
+def read_manifest(directory: Path) -> dict:
+    path = directory / MANIFEST
+    if not directory.is_dir():
+        raise PredictorError("no such predictor directory", file=directory, hint="make one with `odmactl fit`")
+    if not path.is_file():
+        raise PredictorError(f"not a predictor artifact: {MANIFEST} is missing", file=directory,
+                             hint="make one with `odmactl fit`")
+    try:
+        manifest = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise PredictorError(f"not valid TOML, truncated or corrupted ({exc})", file=path) from exc
+    if manifest.get("format") != FORMAT:
+        raise PredictorError(f"not an odmactl predictor manifest (format = {manifest.get('format')!r})", file=path,
+                             key="format")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        wrote = manifest.get("versions", {}).get("odmactl", "an unknown version")
+        raise PredictorError(f"artifact format version {version!r} (written by odmactl {wrote}); this odmactl "
+                             f"{__version__} reads version {FORMAT_VERSION}", file=path, key="format_version",
+                             hint="refit with `odmactl fit`")
+    return manifest
+
+
+def _section(manifest: dict, name: str, cls, path: Path):
+    """Rebuild dataclass `cls` from table `name`, naming the key that is missing, unknown or mistyped."""
+    table = manifest.get(name)
+    if not isinstance(table, dict):
+        raise PredictorError(f"missing table [{name}]", file=path, key=name)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        raise PredictorError("unknown key", file=path, key=f"{name}.{unknown[0]}")
+    # every key is required (a silent default could change predictions) except optional ones (None)
+    missing = [n for n, f in fields.items() if n not in table and f.default is not None]
+    if missing:
+        raise PredictorError("missing key", file=path, key=f"{name}.{missing[0]}")
+    for key, value in table.items():
+        default = fields[key].default
+        if default is not dataclasses.MISSING and default is not None and type(value) is not type(default) \
+                and not (isinstance(default, float) and isinstance(value, int)):
+            raise PredictorError(f"expected {type(default).__name__}, found {type(value).__name__}", file=path,
+                                 key=f"{name}.{key}")
+    return cls(**table)
+
+
+def read_artifact(directory: Path, *, encoder_dir: Path | None = None):
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from odmactl.predict.predictor import FAMILIES, MODES, FittedState, LengthPredictor, PredictorSettings, _build_net
+
+    manifest = read_manifest(directory)
+    path = directory / MANIFEST
+    settings = _section(manifest, "settings", PredictorSettings, path)
+    state = _section(manifest, "state", FittedState, path)
+    if settings.family not in FAMILIES or settings.mode not in MODES:
+        raise PredictorError(f"unknown family/mode {settings.family!r}/{settings.mode!r}", file=path, key="settings.family")
+    weights = directory / str(manifest.get("weights_file", WEIGHTS))
+    if not weights.is_file():
+        raise PredictorError("the weights file is missing", file=weights)
+    if file_sha256(weights) != manifest.get("weights_sha256"):
+        raise PredictorError(f"does not match weights_sha256 in {MANIFEST}: the file is corrupted, truncated "
+                             "or from another fit", file=weights)
+    try:
+        tensors = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise PredictorError(f"unreadable safetensors file ({exc})", file=weights) from exc
+    encoder = None
+    if settings.family == "encoder":
+        from odmactl.predict.encoder import TextEncoder, encoder_fingerprint
+
+        where = Path(encoder_dir or state.encoder_dir or "")
+        if not (where / "config.json").is_file():
+            raise PredictorError(f"the encoder this predictor was fitted with is not at '{where}'", file=path,
+                                 key="state.encoder_dir", hint="pass its directory with --encoder")
+        if encoder_fingerprint(where) != state.encoder_sha256:
+            raise PredictorError(f"the encoder at '{where}' is not the one this predictor was fitted with "
+                                 "(config or weights differ)", file=path, key="state.encoder_sha256")
+        encoder = TextEncoder(where, max_length_tokens=settings.encoder_max_length_tokens)
+    net = _build_net(settings, state, encoder)
+    try:
+        net.load_state_dict(tensors, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+        raise PredictorError(f"weights do not fit the network the manifest describes ({first})", file=weights) from exc
+    return LengthPredictor(settings, state, net, encoder)

@@ -1,0 +1,372 @@
+"""LengthPredictor: request features -> (L_hat, u) before decoding starts; fit, predict, save, load,
+evaluate.
+
+Two feature families share one torch network (`LengthNet`):
+  - "embedded" (default): hashed word 1-2-grams of the prompt text (an EmbeddingBag), model and
+    tenant identifiers, log prompt tokens; trained on the trace itself.
+  - "encoder": a frozen local Hugging Face encoder's mean-pooled prompt embedding in place of the
+    n-grams (`--encoder DIR`).
+and two heads modes:
+  - "odma": a regression head for log output tokens (L_hat = its exponential), a quantile head for
+    the UPPER_QUANTILE (0.99) of log output tokens (pinball loss, Koenker & Bassett 1978), and a
+    classification head over `num_classes` equal-occupancy length classes of the training data
+    (trained alongside; it shapes the shared layers and reports bucket accuracy).
+  - "s3": the S3 baseline (Jin et al., NeurIPS 2023, arXiv:2306.06000): a classifier over
+    equal-width buckets of the maximum length, `max_model_len_tokens / s3_num_buckets` tokens each;
+    L_hat = the predicted bucket's upper bound (what S3 reserves).
+u (odma mode) is the headroom the request needs over L_hat, on a scale set by the training rows:
+u = (L_hi / L_hat - 1) / (K - 1) clipped to [0, 1], with L_hi = max(quantile head, L_hat) and K
+the 99th percentile of L_hi / L_hat over the training rows (a maximum would let one outlier squash
+every other u). So ODMA's need, L_hat * (1 + gamma * u), is L_hi itself at gamma = K - 1 for all
+but the top 1% (u = 1: the ones tau routes first), and smaller gammas scale the headroom down.
+`coverage_gamma` is calibrated by split conformal prediction with a normalised score (Lei et al.
+2018, arXiv:1604.04173) on the held-back prompts: the smallest gamma under which the share
+UPPER_QUANTILE of them fits L_hat * (1 + gamma * u).
+Why not the class entropy the ODMA papers suggest: its rank says how unsure the classifier is, not
+by how much a request outgrows L_hat, so no gamma made it a working hedge (Azure conv, MLU370-X4:
+with gamma up to 16 and up to 64 buckets plan's cheap bounds found nothing above 47% KV
+utilization within a 0.5% overflow rate; with the headroom u plan's choice reached 78%).
+In s3 mode u is the class distribution's normalised entropy (S3 itself has none; it is there for
+the evaluation table).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import polars as pl
+import torch
+from torch import nn
+
+from odmactl.rules.buckets import equal_width_classes
+from odmactl.predict.evaluation import EvalSettings, evaluate_predictions
+from odmactl.predict.features import HashedText, build_vocabulary, encode_ids, hash_ngrams, log_prompt_tokens
+from odmactl.predict.threads import single_thread
+
+FAMILIES = ("embedded", "encoder")
+MODES = ("odma", "s3")
+ProgressFn = Callable[[str, int, int], None]
+UPPER_QUANTILE = 0.99
+MAX_GAMMA = 1.0e6
+
+
+@dataclass(frozen=True)
+class PredictorSettings:
+    family: str = "embedded"
+    mode: str = "odma"
+    num_hash_buckets: int = 1 << 16
+    max_words: int = 256
+    text_dim: int = 32
+    id_dim: int = 8
+    hidden: int = 64
+    num_classes: int = 8
+    max_epochs: int = 30
+    patience_epochs: int = 3
+    batch_size: int = 512
+    learning_rate: float = 3e-3
+    weight_decay: float = 1e-5
+    validation: float = 0.1  # share of the training prompts held back for early stopping
+    max_model_len_tokens: int = 4096
+    s3_num_buckets: int = 10
+    encoder_max_length_tokens: int = 256
+
+
+@dataclass
+class Features:
+    """The network's inputs for N requests; row i of every array is request i."""
+
+    text: HashedText | None
+    embedding: np.ndarray | None  # (N, dim) float32, encoder family
+    model_ids: np.ndarray
+    tenant_ids: np.ndarray
+    log_prompt: np.ndarray  # standardised log1p(prompt_tokens)
+
+    def batch(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
+        out = {"model": torch.from_numpy(self.model_ids[rows]), "tenant": torch.from_numpy(self.tenant_ids[rows])}
+        dense = [self.log_prompt[rows, None].astype(np.float32)]
+        if self.embedding is not None:
+            dense.append(self.embedding[rows])
+        out["dense"] = torch.from_numpy(np.concatenate(dense, axis=1))
+        if self.text is not None:
+            starts, ends = self.text.offsets[rows], self.text.offsets[rows + 1]
+            lengths = ends - starts
+            offsets = np.zeros(rows.size, dtype=np.int64)
+            np.cumsum(lengths[:-1], out=offsets[1:])
+            within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(offsets, lengths)
+            out["text_indices"] = torch.from_numpy(self.text.indices[np.repeat(starts, lengths) + within])
+            out["text_offsets"] = torch.from_numpy(offsets)
+        return out
+
+
+class LengthNet(nn.Module):
+    """Inputs -> (standardised log-length estimate, its UPPER_QUANTILE, class logits). Two ReLU
+    layers over the concatenated text bag, identifier embeddings (id 0 = null or unseen) and dense
+    features."""
+
+    def __init__(self, *, num_hash_buckets: int, text_dim: int, num_models: int, num_tenants: int, id_dim: int,
+                 dense_dim: int, hidden: int, num_classes: int) -> None:
+        super().__init__()
+        self.text = nn.EmbeddingBag(num_hash_buckets, text_dim, mode="mean") if num_hash_buckets else None
+        self.text_dropout = nn.Dropout(0.5)  # n-grams of a few hundred prompts are easy to memorise
+        self.models = nn.Embedding(num_models + 1, id_dim)
+        self.tenants = nn.Embedding(num_tenants + 1, id_dim)
+        width = (text_dim if self.text is not None else 0) + 2 * id_dim + dense_dim
+        self.body = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
+        self.reg = nn.Linear(hidden, 1)
+        self.upper = nn.Linear(hidden, 1)
+        self.cls = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        parts = [self.models(x["model"]), self.tenants(x["tenant"]), x["dense"]]
+        if self.text is not None:
+            parts.insert(0, self.text_dropout(self.text(x["text_indices"], x["text_offsets"])))
+        h = self.body(torch.cat(parts, dim=1))
+        return self.reg(h).squeeze(1), self.upper(h).squeeze(1), self.cls(h)
+
+
+@dataclass
+class FittedState:
+    """What a fit learned besides the weights: everything `predict` needs to rebuild the inputs."""
+
+    models: list[str]
+    tenants: list[str]
+    log_prompt_mean: float
+    log_prompt_std: float
+    target_mean: float  # of log(output_tokens) over the training rows
+    target_std: float
+    class_edges_tokens: list[int]  # odma mode: upper edges of the length classes but the last
+    headroom_scale: float = 1.0  # K: the 99th percentile of L_hi / L_hat over the training rows (odma mode)
+    coverage_gamma: float = 0.0  # gamma at which UPPER_QUANTILE of the held-back rows fit (odma mode)
+    encoder_dir: str | None = None
+    encoder_sha256: str | None = None
+    training: dict = field(default_factory=dict)
+
+
+class LengthPredictor:
+    """A fitted (or loaded) predictor; `predict` is deterministic and batched."""
+
+    def __init__(self, settings: PredictorSettings, state: FittedState, net: LengthNet, encoder=None) -> None:
+        self.settings = settings
+        self.state = state
+        self.net = net.eval()
+        self.encoder = encoder
+
+    # -- fitting ------------------------------------------------------------------------------------
+
+    @classmethod
+    def fit(cls, frame: pl.DataFrame, settings: PredictorSettings = PredictorSettings(), *, seed: int = 0,
+            encoder_dir: Path | None = None, progress: ProgressFn | None = None) -> LengthPredictor:
+        """Train on every row of `frame` (a canonical trace), early-stopping on a held-back share of
+        its prompts."""
+        from odmactl.core.errors import TraceError
+        from odmactl.trace.splits import split_trace
+
+        assert settings.family in FAMILIES and settings.mode in MODES
+        encoder = _open_encoder(settings, encoder_dir)
+        prompt = frame["prompt_tokens"].to_numpy().astype(np.int64)
+        output = frame["output_tokens"].to_numpy().astype(np.int64)
+        lp = log_prompt_tokens(prompt)
+        y = np.log(output.astype(np.float64))
+        edges = _class_edges(output, settings.num_classes) if settings.mode == "odma" else []
+        state = FittedState(
+            models=build_vocabulary(frame["model"]), tenants=build_vocabulary(frame["tenant"]),
+            log_prompt_mean=float(lp.mean()), log_prompt_std=float(lp.std()) or 1.0,
+            target_mean=float(y.mean()), target_std=float(y.std()) or 1.0, class_edges_tokens=edges,
+            encoder_dir=str(encoder.directory.resolve()) if encoder else None,
+            encoder_sha256=_fingerprint(encoder) if encoder else None)
+        model = cls(settings, state, _build_net(settings, state, encoder, seed), encoder)
+        feats = model.features(frame, progress)
+        target = torch.from_numpy(((y - state.target_mean) / state.target_std).astype(np.float32))
+        classes = torch.from_numpy(model._classes(output))
+        rows = np.arange(frame.height, dtype=np.int64)
+        try:
+            inner = split_trace(frame, settings.validation, "prompt", seed)
+            train_rows, val_rows = inner.train_rows, inner.test_rows
+        except TraceError:  # too few distinct prompts to hold any back: train on all, fixed epochs
+            train_rows, val_rows = rows, rows[:0]
+        # dropout draws from torch's global RNG: seed it, restore it after; one thread (threads.py)
+        with torch.random.fork_rng(devices=[]), single_thread():
+            torch.manual_seed(seed)
+            epochs = model._train(feats, target, classes, train_rows, val_rows, seed, progress)
+        if settings.mode == "odma":
+            l_hat, spread = model._raw(feats, rows)  # one pass: K over every row, the score over the held-back
+            model.state.headroom_scale = float(max(1.0, np.quantile(spread, 0.99)))
+            calibration = val_rows if val_rows.size else rows
+            model.state.coverage_gamma = model._coverage_gamma(l_hat[calibration], spread[calibration],
+                                                               output[calibration])
+        model.state.training = {"rows": int(frame.height), "epochs": epochs,
+                                "training_data_sha256": training_data_sha256(frame), "seed": seed}
+        return model
+
+    def _classes(self, output: np.ndarray) -> np.ndarray:
+        s = self.settings
+        if s.mode == "s3":
+            return equal_width_classes(output, max_tokens=s.max_model_len_tokens, num_buckets=s.s3_num_buckets)
+        return np.searchsorted(np.asarray(self.state.class_edges_tokens, dtype=np.int64), output, side="left")
+
+    def _loss(self, x: dict, target: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+        reg, upper, logits = self.net(x)
+        loss = nn.functional.cross_entropy(logits, classes)
+        if self.settings.mode == "odma":
+            miss = target - upper  # pinball loss: the head settles where UPPER_QUANTILE of targets lie below
+            pinball = torch.maximum(UPPER_QUANTILE * miss, (UPPER_QUANTILE - 1.0) * miss).mean()
+            loss = loss + nn.functional.mse_loss(reg, target) + pinball
+        return loss
+
+    def _coverage_gamma(self, l_hat: np.ndarray, spread: np.ndarray, output: np.ndarray) -> float:
+        """Split conformal: the finite-sample UPPER_QUANTILE of the score (output / L_hat - 1) / u
+        over the calibration rows, so that L_hat * (1 + gamma * u) covers that share of them."""
+        u = self._headroom(spread)
+        excess = output / l_hat - 1.0
+        score = np.where(excess <= 0, 0.0, np.divide(excess, u, out=np.full(u.size, np.inf), where=u > 0))
+        rank = min(math.ceil((output.size + 1) * UPPER_QUANTILE), output.size)
+        return float(min(np.sort(score)[rank - 1], MAX_GAMMA))  # MAX_GAMMA: only the large pool covers
+
+    def _headroom(self, ratio: np.ndarray) -> np.ndarray:
+        k = self.state.headroom_scale
+        return np.clip((ratio - 1.0) / (k - 1.0), 0.0, 1.0) if k > 1.0 else np.zeros(ratio.size)
+
+    def _train(self, feats: Features, target: torch.Tensor, classes: torch.Tensor, train_rows: np.ndarray,
+               val_rows: np.ndarray, seed: int, progress: ProgressFn | None) -> int:
+        s = self.settings
+        gen = torch.Generator().manual_seed(seed)
+        opt = torch.optim.AdamW(self.net.parameters(), lr=s.learning_rate, weight_decay=s.weight_decay)
+        best, best_state, stale, epoch = math.inf, None, 0, 0
+        val_x = feats.batch(val_rows) if val_rows.size else None
+        for epoch in range(1, s.max_epochs + 1):
+            self.net.train()
+            order = train_rows[torch.randperm(train_rows.size, generator=gen).numpy()]
+            for start in range(0, order.size, s.batch_size):
+                rows = order[start:start + s.batch_size]
+                loss = self._loss(feats.batch(rows), target[rows], classes[rows])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            if progress:
+                progress("training", epoch, s.max_epochs)
+            if val_x is None:
+                continue
+            self.net.eval()
+            with torch.inference_mode():
+                val = float(self._loss(val_x, target[val_rows], classes[val_rows]))
+            if val < best - 1e-4:
+                best, best_state, stale = val, copy.deepcopy(self.net.state_dict()), 0
+            else:
+                stale += 1
+                if stale >= s.patience_epochs:
+                    break
+        if best_state is not None:
+            self.net.load_state_dict(best_state)
+        self.net.eval()
+        return epoch
+
+    # -- prediction ---------------------------------------------------------------------------------
+
+    def features(self, frame: pl.DataFrame, progress: ProgressFn | None = None) -> Features:
+        s, st = self.settings, self.state
+        lp = (log_prompt_tokens(frame["prompt_tokens"].to_numpy()) - st.log_prompt_mean) / st.log_prompt_std
+        return Features(
+            text=(hash_ngrams(frame["prompt_text"], num_buckets=s.num_hash_buckets, max_words=s.max_words)
+                  if s.family == "embedded" else None),
+            embedding=self.encoder.embed(frame["prompt_text"], progress) if self.encoder else None,
+            model_ids=encode_ids(frame["model"], st.models), tenant_ids=encode_ids(frame["tenant"], st.tenants),
+            log_prompt=lp)
+
+    def predict(self, frame: pl.DataFrame, *, batch_rows: int = 16_384) -> tuple[np.ndarray, np.ndarray]:
+        """(L_hat in output tokens, int64 >= 1; u in [0, 1], float64) for every row of `frame`."""
+        rows = np.arange(frame.height, dtype=np.int64)
+        l_hat, spread = self._raw(self.features(frame), rows, batch_rows)
+        return l_hat, (spread if self.settings.mode == "s3" else self._headroom(spread))
+
+    def _raw(self, feats: Features, rows: np.ndarray, batch_rows: int = 16_384) -> tuple[np.ndarray, np.ndarray]:
+        """(L_hat, spread) for `rows` of `feats`: spread is L_hi / L_hat >= 1 in odma mode, the
+        normalised class entropy in s3 mode."""
+        s, st = self.settings, self.state
+        l_hat = np.empty(rows.size, dtype=np.int64)
+        spread = np.empty(rows.size, dtype=np.float64)
+        with torch.inference_mode(), single_thread():
+            for start in range(0, rows.size, batch_rows):
+                part = slice(start, start + batch_rows)
+                reg, upper, logits = self.net(feats.batch(rows[part]))
+                if s.mode == "s3":
+                    p = torch.softmax(logits.double(), dim=1)
+                    h = -(p * torch.log(p.clamp_min(1e-300))).sum(1) / math.log(p.shape[1])
+                    spread[part] = h.clamp(0.0, 1.0).numpy()
+                    width = s.max_model_len_tokens / s.s3_num_buckets
+                    upper_tokens = np.floor((logits.argmax(1).numpy() + 1) * width)  # the largest length in the bucket
+                    l_hat[part] = np.minimum(upper_tokens, s.max_model_len_tokens).astype(np.int64)
+                else:
+                    log_len = np.minimum(reg.double().numpy() * st.target_std + st.target_mean, 30.0)
+                    log_hi = np.minimum(upper.double().numpy() * st.target_std + st.target_mean, 30.0)
+                    l_hat[part] = np.maximum(1, np.rint(np.exp(log_len))).astype(np.int64)
+                    spread[part] = np.maximum(np.exp(log_hi) / l_hat[part], 1.0)
+        return l_hat, spread
+
+    def evaluate(self, frame: pl.DataFrame, settings: EvalSettings) -> dict:
+        l_hat, u = self.predict(frame)
+        coverage = (self.state.coverage_gamma,) if self.settings.mode == "odma" else ()
+        return evaluate_predictions(frame["prompt_tokens"].to_numpy(), frame["output_tokens"].to_numpy(),
+                                    l_hat, u, settings, extra_gammas=coverage)
+
+    # -- artifacts ------------------------------------------------------------------------------------
+
+    def save(self, directory: Path, extra: dict | None = None) -> None:
+        from odmactl.predict.artifact import write_artifact
+
+        write_artifact(self, Path(directory), extra or {})
+
+    @classmethod
+    def load(cls, directory: Path, *, encoder_dir: Path | None = None) -> LengthPredictor:
+        from odmactl.predict.artifact import read_artifact
+
+        return read_artifact(Path(directory), encoder_dir=encoder_dir)
+
+
+def _class_edges(output: np.ndarray, num_classes: int) -> list[int]:
+    """Upper edges (inclusive) of equal-occupancy length classes, all but the open last class."""
+    q = np.quantile(output, np.arange(1, num_classes) / num_classes, method="higher")
+    return [int(e) for e in np.unique(q)]
+
+
+def _open_encoder(settings: PredictorSettings, encoder_dir: Path | None):
+    if settings.family != "encoder":
+        return None
+    from odmactl.predict.encoder import TextEncoder
+    from odmactl.core.errors import PredictorError
+
+    if encoder_dir is None:
+        raise PredictorError("the encoder family needs --encoder DIR (a local Hugging Face encoder directory)")
+    return TextEncoder(encoder_dir, max_length_tokens=settings.encoder_max_length_tokens)
+
+
+def _fingerprint(encoder) -> str:
+    from odmactl.predict.encoder import encoder_fingerprint
+
+    return encoder_fingerprint(encoder.directory)
+
+
+def _build_net(settings: PredictorSettings, state: FittedState, encoder, seed: int = 0) -> LengthNet:
+    """A fresh network; its initial weights come from `seed` without touching torch's global RNG."""
+    num_classes = (settings.s3_num_buckets if settings.mode == "s3" else len(state.class_edges_tokens) + 1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LengthNet(num_hash_buckets=settings.num_hash_buckets if settings.family == "embedded" else 0,
+                         text_dim=settings.text_dim, num_models=len(state.models), num_tenants=len(state.tenants),
+                         id_dim=settings.id_dim, dense_dim=1 + (encoder.dim if encoder else 0),
+                         hidden=settings.hidden, num_classes=num_classes)
+
+
+def training_data_sha256(frame: pl.DataFrame) -> str:
+    """A digest of the columns a predictor learns from, row by row (order matters)."""
+    digest = hashlib.sha256()
+    for name in ("prompt_tokens", "output_tokens"):
+        digest.update(frame[name].to_numpy().astype("<i8").tobytes())
+    for name in ("prompt_text", "model", "tenant"):
+        digest.update("\x1f".join(frame[name].cast(pl.Utf8).fill_null("\x00").to_list()).encode())
+    return digest.hexdigest()

@@ -1,7 +1,0 @@
-# Cython declarations for replay.py (pure Python source; see setup.py): the extension types whose
-# methods the event loop calls as C functions. Everything else in replay.py is typed by its own
-# `cython.*` annotations.
-from odmactl.allocator.base cimport Allocation, AllocatorBase
-from odmactl.keyheap cimport KeyHeap
-from odmactl.prefill cimport PrefillClock
-from odmactl.segment cimport Segment

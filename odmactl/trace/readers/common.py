@@ -1,0 +1,241 @@
+"""Shared reading helpers: gzip-aware opening, CSV / JSON-lines scans with precise diagnostics,
+numeric and timestamp conversion into the SourceFrame conventions (see odmactl.trace.schema.SourceFrame)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from odmactl.core.errors import TraceError
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def require_file(path: Path) -> None:
+    if not path.exists():
+        raise TraceError("no such file", file=path)
+    if path.is_dir():
+        raise TraceError("is a directory, expected a trace file", file=path)
+    if path.stat().st_size == 0:
+        raise TraceError("the file is empty", file=path)
+
+
+def is_gzip(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(2) == GZIP_MAGIC
+
+
+def read_bytes(path: Path) -> bytes:
+    """Whole file, gunzipped if needed; a truncated or corrupt gzip is a TraceError."""
+    require_file(path)
+    data = path.read_bytes()
+    if data[:2] == GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (EOFError, OSError, zlib.error) as exc:
+            raise TraceError(f"truncated or corrupt gzip data ({exc})", file=path) from exc
+    if not data.strip():
+        raise TraceError("the file is empty", file=path)
+    return data
+
+
+def text_lines(path: Path) -> Iterator[str]:
+    yield from io.StringIO(read_bytes(path).decode("utf-8", errors="replace"))
+
+
+def peek_text(path: Path, nbytes: int = 65536) -> str:
+    """The first bytes of a (possibly gzipped) file as text, for format detection."""
+    require_file(path)
+    try:
+        with (gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")) as fh:
+            return fh.read(nbytes).decode("utf-8", errors="replace")
+    except (EOFError, OSError, zlib.error) as exc:
+        raise TraceError(f"truncated or corrupt gzip data ({exc})", file=path) from exc
+
+
+def _polars_error(path: Path, exc: Exception) -> TraceError:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+    if isinstance(exc, (EOFError, zlib.error)) or "end of file" in text or "gzip" in text.lower() or "deflate" in text.lower():
+        return TraceError(f"truncated or corrupt gzip data ({text})", file=path)
+    return TraceError(f"could not be read ({text})", file=path)
+
+
+def csv_header(path: Path) -> list[str]:
+    first = peek_text(path).splitlines()
+    if not first or not first[0].strip():
+        raise TraceError("the file is empty", file=path)
+    return [c.strip().strip('"') for c in first[0].split(",")]
+
+
+def require_columns(path: Path, present: list[str], required: list[str], fmt: str) -> None:
+    for name in required:
+        if name not in present:
+            raise TraceError(
+                f"missing column required by format '{fmt}' (found: {', '.join(present) or 'none'})",
+                file=path, column=name,
+            )
+
+
+def scan_csv(path: Path, columns: list[str], *, as_text: bool = False) -> pl.DataFrame:
+    """Read `columns` of a CSV (gzip transparently) with `_row`; only those columns are kept in memory.
+
+    The fast path lets polars type the numbers; if a value does not parse, the file is read again
+    with every column as text so validation can name the row and show the value.
+    """
+    require_file(path)
+    kwargs = dict(infer_schema=False) if as_text else dict(infer_schema_length=10000)
+    try:
+        lf = pl.scan_csv(path, **kwargs, raise_if_empty=True).select(columns)
+        lf = lf.with_row_index("_row", offset=1).with_columns(pl.col("_row").cast(pl.Int64))
+        lf = lf.filter(~pl.all_horizontal(pl.col(c).is_null() for c in columns))  # blank lines are not records
+        return lf.collect()
+    except pl.exceptions.NoDataError as exc:
+        raise TraceError("the file is empty", file=path) from exc
+    except pl.exceptions.ComputeError as exc:
+        if as_text or "parse" not in str(exc):
+            raise _polars_error(path, exc) from exc
+        return scan_csv(path, columns, as_text=True)
+    except (OSError, EOFError, pl.exceptions.PolarsError) as exc:
+        raise _polars_error(path, exc) from exc
+
+
+def json_records(path: Path) -> list[tuple[int, dict]]:
+    """Every non-blank line parsed as a JSON object, with its line number; a broken line is named."""
+    records = []
+    for number, line in enumerate(text_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"broken JSON line ({exc.msg} at character {exc.pos + 1})", file=path, row=number) from exc
+        if not isinstance(value, dict):
+            raise TraceError(f"expected a JSON object per line, got {type(value).__name__}", file=path, row=number)
+        records.append((number, value))
+    return records
+
+
+def _diagnose_jsonl(path: Path) -> TraceError:
+    try:
+        json_records(path)
+    except TraceError as exc:
+        return exc
+    return TraceError("could not be read as JSON lines", file=path)
+
+
+def scan_jsonl(path: Path, columns: list[str]) -> pl.DataFrame:
+    """Read `columns` of a JSON-lines file with `_row` (the line number); a broken line is named."""
+    require_file(path)
+    data = read_bytes(path)
+    try:
+        lf = pl.scan_ndjson(io.BytesIO(data), infer_schema_length=10000)
+        present = lf.collect_schema().names()
+        lf = lf.select([c for c in columns if c in present])
+        frame = lf.with_row_index("_row", offset=1).with_columns(pl.col("_row").cast(pl.Int64)).collect()
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise _diagnose_jsonl(path) from exc
+    lines = data.rstrip(b"\n").split(b"\n")  # JSON text may hold U+2028 etc.: split on newlines only
+    if any(not line.strip() for line in lines):
+        # polars skips blank lines; recompute line numbers so rows point at the file
+        numbers = [i for i, line in enumerate(lines, 1) if line.strip()]
+        frame = frame.with_columns(pl.Series("_row", numbers[: frame.height], dtype=pl.Int64))
+    return frame
+
+
+def numeric(frame: pl.DataFrame, source: str, canonical: str) -> list[pl.Expr]:
+    """Expressions for a canonical numeric column (Float64, null if not a number) and its raw text."""
+    dtype = frame[source].dtype
+    if dtype.is_numeric():
+        return [pl.col(source).cast(pl.Float64).alias(canonical)]
+    if dtype == pl.Null:
+        return [pl.lit(None, pl.Float64).alias(canonical)]
+    text = pl.col(source).cast(pl.String)
+    return [
+        text.str.strip_chars().cast(pl.Float64, strict=False).alias(canonical),
+        text.alias(f"_raw_{canonical}"),
+    ]
+
+
+@dataclass(frozen=True)
+class TimestampPlan:
+    """How to turn a timestamp column into `arrival` (Float64 seconds) in two lazy steps.
+
+    `parts` are pure expressions evaluated alongside the other columns (polars runs them in
+    parallel); `combine` then builds `arrival` from them and `scratch` names the parts to drop.
+    """
+
+    parts: list[pl.Expr]
+    combine: list[pl.Expr]
+    scratch: list[str]
+    clock: str
+
+    def apply(self, lf: pl.LazyFrame) -> pl.LazyFrame:
+        return lf.with_columns(self.combine).drop(self.scratch) if self.combine else lf
+
+
+def timestamp_seconds(frame: pl.DataFrame, source: str, *, unit_s: float = 1.0) -> TimestampPlan:
+    """The plan for `arrival` (Float64 seconds) from a timestamp column, and its clock.
+
+    Numbers are taken as a relative clock in `unit_s` seconds. Text is parsed as a date-time on a
+    fast fixed-width path ("YYYY-MM-DD HH:MM:SS[.fffffff]": whole seconds and the fraction as two
+    parallel parts) and is an absolute clock; values that path cannot read are null, with the text
+    kept in `_raw_arrival`, and `fill_iso_arrivals` then tries the general ISO-8601 parser on them.
+    """
+    col = frame[source]
+    if col.dtype.is_numeric():
+        return TimestampPlan([(pl.col(source).cast(pl.Float64) * unit_s).alias("arrival")], [], [], "relative")
+    text = pl.col(source).cast(pl.String)
+    # busy traces repeat each whole second many times: parsing each distinct second once is about
+    # twice as fast there, and 2.5x slower when every value differs, so look at a sample first
+    sample = frame.select(text.head(10_000).str.slice(0, 19).alias("s"))["s"]
+    repeats = sample.len() >= 100 and sample.n_unique() * 2 <= sample.len()
+    whole = text.str.slice(0, 19).str.to_datetime("%Y-%m-%d %H:%M:%S", strict=False, cache=repeats, time_unit="us")
+    parts = [
+        (whole.dt.epoch("us").cast(pl.Float64) / 1e6).alias("_ts_whole"),
+        text.str.slice(19).cast(pl.Float64, strict=False).alias("_ts_frac"),
+        (text.str.len_bytes() > 19).alias("_ts_has_frac"),
+        text.alias("_raw_arrival"),
+    ]
+    junk = pl.col("_ts_frac").is_null() & pl.col("_ts_has_frac")  # trailing text that is not a fraction
+    arrival = pl.when(junk).then(None).otherwise(pl.col("_ts_whole") + pl.col("_ts_frac").fill_null(0.0))
+    return TimestampPlan(parts, [arrival.alias("arrival")], ["_ts_whole", "_ts_frac", "_ts_has_frac"], "absolute")
+
+
+def fill_iso_arrivals(frame: pl.DataFrame) -> pl.DataFrame:
+    """Fill the arrivals the fast path of `timestamp_seconds` left null from their ISO-8601 text."""
+    if "_raw_arrival" not in frame.columns or not frame["arrival"].null_count():
+        return frame
+    text = frame.select(pl.col("_raw_arrival").str.strip_chars())["_raw_arrival"]
+    return frame.with_columns(_iso_fallback(frame["arrival"], text))
+
+
+def _iso_seconds(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
+
+
+def _iso_fallback(seconds: pl.Series, text: pl.Series) -> pl.Series:
+    """Fill what the fast path missed with Python's ISO-8601 parser (T separator, Z, +hh:mm offsets)."""
+    missing = seconds.is_null().to_numpy().nonzero()[0]
+    values = seconds.to_numpy().copy() if seconds.dtype == pl.Float64 else seconds.cast(pl.Float64).to_numpy().copy()
+    for i in missing:
+        parsed = _iso_seconds(text[int(i)])
+        values[i] = np.nan if parsed is None else parsed
+    out = pl.Series("arrival", values)
+    return out.set(out.is_nan(), None)

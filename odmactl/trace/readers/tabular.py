@@ -1,0 +1,129 @@
+"""Readers for request traces that carry token counts: Azure, BurstGPT, Mooncake, Vidur, and the
+generic csv / jsonl / parquet with a --map column mapping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from odmactl.core.errors import TraceError
+from odmactl.trace.readers.common import (
+    TimestampPlan,
+    csv_header,
+    fill_iso_arrivals,
+    numeric,
+    require_columns,
+    require_file,
+    scan_csv,
+    scan_jsonl,
+    timestamp_seconds,
+)
+from odmactl.trace.readers.options import ReadOptions
+from odmactl.trace.schema import SourceFrame
+
+CANONICAL_INPUTS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "prompt_text", "model", "tenant")
+
+
+def _frame(path: Path, fmt: str, raw: pl.DataFrame, mapping: dict[str, str], *, ts_unit_s: float = 1.0) -> SourceFrame:
+    """Build a SourceFrame from `raw` whose source columns are named by `mapping` (canonical -> source)."""
+    exprs: list[pl.Expr] = [pl.col("_row")]
+    exprs += numeric(raw, mapping["prompt_tokens"], "prompt_tokens")
+    exprs += numeric(raw, mapping["output_tokens"], "output_tokens")
+    plan = TimestampPlan([], [], [], "none")
+    columns = dict(mapping)
+    if "arrival_s" in mapping:
+        plan = timestamp_seconds(raw, mapping["arrival_s"], unit_s=ts_unit_s)
+        exprs += plan.parts
+        columns["arrival"] = mapping["arrival_s"]
+    if "request_id" in mapping:
+        exprs.append(pl.col(mapping["request_id"]).cast(pl.String).alias("request_id"))
+    for name in ("prompt_text", "model", "tenant"):
+        if name in mapping:
+            exprs.append(pl.col(mapping[name]).cast(pl.String).alias(name))
+    frame = fill_iso_arrivals(plan.apply(raw.lazy().select(exprs)).collect())  # columns in parallel
+    return SourceFrame(path=path, format=fmt, frame=frame, clock=plan.clock, columns=columns)
+
+
+def read_azure(path: Path, opts: ReadOptions) -> SourceFrame:
+    cols = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
+    require_columns(path, csv_header(path), cols, "azure")
+    raw = scan_csv(path, cols)
+    mapping = {"arrival_s": "TIMESTAMP", "prompt_tokens": "ContextTokens", "output_tokens": "GeneratedTokens"}
+    return _frame(path, "azure", raw, mapping)
+
+
+def read_burstgpt(path: Path, opts: ReadOptions) -> SourceFrame:
+    cols = ["Timestamp", "Model", "Request tokens", "Response tokens", "Log Type"]
+    require_columns(path, csv_header(path), cols, "burstgpt")
+    raw = scan_csv(path, cols)
+    mapping = {
+        "arrival_s": "Timestamp", "model": "Model", "prompt_tokens": "Request tokens",
+        "output_tokens": "Response tokens", "tenant": "Log Type",
+    }
+    sf = _frame(path, "burstgpt", raw, mapping)
+    failed = pl.col("output_tokens") == 0
+    n_failed = sf.frame.select(failed.sum()).item()
+    if n_failed:
+        sf.frame = sf.frame.filter(~failed | pl.col("output_tokens").is_null())
+        sf.excluded["failed requests (Response tokens = 0)"] = int(n_failed)
+    return sf
+
+
+def read_vidur(path: Path, opts: ReadOptions) -> SourceFrame:
+    cols = ["num_prefill_tokens", "num_decode_tokens"]
+    require_columns(path, csv_header(path), cols, "vidur")
+    raw = scan_csv(path, cols)
+    return _frame(path, "vidur", raw, {"prompt_tokens": cols[0], "output_tokens": cols[1]})
+
+
+def read_mooncake(path: Path, opts: ReadOptions) -> SourceFrame:
+    raw = scan_jsonl(path, ["timestamp", "input_length", "output_length"])
+    require_columns(path, raw.columns, ["input_length", "output_length"], "mooncake")
+    mapping = {"prompt_tokens": "input_length", "output_tokens": "output_length"}
+    if "timestamp" in raw.columns:
+        mapping["arrival_s"] = "timestamp"
+    return _frame(path, "mooncake", raw, mapping, ts_unit_s=1e-3)
+
+
+def _generic_mapping(path: Path, present: list[str], opts: ReadOptions, fmt: str) -> dict[str, str]:
+    mapping = {c: c for c in CANONICAL_INPUTS if c in present}
+    for canonical, source in opts.column_map.items():
+        if canonical not in CANONICAL_INPUTS:
+            raise TraceError(f"--map names unknown canonical column '{canonical}' (one of {', '.join(CANONICAL_INPUTS)})")
+        if source not in present:
+            raise TraceError(f"--map {canonical}={source}: no such column (found: {', '.join(present)})", file=path, column=source)
+        mapping[canonical] = source
+    for required in ("prompt_tokens", "output_tokens"):
+        if required not in mapping:
+            raise TraceError(
+                f"missing column required by format '{fmt}' (found: {', '.join(present)})", file=path,
+                column=required, hint=f"name it with --map {required}=SOURCE_COLUMN",
+            )
+    return mapping
+
+
+def read_csv_generic(path: Path, opts: ReadOptions) -> SourceFrame:
+    present = csv_header(path)
+    mapping = _generic_mapping(path, present, opts, "csv")
+    raw = scan_csv(path, sorted(set(mapping.values()), key=present.index))
+    return _frame(path, "csv", raw, mapping)
+
+
+def read_jsonl_generic(path: Path, opts: ReadOptions) -> SourceFrame:
+    raw = scan_jsonl(path, list(dict.fromkeys(list(CANONICAL_INPUTS) + list(opts.column_map.values()))))
+    mapping = _generic_mapping(path, raw.columns, opts, "jsonl")
+    return _frame(path, "jsonl", raw, mapping)
+
+
+def read_parquet_generic(path: Path, opts: ReadOptions) -> SourceFrame:
+    require_file(path)
+    try:
+        lf = pl.scan_parquet(path)
+        present = lf.collect_schema().names()
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise TraceError(f"not a readable parquet file ({str(exc).splitlines()[0]})", file=path) from exc
+    mapping = _generic_mapping(path, present, opts, "parquet")
+    raw = lf.select(sorted(set(mapping.values()), key=present.index)).with_row_index("_row", offset=1)
+    raw = raw.with_columns(pl.col("_row").cast(pl.Int64)).collect(engine="streaming")
+    return _frame(path, "parquet", raw, mapping)
