@@ -14,7 +14,8 @@ import torch
 from odmactl.allocator import make_allocator
 from odmactl.device.ondevice import DecodeProbe, expand_runs, scaled_model, split_runs, step_time_fit
 from odmactl.hw.profiles import load_model
-from odmactl.sim.loop import Replay, SchedulerSettings, Workload
+from odmactl.sim.loop import Replay, SchedulerSettings
+from odmactl.sim.workload import Workload
 
 PROFILE = str(Path(__file__).resolve().parents[1] / "profiles" / "devices" / "measured" / "cpu-xeon-2vcpu.toml")
 TINY = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,

@@ -15,7 +15,8 @@ from odmactl.allocator import ALLOCATORS, make_allocator
 from odmactl.cli.app import main
 from odmactl.hw.cost import CostModel, StepCoefficients
 from odmactl.hw.profiles import load_device, load_model
-from odmactl.sim.loop import PS, Replay, SchedulerSettings, Workload
+from odmactl.sim.loop import Replay, SchedulerSettings
+from odmactl.sim.workload import PS, Workload
 from odmactl.render.report import to_json
 from odmactl.sim.segment import Segment
 from odmactl.trace.schema import read_trace

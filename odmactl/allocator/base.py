@@ -106,6 +106,19 @@ class Allocator(Protocol):
     `release(a, final_tokens)` ends a request that grew to `final_tokens` since its last extend
     (within its capacity for contiguous policies; paged does not take the blocks that would go
     straight back): one call where a caller that reports growth lazily would make two.
+
+    What the replay loop (sim/loop.py) asks of a policy, besides the operations, so that it never
+    needs a policy's name:
+    - how a request grows: `block_size_tokens` None means one contiguous block per request, which
+      `extend` grows in place, moves (a migration, counted in `migrated_bytes`) or refuses; an
+      integer means the KV grows a block of that many tokens at a time, from `num_blocks` blocks of
+      `block_bytes` each (`free_blocks` of them free now), and a failed `extend` is the caller's
+      cue to preempt (vLLM's recompute);
+    - `record_peak(bytes)`: a caller that hands block growth over lazily reports the peak eager
+      growth would have reached;
+    - `boundaries_tokens` / `boundary_updates`: the bucket upper bounds new reservations use and
+      how many times they changed, for a policy whose boundaries change at run time (empty and 0
+      otherwise).
     """
 
     name: str
@@ -113,6 +126,14 @@ class Allocator(Protocol):
     bytes_per_token: int
     config: AllocatorConfig
     arena: Arena
+    block_size_tokens: int | None
+    num_blocks: int
+    block_bytes: int
+    free_blocks: int
+    migrated_bytes: int
+    reserved_bytes: int
+    boundaries_tokens: tuple[int, ...]
+    boundary_updates: int
 
     def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
                 uncertainty: float | None = None) -> Allocation | None: ...
@@ -120,6 +141,10 @@ class Allocator(Protocol):
     def extend(self, allocation: Allocation, total_tokens: int) -> bool: ...
 
     def release(self, allocation: Allocation, final_tokens: int | None = None) -> None: ...
+
+    def record_peak(self, reserved_bytes: int) -> None: ...
+
+    def live_allocations(self) -> list[Allocation]: ...
 
     def stats(self) -> AllocatorStats: ...
 
@@ -160,6 +185,12 @@ class AllocatorBase:
         self.extends = self.failed_extends = 0
         self.migrations = self.migrated_bytes = 0
         self.releases = 0
+        # the protocol's growth geometry and boundaries: one contiguous block per request and no
+        # boundaries that change, unless a policy says otherwise
+        self.block_size_tokens = None
+        self.num_blocks = self.block_bytes = 0
+        self.boundaries_tokens = ()
+        self.boundary_updates = 0
 
     # -- the operations (the Allocator protocol's), which each policy implements -----------------
 
@@ -236,6 +267,11 @@ class AllocatorBase:
 
     def live_allocations(self) -> list[Allocation]:
         return list(self._live.values())
+
+    @property
+    def free_blocks(self) -> int:
+        """Block-growth policies: blocks free now (0 for contiguous ones)."""
+        return 0
 
     # -- reporting -------------------------------------------------------------------------------
 

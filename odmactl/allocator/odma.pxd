@@ -2,8 +2,8 @@
 from odmactl.allocator.contiguous cimport ContiguousAllocator
 
 cdef class OdmaAllocator(ContiguousAllocator):
-    cdef public object large_block_bytes, _large, gamma, tau, boundaries_tokens, refitter
+    cdef public object large_block_bytes, _large, gamma, tau, refitter
     cdef public object hedge_edges, hedge_output_tokens
-    cdef public object _deferred, refit_due, routed_large, boundary_updates
+    cdef public object _deferred, refit_due, routed_large
     cpdef reserve(self, request_id, prompt_tokens, predicted_output_tokens=*, uncertainty=*)
     cpdef extend(self, allocation, total_tokens)

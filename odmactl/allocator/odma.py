@@ -62,7 +62,6 @@ class OdmaAllocator(ContiguousAllocator):
         # each group's output reservation; None: the gamma rule
         self.hedge_edges = tuple(float(x) for x in config.hedge_edges)
         self.hedge_output_tokens = tuple(config.hedge_output_tokens) or None
-        self.boundaries_tokens: tuple[int, ...] = ()
         self.set_boundaries(config.boundaries_tokens or
                             equal_width_boundaries(self.max_tokens, config.num_buckets, config.granularity_tokens))
         self.refitter = SlidingWindowRefit(
@@ -76,7 +75,6 @@ class OdmaAllocator(ContiguousAllocator):
         self._deferred = config.refit_mode == "deferred"
         self.refit_due = False  # deferred mode: a batch is complete and flush_refit() should run
         self.routed_large = 0
-        self.boundary_updates = 0
 
     def set_boundaries(self, boundaries_tokens: tuple[int, ...] | list[int]) -> None:
         """Replace the bucket upper bounds (KV tokens) for reservations from now on."""

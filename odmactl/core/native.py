@@ -26,7 +26,8 @@ from pathlib import Path
 # The compiled core, as setup.py builds it (it reads these lists from this file). TYPED modules'
 # `cython.*` annotations become C types; UNTYPED ones are compiled with annotations ignored, their
 # classes made extension types by the .pxd files beside them.
-TYPED = ("odmactl.allocator.int64buffer", "odmactl.sim.keyheap", "odmactl.allocator.extentlist", "odmactl.sim.prefill", "odmactl.sim.segment", "odmactl.sim.loop")
+TYPED = ("odmactl.allocator.int64buffer", "odmactl.allocator.extentlist", "odmactl.sim.keyheap", "odmactl.sim.prefill",
+         "odmactl.sim.segment", "odmactl.sim.loop")
 UNTYPED = ("odmactl.allocator.base", "odmactl.allocator.extents", "odmactl.allocator.contiguous",
            "odmactl.allocator.static", "odmactl.allocator.s3", "odmactl.allocator.odma", "odmactl.allocator.paged")
 COMPILED = TYPED + UNTYPED

@@ -62,7 +62,8 @@ import polars as pl
 from odmactl.rules.buckets import bucket_levels, quantile_boundaries, rounded_quantiles
 from odmactl.core.errors import ConfigError
 from odmactl.rules.hedge import HedgeTable, fit_hedge_tables
-from odmactl.sim.loop import SchedulerSettings, Workload
+from odmactl.sim.loop import SchedulerSettings
+from odmactl.sim.workload import Workload
 
 BUCKETS = (4, 6, 8, 12, 16, 32, 64, 128, 256)
 LEVELS = ("equal", "tail")

@@ -20,7 +20,8 @@ from odmactl.core.errors import ConfigError
 from odmactl.device.ondevice import (DecodeProbe, OnDeviceSpec, check_fits, compute_dtype, release_device_memory,
                               scaled_model)
 from odmactl.hw.profiles import DeviceProfile, ModelProfile
-from odmactl.sim.loop import PS, SchedulerSettings, Workload
+from odmactl.sim.loop import SchedulerSettings
+from odmactl.sim.workload import PS, Workload
 
 PREDICTOR_CHOICES = ("none", "oracle")
 CONFIG_TABLES = ("allocator", "scheduler", "thresholds")

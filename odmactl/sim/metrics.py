@@ -1,0 +1,99 @@
+"""A replay's result: DESIGN.md's metrics from the per-request times and the loop's counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from odmactl.sim.series import Series
+from odmactl.sim.workload import PS
+
+
+@dataclass
+class ReplayResult:
+    """What one replay measured: `metrics` (names of DESIGN.md), per-request arrays, time series."""
+
+    policy: str
+    metrics: dict[str, float | int]
+    series: dict[str, list]
+    allocator: dict[str, object]
+    ttft_s: np.ndarray = field(repr=False)
+    tpot_s: np.ndarray = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Per request (int64 arrays, row i is request i): arrival, first token and completion in ps
+    (first_ps -1 for a request never prefilled, done_ps -2 for a rejected one), the output tokens it
+    was to generate within max_model_len (`target`), its prompt, and the KV tokens it held at the
+    end (`reserved_tokens`)."""
+
+    arrival_ps: np.ndarray
+    first_ps: np.ndarray
+    done_ps: np.ndarray
+    target: np.ndarray
+    prompt: np.ndarray
+    reserved_tokens: np.ndarray
+    first_arrival_ps: int
+
+
+def _p50_p99(values: np.ndarray) -> tuple[float, float]:
+    # one selection for both levels: the same values as two np.percentile calls
+    return tuple(float(v) for v in np.percentile(values, [50, 99])) if values.size else (0.0, 0.0)
+
+
+def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
+                  boundaries: list[tuple[float, list[int]]]) -> ReplayResult:
+    """The metrics, from the per-request timeline and the loop's counters, and the time series."""
+    assert not alloc.live_allocations(), "allocations outlived the replay"
+    alloc.check_invariants()
+    c, tl = counters, timeline
+    ok = tl.done_ps >= 0
+    kv_final = (tl.prompt + tl.target)[ok]
+    kv_reserved = tl.reserved_tokens[ok]
+    ttft = (tl.first_ps[ok] - tl.arrival_ps[ok]) / PS
+    multi = ok & (tl.target > 1)
+    tpot = (tl.done_ps[multi] - tl.first_ps[multi]) / (tl.target[multi] - 1) / PS
+    last_done = int(tl.done_ps[ok].max()) if ok.any() else tl.first_arrival_ps
+    span_ps = max(last_done - tl.first_arrival_ps, 1)
+    generated = int(tl.target[ok].sum())
+    num = int(tl.arrival_ps.size)
+    ttft_p50, ttft_p99 = _p50_p99(ttft)
+    tpot_p50, tpot_p99 = _p50_p99(tpot)
+    metrics: dict[str, float | int] = {
+        "requests": num,
+        "completed": int(ok.sum()),
+        "rejections": c["rejections"],
+        "rejected_prompt_too_long": c["rejected_prompt_too_long"],
+        "truncated": c["truncated"],
+        "generated_tokens": generated,
+        "kv_utilization": float(kv_final.sum() / kv_reserved.sum()) if kv_reserved.size else 0.0,
+        "pool_occupancy": c["occupancy_byte_ps"] / (alloc.pool_bytes * span_ps),
+        "tps": generated / (span_ps / PS),
+        "ttft_p50": ttft_p50, "ttft_p99": ttft_p99,
+        "tpot_p50": tpot_p50, "tpot_p99": tpot_p99,
+        "migrations": c["migrations"],
+        "migration_rate": c["migrations"] / num if num else 0.0,
+        # every request that outgrew its memory: moved (migration) or, with no room to move to,
+        # preempted; plan's migration-rate limit and check's max_overflow_rate apply to this
+        "overflow_rate": (c["migrations"] + c["preemptions"]) / num if num else 0.0,
+        "migrated_bytes": c["migrated_bytes"],
+        "migration_time_s": c["migration_ps"] / PS,
+        "preemptions": c["preemptions"],
+        "recomputed_tokens": c["recomputed_tokens"],
+        "peak_concurrency": c["peak_concurrency"],
+        "mean_batch": generated / max(c["decode_iterations"] + c["prefill_iterations"], 1),
+        "decode_iterations": c["decode_iterations"],
+        "prefill_iterations": c["prefill_iterations"],
+        "makespan_s": span_ps / PS,
+    }
+    rows = series.rows
+    series_out = {
+        "time_s": [r[0] / PS for r in rows],
+        "pool_occupancy": [r[1] / alloc.pool_bytes for r in rows],
+        "batch_size": [r[2] for r in rows],
+        "queue_length": [r[3] for r in rows],
+        "bucket_boundaries": [{"time_s": ts, "boundaries_tokens": b} for ts, b in boundaries],
+    }
+    return ReplayResult(alloc.name, metrics, series_out, alloc.stats().to_dict(), ttft, tpot)

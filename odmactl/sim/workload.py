@@ -1,0 +1,39 @@
+"""The requests a replay serves, as numpy arrays in arrival order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+PS = 10**12  # picoseconds per second: the replay's clock is integer picoseconds
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests in arrival order, as numpy arrays (row i is request i). `arrival_ps` is
+    nondecreasing; `output_tokens` >= 1; `predicted_output_tokens` and `uncertainty` are None when no
+    predictor runs (then policies reserve without a prediction)."""
+
+    request_ids: list[str]
+    arrival_ps: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    predicted_output_tokens: np.ndarray | None = None
+    uncertainty: np.ndarray | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.request_ids)
+
+    def kv_tokens(self, max_len: int) -> np.ndarray:
+        """Each request's realized KV tokens (prompt + output), capped at max_len."""
+        return np.minimum(self.prompt_tokens.astype(np.int64) + self.output_tokens.astype(np.int64), max_len)
+
+    def take(self, start: int, stop: int) -> Workload:
+        """Requests start..stop-1, arrival times unchanged (a replay starts at its first arrival)."""
+        def cut(a):
+            return None if a is None else a[start:stop]
+
+        return Workload(self.request_ids[start:stop], self.arrival_ps[start:stop], self.prompt_tokens[start:stop],
+                        self.output_tokens[start:stop], cut(self.predicted_output_tokens), cut(self.uncertainty))

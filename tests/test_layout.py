@@ -1,0 +1,155 @@
+"""The folder tree is the architecture: every import points down the layers (README, "Layout"), no
+import cycle exists, torch stays in the layers that need it, and the replay loop stays readable.
+
+Imports are read with `ast` from every module of the package, those inside functions included (a
+lazy import is still a dependency)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "odmactl"
+
+# top to bottom: a module may import from its own layer and the layers below it
+LAYERS = ("cli", "plan", "gate", "render", "device", "run", "sim", "predict", "allocator", "hw", "rules", "trace",
+          "core")
+# torch (and what pulls it in) only where a layer needs a tensor: the predictor, the device
+# measurements, and the allocator library's real-buffer arena (TorchArena, a public API)
+TORCH_ALLOWED = ("odmactl.predict", "odmactl.device", "odmactl.allocator.arena")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if not p.name.startswith("_native_build")}
+
+
+def _imports(path: Path, name: str) -> set[str]:
+    """Every module `path` imports (absolute names), at module level or inside functions."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return found
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[0] != "odmactl" or len(parts) < 2 or parts[1] not in LAYERS:
+        return None
+    return LAYERS.index(parts[1])
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: {m for m in _imports(path, name) if m in modules and m != name} for name, path in modules.items()}
+
+
+def test_every_module_lives_in_a_layer():
+    stray = [m for m in _modules() if m not in ("odmactl", "odmactl.__main__") and _layer(m) is None]
+    assert not stray, f"modules outside the layer folders: {stray}"
+
+
+def test_imports_point_down():
+    upward = []
+    for module, targets in _graph().items():
+        here = _layer(module)
+        for target in targets:
+            there = _layer(target)
+            if here is not None and there is not None and there < here:
+                upward.append(f"{module} imports {target} ({LAYERS[here]} -> {LAYERS[there]})")
+    assert not upward, "\n".join(sorted(upward))
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_torch_only_where_allowed():
+    offenders = [name for name, path in _modules().items()
+                 if any(m.split(".")[0] in ("torch", "triton") or m == "safetensors.torch"
+                        for m in _imports(path, name))
+                 and not name.startswith(TORCH_ALLOWED)]
+    assert not offenders, offenders
+
+
+def test_the_layer_test_can_fail(tmp_path):
+    """The walker sees a lazy upward import inside a function."""
+    path = tmp_path / "odmactl" / "sim" / "x.py"
+    path.parent.mkdir(parents=True)
+    path.write_text("def f():\n    from odmactl.plan.search import plan\n    from ..run import spec\n")
+    found = _imports(path, "odmactl.sim.x")
+    assert "odmactl.plan.search" in found and "odmactl.run.spec" in found
+    assert _layer("odmactl.plan.search") < _layer("odmactl.sim.x")
+
+
+def test_a_virtual_replay_does_not_import_torch(tmp_path, conv_sample_head):
+    """A replay on the virtual arena with the oracle: torch never enters sys.modules."""
+    script = ("import sys\n"
+              "from odmactl.cli import main\n"
+              f"code = main(['replay', {str(conv_sample_head(300))!r}, '--device', 'mlu370-x4', '--model',\n"
+              "              'DeepSeek-R1-Distill-Qwen-7B', '--compare', 'static,paged,s3,odma', '--predictor', 'oracle',\n"
+              "              '--json'])\n"
+              "assert code == 0, code\n"
+              "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "ODMACTL_DEBUG": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _function_lengths(path: Path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, node.end_lineno - node.lineno + 1
+
+
+def test_sim_functions_fit_on_a_screen():
+    long = [f"{p.name}:{name} ({n} lines)" for p in sorted((PACKAGE / "sim").glob("*.py"))
+            for name, n in _function_lengths(p) if n > 120]
+    assert not long, long
+
+
+def test_no_policy_name_tests_outside_the_allocator():
+    """The replay and the orchestration ask a policy through its protocol, never by name."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "allocator" in path.relative_to(PACKAGE).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "name":
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert not found, found
