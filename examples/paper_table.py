@@ -34,7 +34,7 @@ COLUMNS = ["kv_utilization", "tps", "ttft_p99", "tpot_p99", "migration_rate", "p
 
 
 def run(args: list[str]) -> None:
-    from odmactl.cli.app import main
+    from odmactl.cli import main
 
     code = main(args)
     if code != 0:
@@ -66,9 +66,10 @@ def main() -> None:
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
 
-    from odmactl.render.report import to_json
+    from odmactl.render.json import to_json
     from odmactl.trace.schema import read_trace
-    from odmactl.run.workload import ReplaySpec, run_policies
+    from odmactl.run.replay import run_policies
+    from odmactl.run.spec import ReplaySpec
 
     lines = [f"# {MODEL} on {DEVICE}: static, paged, s3 and odma", "",
              "Made by `python examples/paper_table.py` (see its docstring). Each row replays the same "

@@ -63,7 +63,7 @@ def ceiling(prompt: np.ndarray, output: np.ndarray, tenant: np.ndarray, max_len:
 def s3_estimate(prompt: np.ndarray, output: np.ndarray, l_hat: np.ndarray, max_len: int) -> tuple[float, float]:
     """(overflow rate, kv_utilization) of s3's rule with the allocator's default buckets."""
     from odmactl.allocator.config import AllocatorConfig
-    from odmactl.allocator.s3 import s3_capacities
+    from odmactl.rules.s3 import s3_capacities
 
     capacities = np.asarray(s3_capacities(max_len, AllocatorConfig().s3_num_buckets), dtype=np.float64)
     kv = np.minimum(prompt + output, max_len)
@@ -80,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=32_768)
     ap.add_argument("--limit", type=float, default=0.005, help="most requests that may outgrow their block")
     args = ap.parse_args(argv)
-    from odmactl.predict.predictor import LengthPredictor
+    from odmactl.predict.artifact import read_artifact
 
     frame = pl.read_parquet(args.trace).filter(pl.col("prompt_tokens") <= args.max_model_len)
-    l_hat, _ = LengthPredictor.load(args.predictor).predict(frame)
+    l_hat, _ = read_artifact(args.predictor).predict(frame)
     frame = frame.with_columns(pl.Series("l_hat", l_hat), (pl.col("arrival_s") // WINDOW_S).cast(pl.Int64).alias("window"))
     print(f"{args.trace.name}: max_model_len {args.max_model_len:,}, at most {args.limit:.1%} outgrown\n")
     print("| window | requests | tenants | best found (bound), no overflow cost | best found (bound), overflow to max_model_len | s3 (overflow rate) |")

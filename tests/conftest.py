@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from odmactl.cli.app import main
+from odmactl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = Path(os.environ.get("ODMACTL_SHARED_TRACES", ROOT.parent / "shared" / "traces"))

@@ -42,9 +42,13 @@ def test_misuse_raises_clear_errors(policy: str) -> None:
 
 
 def test_config_errors_name_the_key() -> None:
-    with pytest.raises(ConfigError, match="unknown allocator setting 'gama'") as info:
+    with pytest.raises(ConfigError, match="key 'gama': unknown key") as info:
         AllocatorConfig.from_mapping({"gama": 0.3}, "c.toml")
-    assert "c.toml" in str(info.value) and "key 'gama'" in str(info.value)
+    assert "c.toml" in str(info.value) and "gamma" in str(info.value)  # the known keys are listed
+    with pytest.raises(ConfigError, match="key 'allocator.gamma': expected a number, got str 'high'"):
+        AllocatorConfig.from_mapping({"gamma": "high"}, "c.toml", prefix="allocator")
+    with pytest.raises(ConfigError, match="key 'gamma': expected a finite number"):
+        AllocatorConfig.from_mapping({"gamma": float("inf")})
     with pytest.raises(ConfigError, match="key 'block_size_tokens'"):
         AllocatorConfig.from_mapping({"block_size_tokens": 0})
     with pytest.raises(ConfigError, match="strictly increasing"):

@@ -214,7 +214,7 @@ def test_traceback_only_with_debug(tmp_path):
     import sys
 
     missing = tmp_path / "nope.csv"
-    cmd = [sys.executable, "-c", "from odmactl.cli.app import entry; entry()", "ingest", str(missing), "--out", str(tmp_path / "o.parquet")]
+    cmd = [sys.executable, "-c", "from odmactl.cli import entry; entry()", "ingest", str(missing), "--out", str(tmp_path / "o.parquet")]
     plain = subprocess.run(cmd, capture_output=True, text=True)
     assert plain.returncode == 1 and "Traceback" not in plain.stderr and "no such file" in plain.stderr
     debug = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "ODMACTL_DEBUG": "1"})

@@ -9,7 +9,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from odmactl.gate.thresholds import Thresholds, evaluate, junit_xml
+from odmactl.gate.thresholds import Thresholds, evaluate
+from odmactl.render.junit import junit_xml
 from odmactl.core.errors import ConfigError
 
 DEVICE, MODEL = "mlu370-x4", "DeepSeek-R1-Distill-Qwen-7B"
@@ -69,8 +70,8 @@ def test_thresholds_merge_and_validate(tmp_path):
                           tmp_path / "c.toml")
     assert t.min_utilization == 0.6 and t.baseline == "paged" and t.min_tps_gain is None and not t.empty
     assert Thresholds().empty
-    for table, words in [({"min_util": 0.5}, "unknown threshold"), ({"min_utilization": "high"}, "a number"),
-                         ({"max_migration_rate": 2.0}, "between 0 and 1"), ({"baseline": 3}, "policy name")]:
+    for table, words in [({"min_util": 0.5}, "unknown key"), ({"min_utilization": "high"}, "expected a number"),
+                         ({"max_migration_rate": 2.0}, "between 0 and 1"), ({"baseline": 3}, "expected a string")]:
         with pytest.raises(ConfigError, match=words) as info:
             Thresholds.merged(table, {}, tmp_path / "c.toml")
         assert info.value.file == str(tmp_path / "c.toml") and info.value.key.startswith("thresholds.")

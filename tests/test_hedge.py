@@ -110,9 +110,12 @@ def test_plan_bounds_for_a_hedge_candidate_agree_with_its_replay(conv_sample_hea
     than the load, the replay's migrations are the bounds' overflows, and the utilizations agree."""
     import polars as pl
 
-    from odmactl.plan.search import Candidate, _Context, _fit_hedges, _with_hedge, estimate, replay_candidate
+    from odmactl.plan.search import Candidate, _fit_hedges, _with_hedge, estimate, replay_candidate
+    from odmactl.run.replay import ReplayContext
+    from odmactl.run.serving import serving
+    from odmactl.run.spec import LoadOptions
+    from odmactl.run.workload import build_workload
     from odmactl.sim.loop import SchedulerSettings
-    from odmactl.run.workload import LoadOptions, build_workload, serving
 
     w, frame, _ = build_workload(pl.read_parquet(conv_sample_head(1200)), LoadOptions(), "oracle")
     rng = np.random.default_rng(0)  # a noisy predictor: oracle lengths times lognormal noise
@@ -124,8 +127,7 @@ def test_plan_bounds_for_a_hedge_candidate_agree_with_its_replay(conv_sample_hea
     hedges = _fit_hedges(w.take(0, fit_rows), max_len, [c])
     later = w.take(fit_rows, w.size)
     est = estimate([c], later, max_len, setup.pool_bytes // setup.bytes_per_token, hedges=hedges)[0]
-    ctx = _Context(frame.slice(fit_rows), later, setup.cost, max_len, setup.pool_bytes,
-                   setup.bytes_per_token, SchedulerSettings())
+    ctx = ReplayContext(setup, later, max_len, SchedulerSettings())
     m = replay_candidate(ctx, _with_hedge(c, hedges))
     assert m["preemptions"] == 0 and m["rejections"] == 0
     assert est["overflow_rate"] > 0 and abs(est["overflow_rate"] - m["migration_rate"]) <= 2 / (w.size - fit_rows)

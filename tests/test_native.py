@@ -25,10 +25,10 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from test_replay import CASES, DEVICE, MODEL, _replay, case_workload
 from odmactl.core import native
-from odmactl.cli.app import main
+from odmactl.cli import main
 from odmactl.hw.cost import CostModel
 from odmactl.hw.profiles import load_device, load_model
-from odmactl.render.report import to_json
+from odmactl.render.json import to_json
 from odmactl.trace.schema import read_trace
 
 frame = read_trace(sys.argv[2])

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from odmactl.allocator import make_allocator
-from odmactl.device.ondevice import DecodeProbe, expand_runs, scaled_model, split_runs, step_time_fit
+from odmactl.device.ondevice import DecodeProbe, expand_runs, split_runs, step_time_fit
 from odmactl.hw.profiles import load_model
 from odmactl.sim.loop import Replay, SchedulerSettings
 from odmactl.sim.workload import Workload
@@ -138,7 +138,7 @@ def test_cli_on_device_scale_keeps_the_pool_tokens(cli, tiny_model, small_trace)
     measured = doc["results"]["odma"]["on_device"]
     assert measured["layers"] == 2 and measured["layers_full"] == 4
     full = load_model(tiny_model)
-    half = scaled_model(full, 0.5)
+    half = full.scaled(0.5)
     assert doc["kv_bytes_per_token"] == half.kv_bytes_per_token == full.kv_bytes_per_token // 2
     assert doc["kv_pool_bytes"] // doc["kv_bytes_per_token"] == (32 << 20) // full.kv_bytes_per_token
     assert half.weight_bytes < full.weight_bytes

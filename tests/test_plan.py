@@ -17,7 +17,8 @@ import pytest
 
 from odmactl.allocator import AllocatorConfig
 from odmactl.plan.search import Candidate, PlanSpec, _fit_hedges, candidate_grid, choose, estimate, estimate_all
-from odmactl.run.workload import LoadOptions, build_workload
+from odmactl.run.spec import LoadOptions
+from odmactl.run.workload import build_workload
 from odmactl.core.errors import ConfigError
 
 DEVICE, MODEL = "mlu370-x4", "DeepSeek-R1-Distill-Qwen-7B"
@@ -182,7 +183,7 @@ def test_plan_errors(cli, trace, conv_sample_head, tmp_path):
 
 
 def test_a_config_names_its_predictor_relative_to_itself(tmp_path, monkeypatch):
-    from odmactl.run.workload import predictor_for_config, predictor_from_config
+    from odmactl.run.config import predictor_for_config, predictor_from_config
 
     (tmp_path / "ci" / "pred").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)

@@ -14,8 +14,9 @@ import pytest
 from scipy.stats import kendalltau
 
 from odmactl.allocator import make_allocator
-from odmactl.predict.artifact import FORMAT_VERSION, MANIFEST, WEIGHTS
-from odmactl.rules.buckets import equal_width_classes, reserved_kv_tokens
+from odmactl.predict.artifact import FORMAT_VERSION, MANIFEST, WEIGHTS, read_artifact, write_artifact
+from odmactl.rules.odma import reserved_kv_tokens
+from odmactl.rules.s3 import s3_capacities, s3_classes
 from odmactl.core.errors import PredictorError
 from odmactl.predict.evaluation import EvalSettings, evaluate_predictions
 from odmactl.predict.features import hash_ngrams
@@ -30,7 +31,7 @@ FAST = PredictorSettings(max_epochs=4, num_hash_buckets=1 << 12)
 @pytest.fixture(scope="module")
 def alpaca(tmp_path_factory) -> Path:
     """The shipped 2,000-record Alpaca sample, ingested with the default tokenizer."""
-    from odmactl.cli.app import main
+    from odmactl.cli import main
 
     out = tmp_path_factory.mktemp("alpaca") / "alpaca.parquet"
     assert main(["ingest", str(SAMPLES / "alpaca_small_2000.json.gz"), "--out", str(out), "--offline"]) == 0
@@ -105,7 +106,7 @@ def test_evaluation_against_references():
     ev = evaluate_predictions(prompt, actual, l_hat, u, EvalSettings(bounds, 0.2, 0.8, 1024, 4))
     assert ev["kendall_tau"] == pytest.approx(kendalltau(l_hat, actual).statistic)
     assert ev["mae_tokens"] == pytest.approx(np.abs(l_hat - actual).mean())
-    width = 1024 / 4
+    width = 256  # ceil(1024 / 4): bucket k holds lengths up to (k + 1) * 256
     s3 = lambda x: np.minimum(np.ceil(x / width) - 1, 3)  # noqa: E731
     assert ev["bucket_accuracy_s3"] == pytest.approx(np.mean(s3(l_hat) == s3(actual)))
     fitted = lambda kv: np.array([next((i for i, b in enumerate(bounds) if k <= b), 4) for k in kv])  # noqa: E731
@@ -121,7 +122,23 @@ def test_evaluation_against_references():
     assert ev["reserved_over_actual"] == pytest.approx(np.mean(final / (prompt + actual)))
     assert [c["gamma"] for c in ev["gamma_curve"]][:3] == [0.0, 0.1, 0.2]
     assert sum(d["rows"] for d in ev["u_deciles"]) == n
-    assert equal_width_classes(np.array([1, 256, 257, 1024, 5000]), max_tokens=1024, num_buckets=4).tolist() == [0, 0, 1, 3, 3]
+    assert s3_classes(np.array([1, 256, 257, 1024, 5000]), s3_capacities(1024, 4)).tolist() == [0, 0, 1, 3, 3]
+
+
+def test_s3_buckets_are_one_rule():
+    """The allocator's buckets, the S3 predictor's classes and the evaluation's agree on every
+    length: at max 4,096 and 10 buckets (width 410) a 410-token length is bucket 0 everywhere, 411
+    bucket 1 (a fractional width of 409.6 made 410 class 1 in the predictor)."""
+    caps = s3_capacities(4096, 10)
+    assert caps == (410, 820, 1230, 1640, 2050, 2460, 2870, 3280, 3690, 4096)
+    assert s3_classes(np.array([410, 411, 4096]), caps).tolist() == [0, 1, 9]
+    alloc = make_allocator("s3", 1 << 30, 1, {"max_model_len_tokens": 4096, "s3_num_buckets": 10})
+    assert alloc.capacities_tokens == caps
+    for length in (1, 409, 410, 411, 819, 820, 821, 3690, 3691, 4096):
+        a = alloc.reserve(f"r{length}", 1, length - 1)
+        assert a.capacity_tokens == caps[s3_classes(np.array([length]), caps)[0]]
+        alloc.release(a)
+    assert s3_capacities(10, 6) == (2, 4, 6, 8, 10) and s3_capacities(3, 10) == (1, 2, 3)
 
 
 def test_fit_predict_save_load_roundtrip(multi_model, tmp_path):
@@ -131,12 +148,12 @@ def test_fit_predict_save_load_roundtrip(multi_model, tmp_path):
     # the model identity carries the 4x spread between "short" and "long"
     by_model = {m: np.median(l_hat[(multi_model["model"] == m).to_numpy()]) for m in ("short", "long")}
     assert by_model["long"] > 2 * by_model["short"]
-    p.save(tmp_path / "p")
-    q = LengthPredictor.load(tmp_path / "p")
+    write_artifact(p, tmp_path / "p", {})
+    q = read_artifact(tmp_path / "p")
     l2, u2 = q.predict(multi_model)
     assert np.array_equal(l_hat, l2) and np.array_equal(u, u2)
     again = LengthPredictor.fit(multi_model, FAST, seed=0)
-    again.save(tmp_path / "again")
+    write_artifact(again, tmp_path / "again", {})
     assert (tmp_path / "p" / WEIGHTS).read_bytes() == (tmp_path / "again" / WEIGHTS).read_bytes()
     assert (tmp_path / "p" / MANIFEST).read_text() == (tmp_path / "again" / MANIFEST).read_text()
     unseen = multi_model.head(5).with_columns(pl.lit("never-seen").alias("model"), pl.lit(None, pl.Utf8).alias("prompt_text"))
@@ -147,16 +164,16 @@ def test_s3_mode_predicts_bucket_upper_bounds(multi_model):
     p = LengthPredictor.fit(multi_model, PredictorSettings(mode="s3", max_epochs=2, num_hash_buckets=1 << 12,
                                                            max_model_len_tokens=2048, s3_num_buckets=7), seed=0)
     l_hat, _ = p.predict(multi_model)
-    uppers = [int(k * 2048 / 7) for k in range(1, 8)]  # 292.57-token buckets: 292, 585, ...
+    uppers = [min(k * 293, 2048) for k in range(1, 8)]  # ceil(2048 / 7) = 293-token buckets: 293, 586, ..., 2048
     assert set(np.unique(l_hat).tolist()) <= set(uppers)
     # each estimate lies in the bucket it stands for
-    classes = equal_width_classes(l_hat, max_tokens=2048, num_buckets=7)
+    classes = s3_classes(l_hat, s3_capacities(2048, 7))
     assert [uppers[c] for c in classes] == l_hat.tolist()
 
 
 def _saved(multi_model, tmp_path) -> Path:
     d = tmp_path / "art"
-    LengthPredictor.fit(multi_model, FAST, seed=0).save(d)
+    write_artifact(LengthPredictor.fit(multi_model, FAST, seed=0), d, {})
     return d
 
 
@@ -196,7 +213,7 @@ def test_damaged_artifacts_are_clear_errors(multi_model, tmp_path, damage, expec
     elif damage == "no_manifest":
         m.unlink()
     with pytest.raises(PredictorError) as info:
-        LengthPredictor.load(d)
+        read_artifact(d)
     assert expected in str(info.value)
 
 
@@ -242,14 +259,14 @@ def test_encoder_family_roundtrip_and_pinned_encoder(multi_model, tmp_path):
     p = LengthPredictor.fit(multi_model, settings, seed=0, encoder_dir=enc)
     l_hat, u = p.predict(multi_model)
     assert p.net.text is None and l_hat.min() >= 1 and ((0 <= u) & (u <= 1)).all()
-    p.save(tmp_path / "p")
-    l2, u2 = LengthPredictor.load(tmp_path / "p").predict(multi_model)
+    write_artifact(p, tmp_path / "p", {})
+    l2, u2 = read_artifact(tmp_path / "p").predict(multi_model)
     assert np.array_equal(l_hat, l2) and np.array_equal(u, u2)
     other = tmp_path / "other-encoder"
     other.mkdir()
     (other / "config.json").write_text((enc / "config.json").read_text().replace("}", ', "note": 1}', 1))
     with pytest.raises(PredictorError, match="not the one this predictor was fitted with"):
-        LengthPredictor.load(tmp_path / "p", encoder_dir=other)
+        read_artifact(tmp_path / "p", encoder_dir=other)
     with pytest.raises(PredictorError, match="needs --encoder"):
         LengthPredictor.fit(multi_model, settings, seed=0)
 

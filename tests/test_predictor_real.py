@@ -14,7 +14,7 @@ from odmactl.trace.splits import prompt_keys
 
 @pytest.fixture(scope="module")
 def alpaca_eval_fit(shared_traces, tmp_path_factory):
-    from odmactl.cli.app import main
+    from odmactl.cli import main
 
     tmp = tmp_path_factory.mktemp("alpaca_eval")
     trace = tmp / "ae.parquet"

@@ -12,15 +12,16 @@ import polars as pl
 import pytest
 
 from odmactl.allocator import ALLOCATORS, make_allocator
-from odmactl.cli.app import main
+from odmactl.cli import main
 from odmactl.hw.cost import CostModel, StepCoefficients
 from odmactl.hw.profiles import load_device, load_model
 from odmactl.sim.loop import Replay, SchedulerSettings
 from odmactl.sim.workload import PS, Workload
-from odmactl.render.report import to_json
+from odmactl.render.json import to_json
 from odmactl.sim.segment import Segment
 from odmactl.trace.schema import read_trace
-from odmactl.run.workload import LoadOptions, ReplaySpec, run_policies
+from odmactl.run.replay import run_policies
+from odmactl.run.spec import LoadOptions, ReplaySpec
 
 from conftest import SAMPLES
 

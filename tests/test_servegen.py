@@ -40,7 +40,7 @@ def r1(shared_traces, tmp_path_factory):
     expected_total = sum(rate * 600 for rows in rates.values() for start, rate in rows if start < SPAN_S)
     scale = TARGET / expected_total
     out = tmp_path_factory.mktemp("sg") / "r1.parquet"
-    from odmactl.cli.app import main
+    from odmactl.cli import main
 
     assert main(["ingest", str(folder), "--format", "servegen", "--out", str(out), "--start", "0",
                  "--duration", str(SPAN_S), "--rate-scale", repr(scale), "--seed", "7"]) == 0

@@ -119,6 +119,8 @@ class Allocator(Protocol):
     - `boundaries_tokens` / `boundary_updates`: the bucket upper bounds new reservations use and
       how many times they changed, for a policy whose boundaries change at run time (empty and 0
       otherwise).
+    And of the policy's class, before a replay builds it: `complete_config(config, pool_bytes=,
+    bytes_per_token=, realized_kv_tokens=)`, the settings the policy fills in itself.
     """
 
     name: str
@@ -163,6 +165,14 @@ class AllocatorBase:
     """
 
     name = "base"
+
+    @classmethod
+    def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,
+                        realized_kv_tokens) -> tuple[AllocatorConfig, dict]:
+        """The config a replay runs this policy with, and notes on what was filled in: what the
+        settings leave open that the policy decides from the pool and the trace's realized KV
+        lengths in arrival order (capped at max_model_len). Nothing, unless a policy says so."""
+        return config, {}
 
     def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None) -> None:
         if not isinstance(pool_bytes, int) or pool_bytes < 1:

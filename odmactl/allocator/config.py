@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from odmactl.core.errors import ConfigError
+from odmactl.core.tomltable import TomlTable
 
 STATIC_SLOTS = ("max_model_len", "prompt_plus_max_new")
 REFIT_MODES = ("inline", "deferred")
+SEQUENCES = ("boundaries_tokens", "quantile_levels", "hedge_edges", "hedge_output_tokens")  # lists in TOML
 
 
 @dataclass(frozen=True)
@@ -95,24 +97,11 @@ class AllocatorConfig:
                               key="boundaries_tokens")
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, object], source: str | Path | None = None) -> AllocatorConfig:
-        """Build from a TOML table; an unknown key or a bad value names the file and the key."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        for key in data:
-            if key not in known:
-                raise ConfigError(f"unknown allocator setting '{key}' (known: {', '.join(sorted(known))})",
-                                  file=source, key=key)
-        values = dict(data)
-        for key in ("boundaries_tokens", "quantile_levels", "hedge_edges", "hedge_output_tokens"):
-            if key in values:
-                raw = values[key]
-                values[key] = tuple(raw) if isinstance(raw, (list, tuple)) else raw
-        try:
-            return cls(**values)
-        except ConfigError as exc:
-            raise ConfigError(exc.message, file=source, key=exc.key) from None
-        except TypeError as exc:
-            raise ConfigError(f"bad allocator settings ({exc})", file=source) from None
+    def from_mapping(cls, data: Mapping[str, object], source: str | Path | None = None,
+                     prefix: str = "") -> AllocatorConfig:
+        """Build from a TOML table (`prefix` its name in the file, e.g. "allocator"); an unknown key or
+        a bad value names the file and the key."""
+        return TomlTable(dict(data), source, prefix).to_dataclass(cls, convert={name: tuple for name in SEQUENCES})
 
     def to_mapping(self) -> dict[str, object]:
         out = dataclasses.asdict(self)

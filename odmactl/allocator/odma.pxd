@@ -1,5 +1,6 @@
 # Cython declarations for odma.py (see setup.py).
 from odmactl.allocator.contiguous cimport ContiguousAllocator
+from odmactl.rules.odma cimport need_tokens as need_rule
 
 cdef class OdmaAllocator(ContiguousAllocator):
     cdef public object large_block_bytes, _large, gamma, tau, refitter

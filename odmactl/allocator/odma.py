@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from array import array
-from bisect import bisect_left, bisect_right
-from math import ceil
+from bisect import bisect_left
 
 import numpy as np
 
@@ -12,17 +12,12 @@ from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation
 from odmactl.allocator.config import AllocatorConfig
 from odmactl.allocator.contiguous import ContiguousAllocator
-from odmactl.rules.buckets import SlidingWindowRefit
 from odmactl.core.errors import ConfigError
+from odmactl.rules.buckets import SlidingWindowRefit, quantile_boundaries
+from odmactl.rules.odma import equal_width_boundaries
+from odmactl.rules.odma import need_tokens as need_rule
 
 LARGE = "large"
-
-
-def equal_width_boundaries(max_tokens: int, num_buckets: int, granularity_tokens: int) -> tuple[int, ...]:
-    """B equal-width upper bounds over [1, max_tokens], rounded up to the granularity: the start
-    point before a refit has seen realized lengths."""
-    raw = (-(-max_tokens * (i + 1) // num_buckets) for i in range(num_buckets))
-    return tuple(sorted({min(-(-b // granularity_tokens) * granularity_tokens, max_tokens) for b in raw}))
 
 
 def large_pool_bytes(pool_bytes: int, block_bytes: int, config: AllocatorConfig) -> int:
@@ -49,6 +44,30 @@ class OdmaAllocator(ContiguousAllocator):
     """
 
     name = "odma"
+
+    @classmethod
+    def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,
+                        realized_kv_tokens: np.ndarray) -> tuple[AllocatorConfig, dict]:
+        """What a replay leaves open, filled in (AllocatorBase.complete_config): without
+        boundaries, quantile boundaries of the realized KV lengths of the first `refit_window`
+        requests (a warm start, as if that window had been observed before), refitted online from
+        then on; without a large-pool size, `large_pool_fraction` of the pool, raised to one
+        max_model_len block when smaller (a request past the last boundary needs one)."""
+        notes: dict = {}
+        max_len = config.max_model_len_tokens
+        if not config.boundaries_tokens:
+            window = np.asarray(realized_kv_tokens)[: config.refit_window]
+            bounds = quantile_boundaries(window, config.num_buckets, granularity_tokens=config.granularity_tokens,
+                                         max_tokens=max_len, levels=config.quantile_levels)
+            config = dataclasses.replace(config, boundaries_tokens=bounds)
+            notes["initial_boundaries"] = f"quantiles of the first {window.size} requests' KV lengths"
+        block = max_len * bytes_per_token
+        if config.large_pool_bytes is None and pool_bytes * config.large_pool_fraction < block:
+            if block > pool_bytes:
+                raise ConfigError(f"one max_model_len block ({max_len} tokens) does not fit the KV pool")
+            config = dataclasses.replace(config, large_pool_bytes=block)
+            notes["large_pool"] = "raised to one max_model_len block"
+        return config, notes
 
     def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
         super().__init__(pool_bytes, bytes_per_token, config, arena)
@@ -85,34 +104,21 @@ class OdmaAllocator(ContiguousAllocator):
         self.boundaries_tokens = b
 
     def need_tokens(self, prompt_tokens: int, predicted_output_tokens: int, uncertainty: float | None) -> int:
-        """KV tokens to reserve: prompt + the hedge table's output count for L_hat's group when
-        there is a table, else prompt + ceil(L_hat * (1 + gamma * u)) (no u: no inflation)."""
-        if self.hedge_output_tokens is not None:
-            return prompt_tokens + self.hedge_output_tokens[bisect_right(self.hedge_edges, predicted_output_tokens)]
-        u = uncertainty if uncertainty is not None else 0.0
-        return prompt_tokens + ceil(predicted_output_tokens * (1.0 + self.gamma * u))
+        """KV tokens to reserve by this allocator's settings (rules/odma.py)."""
+        return need_rule(prompt_tokens, predicted_output_tokens, uncertainty, self.gamma, self.hedge_edges,
+                         self.hedge_output_tokens)
 
     def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
                 uncertainty: float | None = None) -> Allocation | None:
         if request_id in self._live or not 1 <= prompt_tokens <= self.max_tokens:
             self._admit(request_id, prompt_tokens)
-        if predicted_output_tokens is not None:
-            # need_tokens(), written out (the hot path)
-            if uncertainty is not None and uncertainty > self.tau:
-                need = None
-            elif self.hedge_output_tokens is not None:
-                need = prompt_tokens + self.hedge_output_tokens[bisect_right(self.hedge_edges, predicted_output_tokens)]
-            elif uncertainty is None:
-                need = prompt_tokens + ceil(predicted_output_tokens)
-            else:
-                need = prompt_tokens + ceil(predicted_output_tokens * (1.0 + self.gamma * uncertainty))
-            if need is not None:
-                if need < prompt_tokens:  # a negative prediction
-                    need = prompt_tokens
-                boundaries = self.boundaries_tokens
+        if predicted_output_tokens is not None and (uncertainty is None or uncertainty <= self.tau):
+            need = need_rule(prompt_tokens, predicted_output_tokens, uncertainty, self.gamma, self.hedge_edges,
+                             self.hedge_output_tokens)
+            boundaries = self.boundaries_tokens
+            if need <= boundaries[-1]:
                 bucket = bisect_left(boundaries, need)
-                if need <= boundaries[-1]:
-                    return self._reserve_in(self._main, "main", request_id, boundaries[bucket], prompt_tokens, bucket)
+                return self._reserve_in(self._main, "main", request_id, boundaries[bucket], prompt_tokens, bucket)
         self.routed_large += 1
         return self._reserve_in(self._large, LARGE, request_id, self.max_tokens, prompt_tokens, LARGE)
 

@@ -8,19 +8,12 @@ from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation
 from odmactl.allocator.config import AllocatorConfig
 from odmactl.allocator.contiguous import ContiguousAllocator
-
-
-def s3_capacities(max_tokens: int, num_buckets: int) -> tuple[int, ...]:
-    """The bucket capacities in KV tokens: min((i + 1) * width, max_tokens) for width =
-    ceil(max_tokens / n), n = min(num_buckets, max_tokens), increasing."""
-    n = min(num_buckets, max_tokens)
-    width = -(-max_tokens // n)
-    return tuple(sorted({min((i + 1) * width, max_tokens) for i in range(n)}))
+from odmactl.rules.s3 import s3_capacities
 
 
 class S3Allocator(ContiguousAllocator):
-    """`s3_num_buckets` equal-width buckets over KV tokens up to max_model_len: bucket i holds
-    `capacities_tokens[i]` = min((i + 1) * width, max_model_len). A request gets the smallest bucket
+    """`s3_num_buckets` equal-width buckets over KV tokens up to max_model_len (rules/s3.py): bucket
+    i holds `capacities_tokens[i]` tokens. A request gets the smallest bucket
     holding prompt + predicted output (max_model_len without a prediction); growing past it moves
     the request to the smallest larger bucket that holds the new length (allocate, copy, release)."""
 

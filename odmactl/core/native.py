@@ -28,7 +28,7 @@ from pathlib import Path
 # classes made extension types by the .pxd files beside them.
 TYPED = ("odmactl.allocator.int64buffer", "odmactl.allocator.extentlist", "odmactl.sim.keyheap", "odmactl.sim.prefill",
          "odmactl.sim.segment", "odmactl.sim.loop")
-UNTYPED = ("odmactl.allocator.base", "odmactl.allocator.extents", "odmactl.allocator.contiguous",
+UNTYPED = ("odmactl.rules.odma", "odmactl.allocator.base", "odmactl.allocator.extents", "odmactl.allocator.contiguous",
            "odmactl.allocator.static", "odmactl.allocator.s3", "odmactl.allocator.odma", "odmactl.allocator.paged")
 COMPILED = TYPED + UNTYPED
 PURE_ENV = "ODMACTL_PURE_PYTHON"

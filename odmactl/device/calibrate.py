@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from odmactl import __version__
 from odmactl.core.errors import ProfileError
@@ -310,3 +311,22 @@ def _calibration_record(results: dict) -> dict:
         if results[key] is not None:
             record[key] = round(results[key])
     return record
+
+
+def calibrate(device: str, quick: bool, seed: int, out_path: Path, progress: Progress = None) -> tuple[dict, str]:
+    """Measure `device` (auto, cpu, cuda, mlu) and describe it as a profile for `out_path`: (the
+    profile document, its TOML text, checked to read back as a valid profile)."""
+    import tomllib
+
+    import tomli_w
+
+    from odmactl.hw.profiles import parse_device
+
+    resolved = resolve_device(device)
+    settings = CalibrationSettings.for_device(resolved, quick, seed)
+    command = f"odmactl calibrate --device {device}{' --quick' if quick else ''} --out {out_path}"
+    results = measure(settings, progress)
+    doc = profile_document(results, settings, command, dt.datetime.now(dt.timezone.utc))
+    text = "# Measured by odmactl calibrate; see [measurement] for when, where and how.\n" + tomli_w.dumps(doc)
+    parse_device(tomllib.loads(text), out_path)
+    return doc, text

@@ -99,14 +99,6 @@ def run_reader(kind: str):
     return runread.read_tiles
 
 
-def scaled_model(model: ModelProfile, scale: float) -> ModelProfile:
-    """The model with round(scale * layers) layers, at least one (the parameter count follows)."""
-    if scale >= 1.0:
-        return model
-    layers = max(1, round(model.num_layers * scale))
-    return dataclasses.replace(model, num_layers=layers, name=f"{model.name} ({layers}/{model.num_layers} layers)")
-
-
 def measured_profile(torch_device: str) -> DeviceProfile:
     """The measured profile (profiles/devices/measured/) whose [measurement] names this device."""
     name = device_name(torch_device)
@@ -117,12 +109,6 @@ def measured_profile(torch_device: str) -> DeviceProfile:
     raise ProfileError(f"no measured profile describes {name}",
                        hint=f"run `odmactl calibrate --device {torch_device} --out profiles/devices/measured/NAME.toml`, "
                             f"or pass --profile with a device profile to compare against")
-
-
-def compute_dtype(profile: DeviceProfile) -> str:
-    """The 16-bit format the device computes faster by its profile (fp16 unless bf16 is faster)."""
-    bf16 = profile.peak_bf16_flops
-    return "bf16" if bf16 is not None and bf16 > profile.peak_fp16_flops else "fp16"
 
 
 def free_device_bytes(torch_device: str) -> int:

@@ -1,5 +1,5 @@
-"""`odmactl check`: does a configuration still hold on this trace? Thresholds against a replay's
-metrics, a verdict per threshold, and the verdicts as JUnit XML and a markdown summary for CI.
+"""check's gate: thresholds against a replay's metrics, a verdict per threshold (render/ writes
+them as a table, JUnit XML and a markdown summary).
 
 Thresholds come from the command's flags or, for those not given, from the config's
 `[thresholds]` table (plan writes it next to the expected metrics):
@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
 from odmactl.core.errors import ConfigError
+from odmactl.core.tomltable import TomlTable
+from odmactl.render.metrics import METRICS
 
 THRESHOLD_KEYS = ("min_utilization", "max_migration_rate", "max_overflow_rate", "max_rejection_rate", "min_tps_gain",
                   "baseline")
+# the metric (render/metrics.py) each threshold bounds
+THRESHOLD_METRIC = {"min_utilization": "kv_utilization", "max_migration_rate": "migration_rate",
+                    "max_overflow_rate": "overflow_rate", "max_rejection_rate": "rejection_rate",
+                    "min_tps_gain": "tps_gain"}
 
 
 @dataclass(frozen=True)
@@ -56,20 +61,7 @@ class Thresholds:
     def merged(cls, table: dict, flags: dict, source: Path | None) -> Thresholds:
         """The config table's thresholds (errors name `source` and the key), then the flags' values
         where given."""
-        values: dict = {}
-        for key, value in table.items():
-            if key not in THRESHOLD_KEYS:
-                raise ConfigError(f"unknown threshold '{key}' (known: {', '.join(THRESHOLD_KEYS)})",
-                                  file=source, key=f"thresholds.{key}")
-            wanted = str if key == "baseline" else (int, float)
-            if isinstance(value, bool) or not isinstance(value, wanted):
-                raise ConfigError(f"expected {'a policy name' if key == 'baseline' else 'a number'}, got {value!r}",
-                                  file=source, key=f"thresholds.{key}")
-            values[key] = value if key == "baseline" else float(value)
-        try:
-            from_file = cls(**values)
-        except ConfigError as exc:
-            raise ConfigError(exc.message, file=source, key=f"thresholds.{exc.key}") from None
+        from_file = TomlTable(dict(table), source, "thresholds").to_dataclass(cls)
         return dataclasses.replace(from_file, **{k: v for k, v in flags.items() if v is not None})
 
 
@@ -85,14 +77,17 @@ class Verdict:
     passed: bool
 
     @property
+    def threshold_text(self) -> str:
+        return METRICS[THRESHOLD_METRIC[self.name]].text(self.threshold)
+
+    @property
+    def value_text(self) -> str:
+        return METRICS[THRESHOLD_METRIC[self.name]].text(self.value)
+
+    @property
     def text(self) -> str:
-        return f"{self.metric} = {format_threshold(self.name, self.value)} {'meets' if self.passed else 'violates'} " \
-               f"{self.comparison} {format_threshold(self.name, self.threshold)}"
-
-
-def format_threshold(name: str, value: float) -> str:
-    """A threshold or its measured value as people read it (gains signed, rates to 0.0001%)."""
-    return f"{value:+.1%}" if name == "min_tps_gain" else f"{value:.4%}" if "rate" in name else f"{value:.1%}"
+        return f"{self.metric} = {self.value_text} {'meets' if self.passed else 'violates'} " \
+               f"{self.comparison} {self.threshold_text}"
 
 
 def policies_needed(policy: str, thresholds: Thresholds) -> list[str]:
@@ -128,38 +123,3 @@ def evaluate(doc: dict, policy: str, thresholds: Thresholds) -> list[Verdict]:
         out.append(Verdict("min_tps_gain", f"tps gain over {thresholds.baseline}", ">=", thresholds.min_tps_gain, v,
                            v >= thresholds.min_tps_gain - TOLERANCE))
     return out
-
-
-def junit_xml(verdicts: list[Verdict], suite: str, seconds: float) -> str:
-    """JUnit XML (the schema CI systems read): one testcase per threshold, a <failure> when violated."""
-    failures = sum(not v.passed for v in verdicts)
-    root = ET.Element("testsuites", name="odmactl check", tests=str(len(verdicts)), failures=str(failures),
-                      errors="0", time=f"{seconds:.3f}")
-    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(verdicts)), failures=str(failures),
-                       errors="0", skipped="0", time=f"{seconds:.3f}")
-    for v in verdicts:
-        case = ET.SubElement(ts, "testcase", classname="odmactl.check", name=v.name, time="0")
-        if not v.passed:
-            failure = ET.SubElement(case, "failure", message=v.text, type="ThresholdViolated")
-            failure.text = v.text
-        ET.SubElement(case, "system-out").text = v.text
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
-
-
-def markdown(verdicts: list[Verdict], doc: dict, policy: str, config: Path | None) -> str:
-    """A pull-request summary: the verdict, the thresholds table, and the compared policies' metrics."""
-    passed = all(v.passed for v in verdicts)
-    t = doc["trace"]
-    lines = [f"### odmactl check: {'PASS' if passed else 'FAIL'}", "",
-             f"`{t['path']}`: {t['requests']:,} requests, {doc['model']} on {doc['device']}, policy `{policy}`"
-             + (f", config `{config}`" if config else "") + f", predictor `{doc['predictor']}`", "",
-             "| check | metric | threshold | value | result |", "|---|---|---|---|---|"]
-    for v in verdicts:
-        lines.append(f"| {v.name} | {v.metric} | {v.comparison} {format_threshold(v.name, v.threshold)} | "
-                     f"{format_threshold(v.name, v.value)} | {'pass' if v.passed else '**FAIL**'} |")
-    lines += ["", "| metric | " + " | ".join(doc["results"]) + " |", "|---|" + "---|" * len(doc["results"])]
-    for key, fmt in (("kv_utilization", "{:.1%}"), ("tps", "{:,.1f}"), ("migration_rate", "{:.3%}"),
-                     ("overflow_rate", "{:.3%}"), ("rejections", "{:,}"), ("ttft_p99", "{:.3g} s"), ("peak_concurrency", "{:,}")):
-        lines.append(f"| {key} | " + " | ".join(fmt.format(r["metrics"][key]) for r in doc["results"].values()) + " |")
-    return "\n".join(lines) + "\n"

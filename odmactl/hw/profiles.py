@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from odmactl.core.errors import ProfileError
-from odmactl.core.units import parse_quantity
+from odmactl.core.tomltable import TomlTable, load_toml
 
 DEVICE_FORMAT = "odmactl-device/1"
 MEMORY_TYPES = ("LPDDR4X", "LPDDR5", "LPDDR5X", "HBM2", "HBM2e", "HBM3", "HBM3e",
@@ -115,83 +114,35 @@ class DeviceProfile:
             return self.peak_bf16_flops
         return self.peak_fp16_flops
 
-
-class _Table:
-    """Reads one TOML table, naming file and dotted key in every error; `finish` rejects unknown keys."""
-
-    def __init__(self, data: object, file: Path, prefix: str) -> None:
-        if not isinstance(data, dict):
-            raise ProfileError(f"expected a table, got {type(data).__name__}", file=file, key=prefix or None)
-        self.data, self.file, self.prefix, self.used = data, file, prefix, set()
-
-    def key(self, name: str) -> str:
-        return f"{self.prefix}.{name}" if self.prefix else name
-
-    def error(self, name: str, message: str) -> ProfileError:
-        return ProfileError(message, file=self.file, key=self.key(name))
-
-    def raw(self, name: str, required: bool = True) -> object:
-        self.used.add(name)
-        if name not in self.data:
-            if required:
-                raise self.error(name, "missing")
-            return None
-        return self.data[name]
-
-    def table(self, name: str, required: bool = True) -> _Table | None:
-        value = self.raw(name, required)
-        return None if value is None else _Table(value, self.file, self.key(name))
-
-    def string(self, name: str, required: bool = True) -> str | None:
-        value = self.raw(name, required)
-        if value is None:
-            return None
-        if not isinstance(value, str) or not value.strip():
-            raise self.error(name, f"expected a non-empty string, got {value!r}")
-        return value
-
-    def number(self, name: str, low: float, high: float, required: bool = True) -> float | None:
-        value = self.raw(name, required)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low < value <= high):
-            raise self.error(name, f"expected a number in ({low:g}, {high:g}], got {value!r}")
-        return float(value)
-
-    def quantity(self, name: str, kind: str) -> float:
-        """A string with its unit (units.KINDS), in base units."""
-        try:
-            return parse_quantity(self.raw(name), kind)
-        except ValueError as exc:
-            raise self.error(name, str(exc)) from None
-
-    def figure(self, name: str, kind: str | None, sources: dict[str, str], required: bool = True,
-               high: float = math.inf, allow_zero: bool = False) -> float | str | None:
-        """A `{ value, source }` pair; `kind` is a unit kind, None for a plain number in (0, high],
-        "text" for a string. A quantity must be positive (or zero, with `allow_zero`)."""
-        pair = self.table(name, required)
-        if pair is None:
-            return None
-        sources[pair.prefix] = pair.string("source")
-        if kind == "text":
-            value = pair.string("value")
-        elif kind is None:
-            value = pair.number("value", 0.0, high)
-        else:
-            value = pair.quantity("value", kind)
-            if value < 0 or (value == 0 and not allow_zero):
-                limit = "must not be negative" if allow_zero else "must be positive"
-                raise pair.error("value", f"impossible value {pair.raw('value')!r}: {limit}")
-        pair.finish()
-        return value
-
-    def finish(self) -> None:
-        unknown = sorted(set(self.data) - self.used)
-        if unknown:
-            raise self.error(unknown[0], "unknown key (a typo?)")
+    @property
+    def compute_dtype(self) -> str:
+        """The 16-bit format the device computes faster by its profile (fp16 unless bf16 is faster)."""
+        bf16 = self.peak_bf16_flops
+        return "bf16" if bf16 is not None and bf16 > self.peak_fp16_flops else "fp16"
 
 
-def _bandwidth(table: _Table, sources: dict[str, str]) -> BandwidthTable:
+def _figure(table: TomlTable, name: str, kind: str | None, sources: dict[str, str], required: bool = True,
+            high: float = math.inf, allow_zero: bool = False) -> float | str | None:
+    """A `{ value, source }` pair; `kind` is a unit kind, None for a plain number in (0, high],
+    "text" for a string. A quantity must be positive (or zero, with `allow_zero`)."""
+    pair = table.table(name, required)
+    if pair is None:
+        return None
+    sources[pair.prefix] = pair.string("source")
+    if kind == "text":
+        value = pair.string("value")
+    elif kind is None:
+        value = pair.number("value", 0.0, high)
+    else:
+        value = pair.quantity("value", kind)
+        if value < 0 or (value == 0 and not allow_zero):
+            limit = "must not be negative" if allow_zero else "must be positive"
+            raise pair.error("value", f"impossible value {pair.raw('value')!r}: {limit}")
+    pair.finish()
+    return value
+
+
+def _bandwidth(table: TomlTable, sources: dict[str, str]) -> BandwidthTable:
     sources[table.key("scattered")] = table.string("source")
     sequential = table.table("sequential")
     seq_eff = sequential.number("efficiency", 0.0, 1.0)
@@ -202,7 +153,7 @@ def _bandwidth(table: _Table, sources: dict[str, str]) -> BandwidthTable:
         raise table.error("scattered", "expected a non-empty array of { chunk, efficiency } tables")
     chunks, effs = [], []
     for i, row in enumerate(rows):
-        entry = _Table(row, table.file, f"{table.key('scattered')}[{i}]")
+        entry = TomlTable(row, table.file, f"{table.key('scattered')}[{i}]", ProfileError)
         chunk = entry.quantity("chunk", "bytes")
         if chunk < 1 or chunk != int(chunk) or (chunks and chunk <= chunks[-1]):
             raise entry.error("chunk", "expected whole byte counts >= 1, strictly increasing down the table")
@@ -215,19 +166,24 @@ def _bandwidth(table: _Table, sources: dict[str, str]) -> BandwidthTable:
     return BandwidthTable(tuple(chunks), tuple(effs), seq_eff)
 
 
-def _parse_file(path: Path, loads, decode_error: type[Exception], what: str) -> object:
+def _read_json(path: Path) -> object:
     try:
-        return loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ProfileError(f"cannot read: {exc.strerror or exc}", file=path) from None
-    except (decode_error, UnicodeDecodeError) as exc:
-        raise ProfileError(f"not valid {what}: {exc}", file=path) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"not valid JSON: {exc}", file=path) from None
 
 
 def read_device(path: Path) -> DeviceProfile:
     """Parse and check one device TOML; every problem is a ProfileError naming the file and key."""
     path = Path(path)
-    top = _Table(_parse_file(path, tomllib.loads, tomllib.TOMLDecodeError, "TOML"), path, "")
+    return parse_device(load_toml(path, ProfileError), path)
+
+
+def parse_device(data: dict, path: Path) -> DeviceProfile:
+    """A device profile from a parsed TOML document that came from (or is going to) `path`."""
+    top = TomlTable(data, path, "", ProfileError)
     fmt = top.string("format")
     if fmt != DEVICE_FORMAT:
         raise top.error("format", f"expected '{DEVICE_FORMAT}', got {fmt!r}")
@@ -238,18 +194,18 @@ def read_device(path: Path) -> DeviceProfile:
     if not isinstance(measured, bool):
         raise top.error("measured", f"expected true or false, got {measured!r}")
     memory, compute, budget = top.table("memory"), top.table("compute"), top.table("budget")
-    memory_type = memory.figure("type", "text", sources)
+    memory_type = _figure(memory, "type", "text", sources)
     if memory_type not in MEMORY_TYPES:
         raise memory.error("type", f"expected one of {', '.join(MEMORY_TYPES)}, got {memory_type!r}")
-    capacity = memory.figure("capacity", "bytes", sources)
-    peak_bw = memory.figure("peak_bandwidth", "bandwidth", sources)
+    capacity = _figure(memory, "capacity", "bytes", sources)
+    peak_bw = _figure(memory, "peak_bandwidth", "bandwidth", sources)
     memory.finish()
-    fp16 = compute.figure("peak_fp16", "flops", sources)
-    bf16 = compute.figure("peak_bf16", "flops", sources, required=False)
-    overhead = compute.figure("step_overhead", "seconds", sources, required=False, allow_zero=True)
+    fp16 = _figure(compute, "peak_fp16", "flops", sources)
+    bf16 = _figure(compute, "peak_bf16", "flops", sources, required=False)
+    overhead = _figure(compute, "step_overhead", "seconds", sources, required=False, allow_zero=True)
     compute.finish()
-    fraction = budget.figure("memory_fraction", None, sources, high=1.0)
-    reserve = budget.figure("activation_reserve", "bytes", sources, allow_zero=True)
+    fraction = _figure(budget, "memory_fraction", None, sources, high=1.0)
+    reserve = _figure(budget, "activation_reserve", "bytes", sources, allow_zero=True)
     budget.finish()
     if reserve >= capacity * fraction:
         raise budget.error("activation_reserve", f"impossible value: {reserve:.4g} bytes is not below the usable "
@@ -360,6 +316,14 @@ class ModelProfile:
     def with_kv_dtype(self, kv_dtype: str) -> ModelProfile:
         return replace(self, kv_dtype=kv_dtype)
 
+    def scaled(self, scale: float) -> ModelProfile:
+        """The model with round(scale * layers) layers, at least one (the parameter count and the
+        KV per token follow): what an on-device replay runs when the whole model does not fit."""
+        if scale >= 1.0:
+            return self
+        layers = max(1, round(self.num_layers * scale))
+        return replace(self, num_layers=layers, name=f"{self.name} ({layers}/{self.num_layers} layers)")
+
 
 def _count_params(m: ModelProfile) -> tuple[int, int]:
     q_out = m.num_attention_heads * m.head_dim
@@ -393,10 +357,11 @@ def _config_int(raw: Mapping, key: str, file: Path, default: int | None = None) 
 
 def read_model(model_dir: Path, name: str | None = None, kv_dtype: str = "fp16",
                weight_dtype: str | None = None) -> ModelProfile:
-    """A ModelProfile from a local HF model directory's config.json (read with AutoConfig, offline)."""
+    """A ModelProfile from a local HF model directory's config.json (read as JSON, strictly: the keys
+    that size the model are required and checked; transformers, which imports torch, is not used)."""
     model_dir = Path(model_dir)
     file = model_dir / "config.json"
-    raw = _parse_file(file, json.loads, json.JSONDecodeError, "JSON")
+    raw = _read_json(file)
     if not isinstance(raw, dict):
         raise ProfileError("expected a JSON object", file=file)
     for key in REQUIRED_CONFIG_KEYS:
@@ -424,8 +389,7 @@ def read_model(model_dir: Path, name: str | None = None, kv_dtype: str = "fp16",
     if per_token > experts:
         raise ProfileError(f"num_experts_per_tok ({per_token}) exceeds num_local_experts ({experts})",
                            file=file, key="num_experts_per_tok")
-    config = _auto_config(model_dir, file)  # after our own checks, which name the key
-    dtype = weight_dtype or str(getattr(config, "dtype", None) or raw.get("torch_dtype") or "bfloat16")
+    dtype = weight_dtype or str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16")
     dtype = dtype.removeprefix("torch.")
     if dtype not in WEIGHT_DTYPE_BYTES:
         raise ProfileError(f"unknown weight dtype {dtype!r}", file=file, key="torch_dtype",
@@ -441,21 +405,6 @@ def read_model(model_dir: Path, name: str | None = None, kv_dtype: str = "fp16",
         qk_norm=raw["model_type"] == "qwen3",
         max_position_embeddings=max_pos if isinstance(max_pos, int) else None,
         weight_dtype=dtype, kv_dtype=kv_dtype)
-
-
-def _auto_config(model_dir: Path, file: Path) -> object:
-    """transformers.AutoConfig, local files only: proves the file is a config transformers accepts."""
-    import logging
-
-    from transformers import AutoConfig
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    try:
-        return AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
-    except Exception as exc:  # transformers raises ValueError, KeyError, OSError... for a bad config
-        raise ProfileError(f"transformers.AutoConfig cannot read it: {exc}", file=file) from None
 
 
 def model_dirs() -> list[Path]:

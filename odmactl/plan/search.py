@@ -22,7 +22,7 @@ hedge-table candidates):
                          the whole search part for serving.
 
 1. Cheap bounds, no replay (`estimate`): for every candidate, ODMA's reservation rule applied to the
-   search part with vectorised numpy (as `buckets.reserved_kv_tokens`), the boundaries refitted per
+   search part with vectorised numpy (rules/odma.py's `need_tokens_array`), the boundaries refitted per
    refresh period from the realized lengths before it (arrival order stands in for completion
    order). From it: the overflow rate (a main-pool block the realized length outgrows), the KV
    utilization (realized / reserved at completion), and a capacity index: how much decode time the
@@ -52,16 +52,27 @@ import functools
 import hashlib
 import math
 import multiprocessing
+import shlex
 import sys
+import tomllib
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import polars as pl
+import tomli_w
 
 from odmactl.rules.buckets import bucket_levels, quantile_boundaries, rounded_quantiles
 from odmactl.core.errors import ConfigError
 from odmactl.rules.hedge import HedgeTable, fit_hedge_tables
+from odmactl.rules.odma import need_tokens_array
+from odmactl.run.config import config_tables
+from odmactl.run.replay import ReplayContext, replay_policy
+from odmactl.run.serving import default_max_model_len, serving
+from odmactl.run.spec import LoadOptions, ServingSpec
+from odmactl.run.workload import build_workload
+from odmactl.predict.source import PREDICTOR_CHOICES
 from odmactl.sim.loop import SchedulerSettings
 from odmactl.sim.workload import Workload
 
@@ -147,7 +158,6 @@ def coverage_gamma(predictor: str) -> float | None:
     from pathlib import Path
 
     from odmactl.predict.artifact import read_manifest
-    from odmactl.run.workload import PREDICTOR_CHOICES
 
     if predictor in PREDICTOR_CHOICES:
         return None
@@ -159,10 +169,10 @@ def coverage_gamma(predictor: str) -> float | None:
 
 
 @dataclass(frozen=True)
-class PlanSpec:
-    device: str
-    model: str
-    kv_dtype: str = "fp16"
+class PlanSpec(ServingSpec):
+    """`odmactl plan`: the serving spec (the predictor is required: a fit artifact or oracle) and
+    the search's objective, constraints, split and executors."""
+
     predictor: str = "oracle"
     objective: str = "tps"
     max_overflow_rate: float = 0.005  # --max-migration-rate: (migrations + preemptions) / requests
@@ -171,11 +181,9 @@ class PlanSpec:
     replays: int = 12
     workers: int = 1
     executor: str = "process"
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    kv_pool_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"--objective expects one of {', '.join(OBJECTIVES)}, got '{self.objective}'")
         if not 0.0 <= self.max_overflow_rate <= 1.0:
@@ -250,10 +258,8 @@ def estimate(candidates: list[Candidate], w: Workload, max_len: int, pool_tokens
             periods[key] = _Periods.of(kv, c, max_len, granularity)
         rule = ("hedge", c.hedge_groups, c.hedge_limit) if c.hedge_groups else ("gamma", c.gamma)
         if key + rule not in reserved_of:
-            if c.hedge_groups:
-                need = prompt + hedges[(c.hedge_groups, c.hedge_limit)].outputs(l_hat)
-            else:
-                need = np.maximum(prompt + np.ceil(l_hat * (1.0 + c.gamma * u)).astype(np.int64), prompt)
+            hedge = hedges[(c.hedge_groups, c.hedge_limit)] if c.hedge_groups else None
+            need = need_tokens_array(prompt, l_hat, u, c.gamma, hedge)
             reserved_of[key + rule] = _reserve_rows(need, periods[key], max_len)
         if key + rule + (c.tau,) not in routed:
             reserved, fits = reserved_of[key + rule]
@@ -279,7 +285,7 @@ def estimate(candidates: list[Candidate], w: Workload, max_len: int, pool_tokens
 
 
 def _reserve_rows(need: np.ndarray, periods: _Periods, max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """`buckets.reserved_kv_tokens` before the tau test, each request with the boundaries of its
+    """`rules.odma.reserved_kv_tokens` before the tau test, each request with the boundaries of its
     refresh period, vectorised: (the smallest boundary >= need, whether there is one)."""
     b = periods.rows.shape[1]
     fits = need <= periods.rows[periods.period, -1]
@@ -312,30 +318,10 @@ def rank(estimates: list[dict], objective: str, max_overflow_rate: float) -> tup
 
 # ------------------------------------------------------------------------------------------ replays
 
-@dataclass(frozen=True)
-class _Context:
-    """What a worker needs to replay a policy on one part of the trace."""
-
-    frame: pl.DataFrame
-    workload: Workload
-    cost: object
-    max_len: int
-    pool_bytes: int
-    bytes_per_token: int
-    scheduler: SchedulerSettings
-
-
-def replay_candidate(ctx: _Context, table: dict, policy: str = "odma", series: bool = False) -> dict:
+def replay_candidate(ctx: ReplayContext, table: dict, policy: str = "odma", series: bool = False) -> dict:
     """One replay of `policy` with the [allocator] settings `table` on the context's workload: its
     metrics, or (series=True) metrics, time series and the config used."""
-    from odmactl.allocator import make_allocator
-    from odmactl.sim.loop import Replay
-    from odmactl.run.workload import allocator_config
-
-    config, _ = allocator_config(policy, table, ctx.frame, max_model_len=ctx.max_len,
-                                 pool_bytes=ctx.pool_bytes, bytes_per_token=ctx.bytes_per_token)
-    allocator = make_allocator(policy, ctx.pool_bytes, ctx.bytes_per_token, config)
-    result = Replay(ctx.workload, allocator, ctx.cost, ctx.max_len, ctx.scheduler).run()
+    result, config, _, _ = replay_policy(ctx, policy, table)
     if not series:
         return result.metrics
     return {"policy": policy, "max_model_len": ctx.max_len, "metrics": result.metrics, "series": result.series,
@@ -384,7 +370,7 @@ def estimate_all(candidates: list[Candidate], w: Workload, max_len: int, pool_to
     return out
 
 
-def _replay_on_ray(jobs: list[tuple[_Context, dict]], progress=None) -> list[dict]:
+def _replay_on_ray(jobs: list[tuple[ReplayContext, dict]], progress=None) -> list[dict]:
     """The same replays as Ray tasks (each context is put in the object store once)."""
     try:
         import ray
@@ -464,21 +450,18 @@ def trace_digest(frame: pl.DataFrame) -> str:
 
 def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     """Search, replay, choose and validate; returns the JSON-ready plan document."""
-    from odmactl.run.workload import LoadOptions, build_workload, default_max_model_len, serving
-
     setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes)
-    device, model, cost, pool_bytes, bpt = setup.device, setup.model, setup.cost, setup.pool_bytes, setup.bytes_per_token
     if spec.predictor == "none":
         raise ConfigError("plan sizes ODMA's blocks from predicted lengths: give --predictor P/ (from `odmactl fit`) "
                           "or --predictor oracle (the upper bound)")
     if frame.height < 200:
         raise ConfigError(f"plan needs at least 200 requests to search and validate on, the trace has {frame.height}")
     workload, frame, label = build_workload(frame, LoadOptions(), spec.predictor)
-    max_len = spec.max_model_len or default_max_model_len(frame, model.max_position_embeddings, pool_bytes // bpt)
+    max_len = spec.max_model_len or default_max_model_len(workload, setup.model, setup.pool_tokens)
     split = int(round(frame.height * (1.0 - spec.holdout)))
     search_w, hold_w = workload.take(0, split), workload.take(split, frame.height)
-    search_f, hold_f = frame.head(split), frame.slice(split)
     scheduler = SchedulerSettings(**({"max_num_seqs": spec.max_num_seqs} if spec.max_num_seqs else {}))
+    pool_tokens = setup.pool_tokens
 
     grid = candidate_grid(coverage_gamma(spec.predictor), spec.max_overflow_rate)
     # hedge tables: fitted on the earlier part of the search part, measured (bounds and replays) on
@@ -486,16 +469,16 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     fit_rows = int(split * HEDGE_FIT_SHARE)
     later_w = search_w.take(fit_rows, split)
     hedges = _fit_hedges(search_w.take(0, fit_rows), max_len, grid)
-    estimates = estimate_all([c for c in grid if not c.hedge_groups], search_w, max_len, pool_bytes // bpt,
+    estimates = estimate_all([c for c in grid if not c.hedge_groups], search_w, max_len, pool_tokens,
                              spec.workers, progress=progress)
-    estimates += estimate_all([c for c in grid if c.hedge_groups], later_w, max_len, pool_bytes // bpt,
+    estimates += estimate_all([c for c in grid if c.hedge_groups], later_w, max_len, pool_tokens,
                               spec.workers, progress=progress, hedges=hedges, label="plan: bounds of hedge tables")
     ranked, pruned = rank(estimates, spec.objective, spec.max_overflow_rate)
     if not ranked:  # nothing keeps migrations near the limit by the bounds: replay the closest ones
         ranked = sorted(estimates, key=lambda e: (e["overflow_rate"], -e["kv_utilization"]))
     shortlist = _distinct(ranked)[: spec.replays]
-    ctx = _Context(search_f, search_w, cost, max_len, pool_bytes, bpt, scheduler)
-    later_ctx = _Context(search_f.slice(fit_rows), later_w, cost, max_len, pool_bytes, bpt, scheduler)
+    ctx = ReplayContext(setup, search_w, max_len, scheduler)
+    later_ctx = ReplayContext(setup, later_w, max_len, scheduler)
     search_jobs = [(later_ctx, _with_hedge(e["candidate"], hedges)) if e["candidate"].hedge_groups
                    else (ctx, e["candidate"].allocator_table()) for e in shortlist]
     if spec.executor == "ray":
@@ -507,7 +490,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     chosen = shortlist[best]["candidate"]
 
     # validation on the later part: the recommendation and the baselines
-    hold_ctx = _Context(hold_f, hold_w, cost, max_len, pool_bytes, bpt, scheduler)
+    hold_ctx = ReplayContext(setup, hold_w, max_len, scheduler)
     final_table = {**_with_hedge(chosen, _fit_hedges(search_w, max_len, [chosen])),
                    "boundaries_tokens": _final_boundaries(search_w, chosen, max_len)}
     runs = [("odma", "odma", final_table, max_len), ("static", "static", {}, max_len)]
@@ -521,8 +504,8 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     return {
         "trace": {"requests": frame.height, "search_requests": split, "holdout_requests": frame.height - split,
                   "digest": trace_digest(frame)},
-        "device": device.name, "model": model.name, "kv_dtype": spec.kv_dtype, "predictor": label,
-        "kv_pool_bytes": pool_bytes, "kv_bytes_per_token": bpt, "max_model_len": max_len,
+        "device": setup.device.name, "model": setup.model.name, "kv_dtype": spec.kv_dtype, "predictor": label,
+        "kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token, "max_model_len": max_len,
         "max_num_seqs": scheduler.max_num_seqs,
         "objective": spec.objective, "max_overflow_rate": spec.max_overflow_rate, "ttft_p99_s": spec.ttft_p99_s,
         "candidates": len(grid), "pruned": pruned, "replayed": len(replayed),
@@ -575,7 +558,7 @@ def _estimate_row(e: dict) -> dict:
 
 def config_document(doc: dict, command: str, predictor: str) -> dict:
     """The config TOML plan writes: what `replay --config` and `check` read, and the expected metrics.
-    `predictor` is how the config names the predictor (`workload.predictor_for_config`)."""
+    `predictor` is how the config names the predictor (`run.config.predictor_for_config`)."""
     odma = doc["validation"]["odma"]["metrics"]
     allocator = {**doc["chosen"]["allocator"], "max_model_len_tokens": doc["max_model_len"]}
     baselines = {name: {k: v["metrics"][k] for k in EXPECTED_KEYS} for name, v in doc["validation"].items()
@@ -593,6 +576,23 @@ def config_document(doc: dict, command: str, predictor: str) -> dict:
         "thresholds": {"min_utilization": math.floor(odma["kv_utilization"] * 0.9 * 1000) / 1000,
                        "max_overflow_rate": doc["max_overflow_rate"], "max_rejection_rate": 0.0},
     }
+
+
+def plan_command(trace_path: Path, spec: PlanSpec, out_path: Path) -> str:
+    """The command line a config records (`[meta] generated_by`): the settings that decided it."""
+    args = ["odmactl", "plan", trace_path, "--device", spec.device, "--model", spec.model, "--predictor", spec.predictor,
+            "--objective", spec.objective, "--max-migration-rate", spec.max_overflow_rate, "--holdout", spec.holdout,
+            "--replays", spec.replays, "--out", out_path]
+    if spec.ttft_p99_s is not None:
+        args += ["--ttft-p99", spec.ttft_p99_s]
+    return " ".join(shlex.quote(str(a)) for a in args)
+
+
+def config_text(config: dict) -> str:
+    """The config as TOML, checked to read back as a valid config."""
+    text = "# Written by odmactl plan; [meta] says how and what it expects.\n" + tomli_w.dumps(config)
+    config_tables(tomllib.loads(text), None)
+    return text
 
 
 EXPECTED_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate", "rejections", "ttft_p99", "tpot_p99", "peak_concurrency")

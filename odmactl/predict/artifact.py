@@ -10,33 +10,22 @@ edited or version-mismatched artifact is a PredictorError naming the file and wh
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import tomllib
 from pathlib import Path
 
 import tomli_w
 
 from odmactl import __version__
+from odmactl.core.digest import file_sha256
 from odmactl.core.errors import PredictorError
+from odmactl.core.tomltable import TomlTable, load_toml
+from odmactl.predict.network import build_net
+from odmactl.predict.predictor import LengthPredictor
+from odmactl.predict.settings import FAMILIES, MODES, FittedState, PredictorSettings
 
 FORMAT = "odmactl-predictor"
 FORMAT_VERSION = 2  # 2: the quantile head and the headroom uncertainty (was class entropy)
 WEIGHTS = "weights.safetensors"
 MANIFEST = "predictor.toml"
-
-
-def files_sha256(paths: list[Path]) -> str:
-    """SHA-256 of the files' contents, one after another, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    for path in paths:
-        with Path(path).open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    return files_sha256([path])
 
 
 def _drop_none(value):
@@ -47,7 +36,7 @@ def _drop_none(value):
     return value
 
 
-def write_artifact(predictor, directory: Path, extra: dict) -> None:
+def write_artifact(predictor: LengthPredictor, directory: Path, extra: dict) -> None:
     """Write both files into `directory` (created if needed; the CLI makes it atomic)."""
     import torch
     import transformers
@@ -75,10 +64,7 @@ def read_manifest(directory: Path) -> dict:
     if not path.is_file():
         raise PredictorError(f"not a predictor artifact: {MANIFEST} is missing", file=directory,
                              hint="make one with `odmactl fit`")
-    try:
-        manifest = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise PredictorError(f"not valid TOML, truncated or corrupted ({exc})", file=path) from exc
+    manifest = load_toml(path, PredictorError)
     if manifest.get("format") != FORMAT:
         raise PredictorError(f"not an odmactl predictor manifest (format = {manifest.get('format')!r})", file=path,
                              key="format")
@@ -92,32 +78,16 @@ def read_manifest(directory: Path) -> dict:
 
 
 def _section(manifest: dict, name: str, cls, path: Path):
-    """Rebuild dataclass `cls` from table `name`, naming the key that is missing, unknown or mistyped."""
-    table = manifest.get(name)
-    if not isinstance(table, dict):
+    """Rebuild dataclass `cls` from table `name`: every key is required (a silent default could
+    change predictions) except optional ones (None), and every value must have its field's type."""
+    if name not in manifest:
         raise PredictorError(f"missing table [{name}]", file=path, key=name)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(table) - set(fields))
-    if unknown:
-        raise PredictorError("unknown key", file=path, key=f"{name}.{unknown[0]}")
-    # every key is required (a silent default could change predictions) except optional ones (None)
-    missing = [n for n, f in fields.items() if n not in table and f.default is not None]
-    if missing:
-        raise PredictorError("missing key", file=path, key=f"{name}.{missing[0]}")
-    for key, value in table.items():
-        default = fields[key].default
-        if default is not dataclasses.MISSING and default is not None and type(value) is not type(default) \
-                and not (isinstance(default, float) and isinstance(value, int)):
-            raise PredictorError(f"expected {type(default).__name__}, found {type(value).__name__}", file=path,
-                                 key=f"{name}.{key}")
-    return cls(**table)
+    return TomlTable(manifest[name], path, name, PredictorError).to_dataclass(cls, all_required=True)
 
 
-def read_artifact(directory: Path, *, encoder_dir: Path | None = None):
+def read_artifact(directory: Path, *, encoder_dir: Path | None = None) -> LengthPredictor:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
-
-    from odmactl.predict.predictor import FAMILIES, MODES, FittedState, LengthPredictor, PredictorSettings, _build_net
 
     manifest = read_manifest(directory)
     path = directory / MANIFEST
@@ -147,7 +117,7 @@ def read_artifact(directory: Path, *, encoder_dir: Path | None = None):
             raise PredictorError(f"the encoder at '{where}' is not the one this predictor was fitted with "
                                  "(config or weights differ)", file=path, key="state.encoder_sha256")
         encoder = TextEncoder(where, max_length_tokens=settings.encoder_max_length_tokens)
-    net = _build_net(settings, state, encoder)
+    net = build_net(settings, state, encoder)
     try:
         net.load_state_dict(tensors, strict=True)
     except RuntimeError as exc:

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
-from odmactl.predict.artifact import files_sha256
+from odmactl.core.digest import files_sha256
 from odmactl.core.errors import PredictorError
 from odmactl.predict.threads import single_thread
 

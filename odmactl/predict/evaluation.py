@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import kendalltau
 
-from odmactl.rules.buckets import equal_width_classes, reserved_kv_tokens
+from odmactl.rules.odma import reserved_kv_tokens
+from odmactl.rules.s3 import s3_capacities, s3_classes
 
 GAMMA_CURVE = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 NUM_DECILES = 10
@@ -63,8 +64,8 @@ def evaluate_predictions(prompt_tokens: np.ndarray, output_tokens: np.ndarray, l
     assert prompt.size == actual.size == l_hat.size == u.size > 0
     bounds = np.asarray(s.boundaries_tokens, dtype=np.int64)
 
-    s3_pred = equal_width_classes(l_hat, max_tokens=s.max_model_len_tokens, num_buckets=s.s3_num_buckets)
-    s3_true = equal_width_classes(actual, max_tokens=s.max_model_len_tokens, num_buckets=s.s3_num_buckets)
+    s3_buckets = s3_capacities(s.max_model_len_tokens, s.s3_num_buckets)
+    s3_pred, s3_true = s3_classes(l_hat, s3_buckets), s3_classes(actual, s3_buckets)
     # fitted buckets over KV tokens; a length past the last boundary is a class of its own (large)
     fit_pred = np.searchsorted(bounds, prompt + l_hat, side="left")
     fit_true = np.searchsorted(bounds, prompt + actual, side="left")
@@ -103,7 +104,7 @@ def evaluate_predictions(prompt_tokens: np.ndarray, output_tokens: np.ndarray, l
         "routed_large_rate": main["routed_large_rate"],
         "gamma": s.gamma, "tau": s.tau,
         "boundaries_tokens": [int(b) for b in s.boundaries_tokens],
-        "s3_bucket_width_tokens": s.max_model_len_tokens / s.s3_num_buckets,
+        "s3_bucket_width_tokens": s3_buckets[0],
         "gamma_curve": curve,
         "u_deciles": deciles,
     }

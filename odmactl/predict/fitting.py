@@ -33,6 +33,10 @@ class FitOutcome:
     predictor: LengthPredictor
     summary: dict  # deterministic: the same trace, settings and seed give the same summary
 
+    def artifact_tables(self) -> dict:
+        """What the artifact records beside the predictor: the trace, split, buckets and evaluation."""
+        return {key: self.summary[key] for key in ("trace", "split", "buckets", "evaluation")}
+
 
 def run_fit(frame: pl.DataFrame, trace_name: str, settings: PredictorSettings, request: FitRequest, *,
             encoder_dir: Path | None = None, progress: ProgressFn | None = None) -> FitOutcome:

@@ -11,9 +11,9 @@ and two heads modes:
     the UPPER_QUANTILE (0.99) of log output tokens (pinball loss, Koenker & Bassett 1978), and a
     classification head over `num_classes` equal-occupancy length classes of the training data
     (trained alongside; it shapes the shared layers and reports bucket accuracy).
-  - "s3": the S3 baseline (Jin et al., NeurIPS 2023, arXiv:2306.06000): a classifier over
-    equal-width buckets of the maximum length, `max_model_len_tokens / s3_num_buckets` tokens each;
-    L_hat = the predicted bucket's upper bound (what S3 reserves).
+  - "s3": the S3 baseline (Jin et al., NeurIPS 2023, arXiv:2306.06000): a classifier over S3's
+    equal-width buckets of the maximum length (rules/s3.py, the allocator's buckets); L_hat = the
+    predicted bucket's capacity (what S3 reserves).
 u (odma mode) is the headroom the request needs over L_hat, on a scale set by the training rows:
 u = (L_hi / L_hat - 1) / (K - 1) clipped to [0, 1], with L_hi = max(quantile head, L_hat) and K
 the 99th percentile of L_hi / L_hat over the training rows (a maximum would let one outlier squash
@@ -35,118 +35,20 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import polars as pl
 import torch
 from torch import nn
 
-from odmactl.rules.buckets import equal_width_classes
+from odmactl.rules.s3 import s3_capacities, s3_classes
 from odmactl.predict.evaluation import EvalSettings, evaluate_predictions
-from odmactl.predict.features import HashedText, build_vocabulary, encode_ids, hash_ngrams, log_prompt_tokens
+from odmactl.predict.features import build_vocabulary, encode_ids, hash_ngrams, log_prompt_tokens
+from odmactl.predict.network import Features, LengthNet, build_net
+from odmactl.predict.settings import (FAMILIES, MAX_GAMMA, MODES, UPPER_QUANTILE, FittedState, PredictorSettings,
+                                      ProgressFn)
 from odmactl.predict.threads import single_thread
-
-FAMILIES = ("embedded", "encoder")
-MODES = ("odma", "s3")
-ProgressFn = Callable[[str, int, int], None]
-UPPER_QUANTILE = 0.99
-MAX_GAMMA = 1.0e6
-
-
-@dataclass(frozen=True)
-class PredictorSettings:
-    family: str = "embedded"
-    mode: str = "odma"
-    num_hash_buckets: int = 1 << 16
-    max_words: int = 256
-    text_dim: int = 32
-    id_dim: int = 8
-    hidden: int = 64
-    num_classes: int = 8
-    max_epochs: int = 30
-    patience_epochs: int = 3
-    batch_size: int = 512
-    learning_rate: float = 3e-3
-    weight_decay: float = 1e-5
-    validation: float = 0.1  # share of the training prompts held back for early stopping
-    max_model_len_tokens: int = 4096
-    s3_num_buckets: int = 10
-    encoder_max_length_tokens: int = 256
-
-
-@dataclass
-class Features:
-    """The network's inputs for N requests; row i of every array is request i."""
-
-    text: HashedText | None
-    embedding: np.ndarray | None  # (N, dim) float32, encoder family
-    model_ids: np.ndarray
-    tenant_ids: np.ndarray
-    log_prompt: np.ndarray  # standardised log1p(prompt_tokens)
-
-    def batch(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
-        out = {"model": torch.from_numpy(self.model_ids[rows]), "tenant": torch.from_numpy(self.tenant_ids[rows])}
-        dense = [self.log_prompt[rows, None].astype(np.float32)]
-        if self.embedding is not None:
-            dense.append(self.embedding[rows])
-        out["dense"] = torch.from_numpy(np.concatenate(dense, axis=1))
-        if self.text is not None:
-            starts, ends = self.text.offsets[rows], self.text.offsets[rows + 1]
-            lengths = ends - starts
-            offsets = np.zeros(rows.size, dtype=np.int64)
-            np.cumsum(lengths[:-1], out=offsets[1:])
-            within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(offsets, lengths)
-            out["text_indices"] = torch.from_numpy(self.text.indices[np.repeat(starts, lengths) + within])
-            out["text_offsets"] = torch.from_numpy(offsets)
-        return out
-
-
-class LengthNet(nn.Module):
-    """Inputs -> (standardised log-length estimate, its UPPER_QUANTILE, class logits). Two ReLU
-    layers over the concatenated text bag, identifier embeddings (id 0 = null or unseen) and dense
-    features."""
-
-    def __init__(self, *, num_hash_buckets: int, text_dim: int, num_models: int, num_tenants: int, id_dim: int,
-                 dense_dim: int, hidden: int, num_classes: int) -> None:
-        super().__init__()
-        self.text = nn.EmbeddingBag(num_hash_buckets, text_dim, mode="mean") if num_hash_buckets else None
-        self.text_dropout = nn.Dropout(0.5)  # n-grams of a few hundred prompts are easy to memorise
-        self.models = nn.Embedding(num_models + 1, id_dim)
-        self.tenants = nn.Embedding(num_tenants + 1, id_dim)
-        width = (text_dim if self.text is not None else 0) + 2 * id_dim + dense_dim
-        self.body = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
-        self.reg = nn.Linear(hidden, 1)
-        self.upper = nn.Linear(hidden, 1)
-        self.cls = nn.Linear(hidden, num_classes)
-
-    def forward(self, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        parts = [self.models(x["model"]), self.tenants(x["tenant"]), x["dense"]]
-        if self.text is not None:
-            parts.insert(0, self.text_dropout(self.text(x["text_indices"], x["text_offsets"])))
-        h = self.body(torch.cat(parts, dim=1))
-        return self.reg(h).squeeze(1), self.upper(h).squeeze(1), self.cls(h)
-
-
-@dataclass
-class FittedState:
-    """What a fit learned besides the weights: everything `predict` needs to rebuild the inputs."""
-
-    models: list[str]
-    tenants: list[str]
-    log_prompt_mean: float
-    log_prompt_std: float
-    target_mean: float  # of log(output_tokens) over the training rows
-    target_std: float
-    class_edges_tokens: list[int]  # odma mode: upper edges of the length classes but the last
-    headroom_scale: float = 1.0  # K: the 99th percentile of L_hi / L_hat over the training rows (odma mode)
-    coverage_gamma: float = 0.0  # gamma at which UPPER_QUANTILE of the held-back rows fit (odma mode)
-    encoder_dir: str | None = None
-    encoder_sha256: str | None = None
-    training: dict = field(default_factory=dict)
-
 
 class LengthPredictor:
     """A fitted (or loaded) predictor; `predict` is deterministic and batched."""
@@ -180,7 +82,7 @@ class LengthPredictor:
             target_mean=float(y.mean()), target_std=float(y.std()) or 1.0, class_edges_tokens=edges,
             encoder_dir=str(encoder.directory.resolve()) if encoder else None,
             encoder_sha256=_fingerprint(encoder) if encoder else None)
-        model = cls(settings, state, _build_net(settings, state, encoder, seed), encoder)
+        model = cls(settings, state, build_net(settings, state, encoder, seed), encoder)
         feats = model.features(frame, progress)
         target = torch.from_numpy(((y - state.target_mean) / state.target_std).astype(np.float32))
         classes = torch.from_numpy(model._classes(output))
@@ -207,7 +109,7 @@ class LengthPredictor:
     def _classes(self, output: np.ndarray) -> np.ndarray:
         s = self.settings
         if s.mode == "s3":
-            return equal_width_classes(output, max_tokens=s.max_model_len_tokens, num_buckets=s.s3_num_buckets)
+            return s3_classes(output, s3_capacities(s.max_model_len_tokens, s.s3_num_buckets))
         return np.searchsorted(np.asarray(self.state.class_edges_tokens, dtype=np.int64), output, side="left")
 
     def _loss(self, x: dict, target: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
@@ -298,9 +200,8 @@ class LengthPredictor:
                     p = torch.softmax(logits.double(), dim=1)
                     h = -(p * torch.log(p.clamp_min(1e-300))).sum(1) / math.log(p.shape[1])
                     spread[part] = h.clamp(0.0, 1.0).numpy()
-                    width = s.max_model_len_tokens / s.s3_num_buckets
-                    upper_tokens = np.floor((logits.argmax(1).numpy() + 1) * width)  # the largest length in the bucket
-                    l_hat[part] = np.minimum(upper_tokens, s.max_model_len_tokens).astype(np.int64)
+                    capacities = np.asarray(s3_capacities(s.max_model_len_tokens, s.s3_num_buckets), dtype=np.int64)
+                    l_hat[part] = capacities[logits.argmax(1).numpy()]  # the largest length in the bucket
                 else:
                     log_len = np.minimum(reg.double().numpy() * st.target_std + st.target_mean, 30.0)
                     log_hi = np.minimum(upper.double().numpy() * st.target_std + st.target_mean, 30.0)
@@ -313,19 +214,6 @@ class LengthPredictor:
         coverage = (self.state.coverage_gamma,) if self.settings.mode == "odma" else ()
         return evaluate_predictions(frame["prompt_tokens"].to_numpy(), frame["output_tokens"].to_numpy(),
                                     l_hat, u, settings, extra_gammas=coverage)
-
-    # -- artifacts ------------------------------------------------------------------------------------
-
-    def save(self, directory: Path, extra: dict | None = None) -> None:
-        from odmactl.predict.artifact import write_artifact
-
-        write_artifact(self, Path(directory), extra or {})
-
-    @classmethod
-    def load(cls, directory: Path, *, encoder_dir: Path | None = None) -> LengthPredictor:
-        from odmactl.predict.artifact import read_artifact
-
-        return read_artifact(Path(directory), encoder_dir=encoder_dir)
 
 
 def _class_edges(output: np.ndarray, num_classes: int) -> list[int]:
@@ -349,17 +237,6 @@ def _fingerprint(encoder) -> str:
     from odmactl.predict.encoder import encoder_fingerprint
 
     return encoder_fingerprint(encoder.directory)
-
-
-def _build_net(settings: PredictorSettings, state: FittedState, encoder, seed: int = 0) -> LengthNet:
-    """A fresh network; its initial weights come from `seed` without touching torch's global RNG."""
-    num_classes = (settings.s3_num_buckets if settings.mode == "s3" else len(state.class_edges_tokens) + 1)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return LengthNet(num_hash_buckets=settings.num_hash_buckets if settings.family == "embedded" else 0,
-                         text_dim=settings.text_dim, num_models=len(state.models), num_tenants=len(state.tenants),
-                         id_dim=settings.id_dim, dense_dim=1 + (encoder.dim if encoder else 0),
-                         hidden=settings.hidden, num_classes=num_classes)
 
 
 def training_data_sha256(frame: pl.DataFrame) -> str:

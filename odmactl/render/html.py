@@ -15,6 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from odmactl.render.metrics import PLAN_KEYS, format_metric, metric_rows
+from odmactl.rules.s3 import s3_capacities
+
 
 def _png(fig) -> str:
     import matplotlib.pyplot as plt
@@ -69,10 +72,9 @@ def _boundaries(doc: dict) -> str:
     for j, b in enumerate(odma["config"]["boundaries_tokens"]):
         ax.axvline(b, color="tab:red", linewidth=1.5, label="recommended boundaries (start)" if j == 0 else None)
     max_len = doc["max_model_len"]
-    width = -(-max_len // s3["s3_num_buckets"])
-    for j in range(1, s3["s3_num_buckets"] + 1):
-        ax.axvline(min(j * width, max_len), color="tab:green", linestyle=":", linewidth=1,
-                   label="s3 equal-width buckets" if j == 1 else None)
+    for j, capacity in enumerate(s3_capacities(max_len, s3["s3_num_buckets"])):
+        ax.axvline(capacity, color="tab:green", linestyle=":", linewidth=1,
+                   label="s3 equal-width buckets" if j == 0 else None)
     ax.set_xlabel("KV tokens")
     ax.set_ylabel("requests")
     ax.legend(fontsize=8)
@@ -99,15 +101,16 @@ def write_plan_report(doc: dict, config: dict, path: Path) -> None:
     matplotlib.use("Agg")
     esc = html.escape
     t = doc["trace"]
-    rows = ["kv_utilization", "tps", "migration_rate", "rejections", "preemptions", "ttft_p99", "tpot_p99",
-            "peak_concurrency"]
     head = "".join(f"<th>{esc(name)}</th>" for name in doc["validation"])
-    body = "".join(f"<tr><td>{k}</td>" + "".join(f"<td>{_fmt(k, v['metrics'][k])}</td>" for v in doc["validation"].values())
-                   + "</tr>" for k in rows)
-    replays = "".join(f"<tr><td>{esc(r['label'])}</td><td>{r['estimate']['kv_utilization']:.1%}</td>"
-                      f"<td>{r['estimate']['overflow_rate']:.3%}</td><td>{r['measured']['kv_utilization']:.1%}</td>"
-                      f"<td>{r['measured']['migration_rate']:.3%}</td><td>{r['measured']['tps']:,.1f}</td>"
-                      f"<td>{r['measured']['rejections']}</td></tr>" for r in doc["search"]["replays"])
+    body = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>"
+                   for row in metric_rows(doc["validation"], PLAN_KEYS))
+    replays = "".join(f"<tr><td>{esc(r['label'])}</td><td>{format_metric('kv_utilization', r['estimate']['kv_utilization'])}</td>"
+                      f"<td>{format_metric('overflow_rate', r['estimate']['overflow_rate'])}</td>"
+                      f"<td>{format_metric('kv_utilization', r['measured']['kv_utilization'])}</td>"
+                      f"<td>{format_metric('overflow_rate', r['measured']['overflow_rate'])}</td>"
+                      f"<td>{format_metric('tps', r['measured']['tps'])}</td>"
+                      f"<td>{format_metric('rejections', r['measured']['rejections'])}</td></tr>"
+                      for r in doc["search"]["replays"])
     allocator = "".join(f"<tr><td>{esc(k)}</td><td>{esc(str(v))}</td></tr>" for k, v in config["allocator"].items())
     text = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>odmactl plan: {esc(t['path'])}</title>
@@ -129,20 +132,8 @@ Recommended: <b>{esc(doc['chosen']['label'])}</b>{'' if doc['constraints_met_on_
 <h2>Bucket boundaries over the held-out lengths</h2><img src="data:image/png;base64,{_boundaries(doc)}">
 <h2>Pool occupancy over time (held-out part)</h2><img src="data:image/png;base64,{_occupancy(doc)}">
 <h2>Replayed candidates (search part)</h2>
-<table><tr><th>candidate</th><th>est. util</th><th>est. overflow</th><th>util</th><th>migr. rate</th><th>TPS</th><th>rejected</th></tr>
+<table><tr><th>candidate</th><th>est. KV util</th><th>est. overflow rate</th><th>KV util</th><th>overflow rate</th><th>TPS (tok/s)</th><th>rejected</th></tr>
 {replays}</table>
 </body></html>
 """
     path.write_text(text, encoding="utf-8")
-
-
-def _fmt(key: str, value: float) -> str:
-    if key in ("kv_utilization",):
-        return f"{value:.1%}"
-    if key == "migration_rate":
-        return f"{value:.3%}"
-    if key == "tpot_p99":
-        return f"{value * 1e3:.1f} ms"
-    if key == "ttft_p99":
-        return f"{value:.3g} s"
-    return f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"

@@ -149,28 +149,3 @@ class SlidingWindowRefit:
             else:
                 old = np.concatenate([self._ring[pos:], self._ring[: pos + drop - self.window]])
         self._counts -= np.bincount(old, minlength=self._counts.size)
-
-
-def reserved_kv_tokens(prompt_tokens: np.ndarray, predicted_output_tokens: np.ndarray, uncertainty: np.ndarray,
-                       boundaries_tokens: tuple[int, ...], *, gamma: float, tau: float,
-                       max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """What the `odma` allocator reserves for each request, vectorised (the same rule as
-    `OdmaAllocator.reserve`): need = prompt + ceil(L_hat * (1 + gamma * u)); u > tau, or a need past
-    the last boundary, goes to the large pool (a block of `max_tokens`); otherwise the smallest
-    boundary >= need. Returns (reserved KV tokens, routed-to-large mask)."""
-    prompt = np.asarray(prompt_tokens, dtype=np.int64)
-    u = np.asarray(uncertainty, dtype=np.float64)
-    need = prompt + np.ceil(np.asarray(predicted_output_tokens, dtype=np.float64) * (1.0 + gamma * u)).astype(np.int64)
-    need = np.maximum(need, prompt)
-    bounds = np.asarray(boundaries_tokens, dtype=np.int64)
-    large = (u > tau) | (need > bounds[-1])
-    slot = np.minimum(np.searchsorted(bounds, need, side="left"), bounds.size - 1)
-    return np.where(large, max_tokens, bounds[slot]), large
-
-
-def equal_width_classes(tokens: np.ndarray, *, max_tokens: int, num_buckets: int) -> np.ndarray:
-    """S3's bucket of each length: equal-width classes of max_tokens / num_buckets over
-    (0, max_tokens]; a length past max_tokens falls in the last class."""
-    width = max_tokens / num_buckets
-    cls = np.ceil(np.asarray(tokens, dtype=np.float64) / width).astype(np.int64) - 1
-    return np.clip(cls, 0, num_buckets - 1)

@@ -48,10 +48,14 @@ class HedgeTable:
             raise ValueError(f"hedge output counts must be >= 0, got {list(self.output_tokens)}")
 
     def outputs(self, l_hat: np.ndarray) -> np.ndarray:
-        """The output tokens reserved for each request predicted at `l_hat`: its group's count, the
-        group found as the allocator does (`bisect_right` over the edges)."""
-        table = np.asarray(self.output_tokens, dtype=np.int64)
-        return table[np.searchsorted(np.asarray(self.edges, dtype=np.float64), l_hat, side="right")]
+        """The output tokens reserved for each request predicted at `l_hat`: its group's count."""
+        return np.asarray(self.output_tokens, dtype=np.int64)[hedge_groups(self.edges, l_hat)]
+
+
+def hedge_groups(edges: tuple[float, ...], l_hat: np.ndarray) -> np.ndarray:
+    """The group of each L_hat: how many edges are <= it (`bisect_right`, as the allocator's
+    scalar rule in rules/odma.py finds it)."""
+    return np.searchsorted(np.asarray(edges, dtype=np.float64), np.asarray(l_hat, dtype=np.float64), side="right")
 
 
 def group_costs(prompt: np.ndarray, output: np.ndarray, max_len: int,
@@ -117,7 +121,7 @@ def fit_hedge_tables(l_hat: np.ndarray, prompt: np.ndarray, output: np.ndarray, 
     if l_hat.size == 0:
         raise ValueError("a hedge table needs realized lengths to fit on")
     edges = group_edges(l_hat, groups)
-    group = np.searchsorted(np.asarray(edges, dtype=np.float64), l_hat, side="right")
+    group = hedge_groups(edges, l_hat)
     costs = [group_costs(prompt[group == g], output[group == g], max_len) for g in range(len(edges) + 1)]
     tables = {}
     for limit in limits:

@@ -53,6 +53,7 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
     cython = None
 
 from odmactl.allocator.base import Allocation, AllocatorBase
+from odmactl.core.errors import ConfigError
 from odmactl.hw.cost import KvLayout, to_ps
 from odmactl.sim.keyheap import KeyHeap
 from odmactl.sim.metrics import ReplayResult, Timeline, replay_result
@@ -90,10 +91,20 @@ def _seconds(t_ps) -> float:
 
 @dataclass(frozen=True)
 class SchedulerSettings:
+    """The batch caps and how time advances. Invariant (checked): `max_num_seqs` and
+    `max_prefill_tokens` (None: max_model_len) are whole numbers >= 1, so every iteration admits or
+    runs at least one request; `series_points` >= 2."""
+
     max_num_seqs: int = 256
     max_prefill_tokens: int | None = None  # None: max_model_len
     fast_forward: bool = True
     series_points: int = 512
+
+    def __post_init__(self) -> None:
+        for key, low in (("max_num_seqs", 1), ("max_prefill_tokens", 1), ("series_points", 2)):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ConfigError(f"expected a whole number >= {low}, got {value!r}", key=key)
 
 
 class Replay:

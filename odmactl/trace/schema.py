@@ -82,6 +82,21 @@ class BuiltTrace:
     moved_rows: int
     arrival_note: str
 
+    def summary(self, out: Path, format_detected: bool) -> dict:
+        """What `odmactl ingest` reports about the trace it wrote to `out`."""
+        frame = self.frame
+        return {
+            "out": str(out),
+            "format_detected": format_detected,
+            "sources": self.sources,
+            "requests": frame.height,
+            "duration_s": float(frame["arrival_s"].max()),
+            "total_prompt_tokens": int(frame["prompt_tokens"].cast(int).sum()),
+            "total_output_tokens": int(frame["output_tokens"].cast(int).sum()),
+            "moved_rows": self.moved_rows,
+            "arrivals": self.arrival_note,
+        }
+
 
 def _first_row(frame: pl.DataFrame, mask: pl.Expr) -> dict | None:
     hit = frame.filter(mask).head(1)

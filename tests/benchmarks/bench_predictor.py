@@ -33,7 +33,7 @@ def trace(path: str | None, tmp: Path) -> Path:
         return Path(path)
     out = tmp / "alpaca_eval.parquet"
     src = ROOT.parent / "shared" / "traces" / "alpaca_eval_model_outputs.jsonl.gz"
-    from odmactl.cli.app import main
+    from odmactl.cli import main
 
     if main(["ingest", str(src), "--out", str(out), "--offline", "--json"]) != 0:
         sys.exit("ingest failed")

@@ -32,7 +32,7 @@ SERVEGEN = ROOT.parent / "shared" / "traces" / "servegen" / "reason" / "deepseek
 
 
 def trace_path(requests: int) -> Path:
-    from odmactl.cli.app import main
+    from odmactl.cli import main
     from odmactl.trace.schema import read_trace
 
     path = Path(tempfile.gettempdir()) / f"odmactl-bench-servegen-r1-{requests}.parquet"
@@ -61,19 +61,21 @@ def main() -> None:
     args = parser.parse_args()
 
     from odmactl.allocator import make_allocator
-    from odmactl.hw.cost import CostModel
-    from odmactl.hw.profiles import load_device, load_model
+    from odmactl.run.replay import ReplayContext, policy_config
+    from odmactl.run.serving import serving
+    from odmactl.run.spec import LoadOptions
+    from odmactl.run.workload import build_workload
     from odmactl.sim.loop import Replay, SchedulerSettings
     from odmactl.trace.schema import read_trace
-    from odmactl.run.workload import LoadOptions, allocator_config, build_workload
 
     frame = read_trace(trace_path(args.requests))
-    cost = CostModel(load_device(args.device), load_model(args.model))
-    pool, bpt = cost.kv_pool_bytes(), cost.model.kv_bytes_per_token
+    setup = serving(args.device, args.model)
+    pool, bpt, cost = setup.pool_bytes, setup.bytes_per_token, setup.cost
     workload, frame, _ = build_workload(frame, LoadOptions(), "oracle")
+    ctx = ReplayContext(setup, workload, args.max_model_len, SchedulerSettings())
     rows = []
     for policy in args.policies.split(","):
-        config, _ = allocator_config(policy, {}, frame, max_model_len=args.max_model_len, pool_bytes=pool, bytes_per_token=bpt)
+        config, _ = policy_config(policy, {}, ctx)
         allocator = make_allocator(policy, pool, bpt, config)
         started = time.perf_counter()
         result = Replay(workload, allocator, cost, args.max_model_len, SchedulerSettings()).run()

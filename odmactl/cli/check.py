@@ -1,0 +1,82 @@
+"""`odmactl check`: the CI capacity gate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from odmactl.cli.app import app, out, progress_for
+from odmactl.cli.inputs import check_outputs, check_policy_names, parse_kv_pool
+
+
+@app.command()
+def check(
+    trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest`")],
+    config: Annotated[Path, typer.Option(help="config TOML (plan's output): [allocator], [scheduler], [thresholds]")],
+    device: Annotated[str, typer.Option(help="device profile name or TOML path")],
+    model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
+    policy: Annotated[str, typer.Option(help="the policy the config is for")] = "odma",
+    predictor: Annotated[Optional[str], typer.Option(help="`odmactl fit` artifact folder, `oracle` or `none` "
+                                                          "(default: the config's [meta] predictor, else none)")] = None,
+    min_utilization: Annotated[Optional[float], typer.Option(help="fail when kv_utilization is below this (0-1)")] = None,
+    max_migration_rate: Annotated[Optional[float], typer.Option(help="fail when migration_rate is above this")] = None,
+    max_overflow_rate: Annotated[Optional[float], typer.Option(help="fail when (migrations + preemptions) / requests is above this")] = None,
+    max_rejection_rate: Annotated[Optional[float], typer.Option(help="fail when rejections / requests is above this")] = None,
+    min_tps_gain: Annotated[Optional[float], typer.Option(help="fail when tps / baseline tps - 1 is below this (0.2 = +20%)")] = None,
+    baseline: Annotated[Optional[str], typer.Option(help="policy min_tps_gain compares with (default static)")] = None,
+    rate: Annotated[Optional[float], typer.Option(help="rescale arrivals to this many requests/s")] = None,
+    offline: Annotated[bool, typer.Option(help="every request arrives at t=0")] = False,
+    limit: Annotated[Optional[int], typer.Option(help="replay only the first N requests")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's)")] = None,
+    kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
+    kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: the profile's)")] = None,
+    junit: Annotated[Optional[Path], typer.Option(help="write the verdicts as JUnit XML")] = None,
+    markdown_path: Annotated[Optional[Path], typer.Option("--markdown", help="write a markdown summary (for a pull request)")] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the replay result as JSON")] = None,
+    force: Annotated[bool, typer.Option(help="replace --junit / --markdown / --out if they exist")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print the verdicts and metrics as JSON")] = False,
+) -> int:
+    """Replay a trace with a config and test it against thresholds: exit 0 when all hold, 1 when one fails."""
+    import time
+
+    from odmactl.core.atomic import atomic_output
+    from odmactl.gate.check import prepare_check, run_check
+    from odmactl.render.console_replay import render_check
+    from odmactl.render.json import to_json
+    from odmactl.render.junit import junit_xml
+    from odmactl.render.markdown import check_markdown
+    from odmactl.run.spec import LoadOptions, ReplaySpec
+    from odmactl.trace.schema import read_trace
+
+    started = time.perf_counter()
+    flags = {"min_utilization": min_utilization, "max_migration_rate": max_migration_rate,
+             "max_overflow_rate": max_overflow_rate, "max_rejection_rate": max_rejection_rate,
+             "min_tps_gain": min_tps_gain, "baseline": baseline}
+    setup = prepare_check(config, policy, flags)
+    check_policy_names(setup.policies)
+    check_outputs([junit, markdown_path, out_path], force, inputs=[trace_path, config])
+    spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, config=config,
+                      load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit), max_model_len=max_model_len,
+                      kv_pool_bytes=parse_kv_pool(kv_pool))
+    frame = read_trace(trace_path)
+    with progress_for(json_out) as progress:
+        outcome = run_check(frame, spec, policy, setup, progress=progress, started=started)
+    doc = outcome.doc
+    doc["trace"]["path"] = str(trace_path)
+    if out_path is not None:
+        with atomic_output(out_path, force=force) as tmp:
+            tmp.write_text(to_json(doc) + "\n")
+    if junit is not None:
+        with atomic_output(junit, force=force) as tmp:
+            tmp.write_text(junit_xml(outcome.verdicts, f"{trace_path.name} / {config.name} / {policy}", outcome.seconds),
+                           encoding="utf-8")
+    if markdown_path is not None:
+        with atomic_output(markdown_path, force=force) as tmp:
+            tmp.write_text(check_markdown(outcome.verdicts, doc, policy, config), encoding="utf-8")
+    if json_out:
+        print(to_json(outcome.document(policy, config)))
+    else:
+        render_check(out, doc, policy, outcome.verdicts, outcome.passed)
+    return 0 if outcome.passed else 1

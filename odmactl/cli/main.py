@@ -1,0 +1,81 @@
+"""`main`: the single place where errors become messages and exit codes.
+
+Exit codes: 0 success; 1 bad input or data (an OdmaError: one plain-text message naming the file,
+row, column or key) or a failed check; 2 a command-line usage error (click's usage line, its hint
+and the error); 130 interrupted. Nothing a user types gives a traceback unless ODMACTL_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# every command module registers itself on `app`, in the order `odmactl --help` lists them
+import odmactl.cli.ingest  # noqa: F401, I001
+import odmactl.cli.stats  # noqa: F401
+import odmactl.cli.fit  # noqa: F401
+import odmactl.cli.replay  # noqa: F401
+import odmactl.cli.plan  # noqa: F401
+import odmactl.cli.check  # noqa: F401
+import odmactl.cli.profiles  # noqa: F401
+import odmactl.cli.calibrate  # noqa: F401
+import odmactl.cli.version  # noqa: F401
+from odmactl.cli.app import app, print_error
+from odmactl.core.errors import OdmaError
+
+
+def _click_errors() -> tuple[type, type, type, type]:
+    """(ClickException, UsageError, Exit, Abort) of the click the installed Typer raises: Typer
+    0.29 bundles its own copy (typer._click, with Exit and Abort in typer.exceptions), earlier
+    versions use click itself."""
+    bundled = getattr(sys.modules.get("typer.core"), "_click", None)
+    if bundled is not None:
+        from typer import exceptions as typer_exceptions
+
+        return (bundled.exceptions.ClickException, bundled.exceptions.UsageError,
+                getattr(bundled.exceptions, "Exit", typer_exceptions.Exit),
+                getattr(bundled.exceptions, "Abort", typer_exceptions.Abort))
+    import click
+
+    return click.ClickException, click.UsageError, click.exceptions.Exit, click.exceptions.Abort
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: runs the app and is the single place errors become messages and exit codes."""
+    debug = os.environ.get("ODMACTL_DEBUG") == "1"
+    click_exception, usage_error, exit_, abort = _click_errors()
+    try:
+        result = app(args=argv, prog_name="odmactl", standalone_mode=False)
+        return result if isinstance(result, int) else 0
+    except OdmaError as exc:
+        if debug:
+            raise
+        print_error(str(exc))
+        return 1
+    except exit_ as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # Typer turns Ctrl-C into Exit(130)
+            print_error("interrupted; nothing was written", label="aborted")
+        return exc.exit_code
+    except (abort, KeyboardInterrupt):
+        print_error("interrupted; nothing was written", label="aborted")
+        return 130
+    except usage_error as exc:  # click's usage line, the hint to --help, and the error
+        if debug:
+            raise
+        exc.show()
+        return exc.exit_code
+    except click_exception as exc:
+        if debug:
+            raise
+        print_error(exc.format_message())
+        return exc.exit_code
+    except Exception as exc:  # a bug in odmactl, not bad input
+        if debug:
+            raise
+        print_error(f"{exc.__class__.__name__}: {exc} (this is a bug in odmactl; rerun with ODMACTL_DEBUG=1 for the "
+                    "traceback)", label="internal error")
+        return 1
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""`odmactl plan`: search ODMA's settings and write the recommended config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from odmactl.cli.app import app, out, progress_for
+from odmactl.cli.inputs import check_outputs, parse_kv_pool
+
+
+@app.command()
+def plan(
+    trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest`")],
+    device: Annotated[str, typer.Option(help="device profile name or TOML path")],
+    model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="config TOML to write (read by `replay --config` and `check`)")],
+    predictor: Annotated[str, typer.Option(help="`odmactl fit` artifact folder or `oracle` (true lengths, the upper bound)")] = "oracle",
+    report: Annotated[Optional[Path], typer.Option(help="write an HTML report with plots")] = None,
+    objective: Annotated[str, typer.Option(help="what to maximise: tps or utilization")] = "tps",
+    max_migration_rate: Annotated[float, typer.Option(help="most overflows (migrations + preemptions) per request the recommendation may cause")] = 0.005,
+    ttft_p99: Annotated[Optional[float], typer.Option(help="most seconds of TTFT p99 the recommendation may cause")] = None,
+    holdout: Annotated[float, typer.Option(help="share of the trace, at its end, held out to validate on")] = 0.3,
+    replays: Annotated[int, typer.Option(help="candidates replayed after the cheap bounds")] = 12,
+    workers: Annotated[int, typer.Option(help="worker processes for the cheap bounds and the replays")] = 1,
+    executor: Annotated[str, typer.Option(help="process (local workers) or ray (a Ray cluster; the ray extra)")] = "process",
+    max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the trace's longest, within model and pool)")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,
+    kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
+    kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: the profile's)")] = None,
+    force: Annotated[bool, typer.Option(help="replace --out / --report if they exist")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print the plan (search, replays, validation) as JSON")] = False,
+) -> None:
+    """Search ODMA's buckets, gamma, tau, large pool and refit on the trace's earlier part; validate on its later part."""
+    from odmactl.core.atomic import atomic_output
+    from odmactl.plan.search import PlanSpec, config_document, config_text, plan_command
+    from odmactl.plan.search import plan as run_plan
+    from odmactl.render.console_replay import render_plan
+    from odmactl.render.html import write_plan_report
+    from odmactl.render.json import to_json
+    from odmactl.run.config import predictor_for_config
+    from odmactl.trace.schema import read_trace
+
+    check_outputs([out_path, report], force, inputs=[trace_path])
+    spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, objective=objective,
+                    max_overflow_rate=max_migration_rate, ttft_p99_s=ttft_p99, holdout=holdout, replays=replays,
+                    workers=workers, executor=executor, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                    kv_pool_bytes=parse_kv_pool(kv_pool))
+    frame = read_trace(trace_path)
+    with progress_for(json_out) as progress:
+        doc = run_plan(frame, spec, progress=progress)
+    doc["trace"]["path"] = str(trace_path)
+    config = config_document(doc, plan_command(trace_path, spec, out_path), predictor_for_config(predictor, out_path))
+    text = config_text(config)
+    if report is not None:  # the report first: a run stopped between the two leaves no new config beside an old report
+        with atomic_output(report, force=force) as tmp:
+            write_plan_report(doc, config, tmp)
+    with atomic_output(out_path, force=force) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    if json_out:
+        print(to_json({"out": str(out_path), **doc}))
+    else:
+        render_plan(out, doc, str(out_path))

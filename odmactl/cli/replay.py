@@ -1,0 +1,90 @@
+"""`odmactl replay`: a trace through one or more allocator policies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from odmactl.cli.app import app, out, progress_for
+from odmactl.cli.inputs import check_outputs, parse_kv_pool, parse_policies
+
+
+@app.command()
+def replay(
+    trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest`")],
+    device: Annotated[str, typer.Option(help="device profile name or TOML path (`odmactl profiles list`); "
+                                             "with --on-device the torch device: auto, cpu, cuda or mlu")],
+    model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
+    policy: Annotated[str, typer.Option(help="allocator policy: static, paged, s3, odma")] = "odma",
+    compare: Annotated[Optional[str], typer.Option(help="comma-separated policies replayed on the same trace, side by side")] = None,
+    predictor: Annotated[Optional[str], typer.Option(help="`odmactl fit` artifact folder, `oracle` (true lengths) or `none` "
+                                                          "(default: the --config's [meta] predictor, else none)")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="config TOML with [allocator] and [scheduler] tables (plan's output)")] = None,
+    rate: Annotated[Optional[float], typer.Option(help="rescale arrivals to this many requests/s")] = None,
+    offline: Annotated[bool, typer.Option(help="every request arrives at t=0")] = False,
+    limit: Annotated[Optional[int], typer.Option(help="replay only the first N requests")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the trace's longest, within model and pool)")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,
+    kv_dtype: Annotated[str, typer.Option(help="KV precision: fp16, bf16, fp8, int8, int4, oaken")] = "fp16",
+    stepping: Annotated[bool, typer.Option(help="advance token by token instead of in closed form (slow; a check)")] = False,
+    seed: Annotated[int, typer.Option(help="seed for generated arrivals (--rate on a trace without timestamps)")] = 0,
+    kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: what the device profile leaves)")] = None,
+    on_device: Annotated[bool, typer.Option(help="also run every decode iteration on the torch device given by --device and time it")] = False,
+    profile: Annotated[Optional[str], typer.Option(help="with --on-device: the device profile the measured steps are compared with "
+                                                        "(default: the measured profile of this device)")] = None,
+    scale: Annotated[float, typer.Option(help="with --on-device: keep this share of the model's layers (the pool keeps its tokens)")] = 1.0,
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the full result (metrics and time series) as JSON")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="write a PNG of occupancy, batch, queue and boundaries over time")] = None,
+    force: Annotated[bool, typer.Option(help="replace --out / --plot if they exist")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print the full result as JSON")] = False,
+) -> None:
+    """Replay a trace through allocator policies under continuous batching; report DESIGN.md's metrics."""
+    from odmactl.core.atomic import atomic_output
+    from odmactl.core.errors import OdmaError
+    from odmactl.render.console_replay import render_replay
+    from odmactl.render.json import to_json
+    from odmactl.render.plots import write_replay_plot
+    from odmactl.run.spec import LoadOptions, ReplaySpec
+    from odmactl.trace.schema import read_trace
+
+    policies = parse_policies(compare, policy)
+    check_outputs([out_path, plot], force, inputs=[trace_path, config])
+    pool_bytes = parse_kv_pool(kv_pool)
+    device_spec = None
+    if on_device:
+        from odmactl.device.calibrate import resolve_device
+        from odmactl.device.ondevice import OnDeviceSpec, measured_profile
+
+        torch_device = resolve_device(device)
+        device_spec = OnDeviceSpec(torch_device, scale)
+        device = profile if profile is not None else str(measured_profile(torch_device).path)
+    elif profile is not None or scale != 1.0:
+        raise OdmaError("--profile and --scale apply to --on-device replays only")
+    spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, config=config,
+                      load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit, seed=seed),
+                      max_model_len=max_model_len, max_num_seqs=max_num_seqs, fast_forward=not stepping,
+                      kv_pool_bytes=pool_bytes)
+    frame = read_trace(trace_path)
+    with progress_for(json_out) as progress:
+        if device_spec is None:
+            from odmactl.run.replay import run_policies
+
+            doc = run_policies(frame, policies, spec, progress=progress)
+        else:
+            from odmactl.device.replay import replay_on_device
+
+            doc = replay_on_device(frame, policies, spec, device_spec, progress=progress)
+    doc["trace"]["path"] = str(trace_path)
+    text = to_json(doc)
+    if out_path is not None:
+        with atomic_output(out_path, force=force) as tmp:
+            tmp.write_text(text + "\n")
+    if plot is not None:
+        with atomic_output(plot, force=force) as tmp:
+            write_replay_plot(doc, tmp)
+    if json_out:
+        print(text)
+    else:
+        render_replay(out, doc)

@@ -1,0 +1,45 @@
+"""`odmactl replay --on-device`: the replay of run/replay.py with its blocks in a real buffer on a
+torch device and every decode iteration run there and timed (ondevice.DecodeProbe)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from odmactl.allocator import TorchArena
+from odmactl.device.ondevice import DecodeProbe, OnDeviceSpec, check_fits, release_device_memory
+from odmactl.run.replay import ReplayContext, run_policies
+from odmactl.run.serving import serving
+from odmactl.run.spec import ReplaySpec
+
+
+class OnDevice:
+    """run/replay.DeviceHooks for one torch device: each policy gets its own arena there (checked to
+    fit first), a probe that runs its decode iterations, and an "on_device" section."""
+
+    def __init__(self, spec: OnDeviceSpec) -> None:
+        self.spec = spec
+        self.description = "token-by-token stepping, each decode iteration run on " + spec.torch_device
+
+    def arena(self, ctx: ReplayContext) -> TorchArena:
+        s = ctx.serving
+        check_fits(self.spec.torch_device, s.pool_bytes, s.model.weight_bytes, self.spec.scale)
+        return TorchArena(s.pool_bytes, self.spec.torch_device)
+
+    def probe(self, allocator, ctx: ReplayContext) -> DecodeProbe:
+        return DecodeProbe(allocator.arena, ctx.serving.model, allocator.block_size_tokens, ctx.scheduler.max_num_seqs,
+                           ctx.serving.compute_dtype)
+
+    def section(self, probe: DecodeProbe, ctx: ReplayContext) -> dict:
+        s = ctx.serving
+        return probe.summary(s.device, s.model, s.full_model, self.spec.scale)
+
+    def release(self) -> None:
+        release_device_memory(self.spec.torch_device)
+
+
+def replay_on_device(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, on_device: OnDeviceSpec,
+                     progress=None) -> dict:
+    """`run_policies` on the device: the model scaled to `on_device.scale` of its layers with the
+    pool's size in tokens kept, each result with an "on_device" section."""
+    setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes, on_device.scale)
+    return run_policies(frame, policies, spec, progress=progress, device=OnDevice(on_device), setup=setup)

@@ -1,0 +1,44 @@
+"""Profiles as documents: a device's figures with the KV pool it leaves each model, a model's shape
+with its KV bytes per token at every precision (`profiles list` / `profiles show`)."""
+
+from __future__ import annotations
+
+from odmactl.hw.profiles import KV_DTYPE_BITS, DeviceProfile, ModelProfile
+
+
+def device_summary(device: DeviceProfile, models: list[ModelProfile]) -> dict:
+    """A device profile's figures and derived quantities (KV pool per model at its KV dtype)."""
+    bw = device.bandwidth
+    pools = []
+    for m in models:
+        pool = device.kv_pool_bytes(m)
+        pools.append({"model": m.name, "kv_dtype": m.kv_dtype, "weight_bytes": m.weight_bytes, "kv_pool_bytes": pool,
+                      "kv_pool_tokens": pool // m.kv_bytes_per_token})
+    return {
+        "name": device.name, "description": device.description, "file": str(device.path), "measured": device.measured,
+        "memory_type": device.memory_type, "capacity_bytes": device.capacity_bytes,
+        "peak_bandwidth_bytes_per_s": device.peak_bandwidth_bytes_per_s,
+        "sequential_efficiency": bw.sequential_efficiency,
+        "sequential_bandwidth_bytes_per_s": device.sequential_bandwidth_bytes_per_s,
+        "peak_fp16_flops": device.peak_fp16_flops, "peak_bf16_flops": device.peak_bf16_flops,
+        "ridge_flops_per_byte": device.peak_fp16_flops / device.peak_bandwidth_bytes_per_s,
+        "memory_fraction": device.memory_fraction, "activation_reserve_bytes": device.activation_reserve_bytes,
+        "usable_bytes": device.usable_bytes, "step_overhead_s": device.step_overhead_s,
+        "bandwidth_table": [{"chunk_bytes": c, "efficiency": e} for c, e in zip(bw.chunk_bytes, bw.efficiency)],
+        "kv_pool": pools, "sources": dict(device.sources),
+        "measurement": dict(device.measurement) if device.measurement else None,
+        "calibration": device.calibration,
+    }
+
+
+def model_summary(model: ModelProfile) -> dict:
+    return {
+        "name": model.name, "path": str(model.path), "model_type": model.model_type, "num_layers": model.num_layers,
+        "hidden_size": model.hidden_size, "num_attention_heads": model.num_attention_heads,
+        "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim, "intermediate_size": model.intermediate_size,
+        "vocab_size": model.vocab_size, "num_experts": model.num_experts,
+        "num_experts_per_token": model.num_experts_per_token, "total_params": model.total_params,
+        "active_params": model.active_params, "weight_dtype": model.weight_dtype, "weight_bytes": model.weight_bytes,
+        "max_position_embeddings": model.max_position_embeddings,
+        "kv_bytes_per_token": {d: model.with_kv_dtype(d).kv_bytes_per_token for d in KV_DTYPE_BITS},
+    }

@@ -1,0 +1,52 @@
+"""The predictor's settings and what a fit learns besides the weights (an artifact's [settings]
+and [state] tables), with the constants both the network and the artifact reader use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+FAMILIES = ("embedded", "encoder")
+MODES = ("odma", "s3")
+ProgressFn = Callable[[str, int, int], None]
+UPPER_QUANTILE = 0.99
+MAX_GAMMA = 1.0e6
+
+
+@dataclass(frozen=True)
+class PredictorSettings:
+    family: str = "embedded"
+    mode: str = "odma"
+    num_hash_buckets: int = 1 << 16
+    max_words: int = 256
+    text_dim: int = 32
+    id_dim: int = 8
+    hidden: int = 64
+    num_classes: int = 8
+    max_epochs: int = 30
+    patience_epochs: int = 3
+    batch_size: int = 512
+    learning_rate: float = 3e-3
+    weight_decay: float = 1e-5
+    validation: float = 0.1  # share of the training prompts held back for early stopping
+    max_model_len_tokens: int = 4096
+    s3_num_buckets: int = 10
+    encoder_max_length_tokens: int = 256
+
+
+@dataclass
+class FittedState:
+    """What a fit learned besides the weights: everything `predict` needs to rebuild the inputs."""
+
+    models: list[str]
+    tenants: list[str]
+    log_prompt_mean: float
+    log_prompt_std: float
+    target_mean: float  # of log(output_tokens) over the training rows
+    target_std: float
+    class_edges_tokens: list[int]  # odma mode: upper edges of the length classes but the last
+    headroom_scale: float = 1.0  # K: the 99th percentile of L_hi / L_hat over the training rows (odma mode)
+    coverage_gamma: float = 0.0  # gamma at which UPPER_QUANTILE of the held-back rows fit (odma mode)
+    encoder_dir: str | None = None
+    encoder_sha256: str | None = None
+    training: dict = field(default_factory=dict)

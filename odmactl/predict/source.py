@@ -1,0 +1,24 @@
+"""Where a replay's predicted lengths come from: `none`, `oracle` or an `odmactl fit` artifact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+PREDICTOR_CHOICES = ("none", "oracle")
+
+
+def predictions(frame: pl.DataFrame, predictor: str) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+    """(L_hat, u, label): `none` (no prediction), `oracle` (the realized lengths, u = 0) or the
+    artifact folder `predictor` (torch is imported only then)."""
+    if predictor == "none":
+        return None, None, "none"
+    if predictor == "oracle":
+        return frame["output_tokens"].to_numpy().astype(np.float64), np.zeros(frame.height), "oracle"
+    from odmactl.predict.artifact import read_artifact
+
+    model = read_artifact(Path(predictor))
+    l_hat, u = model.predict(frame)
+    return l_hat.astype(np.float64), u.astype(np.float64), str(predictor)

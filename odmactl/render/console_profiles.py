@@ -1,0 +1,119 @@
+"""Console output of profiles list / show and calibrate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from odmactl.core.units import format_bytes, format_rate
+from odmactl.hw.profiles import profiles_dir
+
+
+def _short_path(file: str) -> str:
+    try:
+        return str(Path(file).resolve().relative_to(profiles_dir().resolve()))
+    except ValueError:
+        return file
+
+
+def render_profiles_list(console: Console, devices: list[dict], models: list[dict]) -> None:
+    table = Table(title="devices", title_justify="left")
+    for col in ("name", "memory", "capacity", "peak bandwidth", "fp16", "measured", "file"):
+        table.add_column(col, overflow="fold")
+    for d in devices:
+        table.add_row(escape(d["name"]), d["memory_type"], format_bytes(d["capacity_bytes"], binary=False),
+                      format_rate(d["peak_bandwidth_bytes_per_s"], "B/s"), format_rate(d["peak_fp16_flops"], "FLOPS"),
+                      "yes" if d["measured"] else "no", escape(_short_path(d["file"])))
+    console.print(table)
+    table = Table(title="models", title_justify="left")
+    for col in ("name", "layers", "heads / kv", "head dim", "params (active)", "KV bytes/token fp16"):
+        table.add_column(col, justify="right")
+    for m in models:
+        params = f"{m['total_params'] / 1e9:.2f} B"
+        if m["active_params"] != m["total_params"]:
+            params += f" ({m['active_params'] / 1e9:.2f} B)"
+        table.add_row(escape(m["name"]), str(m["num_layers"]), f"{m['num_attention_heads']} / {m['num_kv_heads']}",
+                      str(m["head_dim"]), params, f"{m['kv_bytes_per_token']['fp16']:,}")
+    console.print(table)
+
+
+def render_device(console: Console, d: dict) -> None:
+    console.print(f"[bold]{escape(d['name'])}[/]: {escape(d['description'])} ({escape(d['file'])})")
+    table = Table(show_header=True, title_justify="left")
+    for col in ("figure", "value", "source"):
+        table.add_column(col, overflow="fold")
+    src = d["sources"]
+    rows = [("memory", d["memory_type"], src.get("memory.type")),
+            ("capacity", format_bytes(d["capacity_bytes"], binary=False), src.get("memory.capacity")),
+            ("peak bandwidth", format_rate(d["peak_bandwidth_bytes_per_s"], "B/s"), src.get("memory.peak_bandwidth")),
+            ("sequential", f"{d['sequential_efficiency']:.3f} of peak = "
+                           f"{format_rate(d['sequential_bandwidth_bytes_per_s'], 'B/s')}", src.get("bandwidth.sequential")),
+            ("fp16", format_rate(d["peak_fp16_flops"], "FLOPS"), src.get("compute.peak_fp16")),
+            ("bf16", format_rate(d["peak_bf16_flops"], "FLOPS") if d["peak_bf16_flops"] else "-", src.get("compute.peak_bf16")),
+            ("memory fraction", f"{d['memory_fraction']:g}", src.get("budget.memory_fraction")),
+            ("activation reserve", format_bytes(d["activation_reserve_bytes"]), src.get("budget.activation_reserve")),
+            ("usable memory", format_bytes(d["usable_bytes"], binary=False), "derived: capacity * memory fraction"),
+            ("ridge point", f"{d['ridge_flops_per_byte']:.0f} FLOP/byte", "derived: fp16 rate / peak bandwidth")]
+    for name, value, source in rows:
+        table.add_row(name, escape(value), escape(source or "-"))
+    console.print(table)
+    bw = Table(title="scattered reads: share of peak by contiguous run length", title_justify="left")
+    bw.add_column("run")
+    bw.add_column("efficiency", justify="right")
+    for row in d["bandwidth_table"]:
+        bw.add_row(format_bytes(row["chunk_bytes"]), f"{row['efficiency']:.4f}")
+    console.print(bw)
+    console.print(escape(f"source: {src.get('bandwidth.scattered', '-')}"), soft_wrap=True)
+    pools = Table(title="KV pool (capacity * fraction - weights - activation reserve)", title_justify="left")
+    for col in ("model", "kv dtype", "weights", "KV pool", "KV tokens"):
+        pools.add_column(col, justify="right")
+    for p in d["kv_pool"]:
+        pools.add_row(escape(p["model"]), p["kv_dtype"], format_bytes(p["weight_bytes"], binary=False),
+                      format_bytes(p["kv_pool_bytes"], binary=False), f"{p['kv_pool_tokens']:,}")
+    console.print(pools)
+
+
+def render_model(console: Console, m: dict) -> None:
+    console.print(f"[bold]{escape(m['name'])}[/] ({escape(m['model_type'])}, {escape(m['path'])})")
+    table = Table(show_header=False)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    experts = f"{m['num_experts_per_token']} of {m['num_experts']}" if m["num_experts"] > 1 else "dense"
+    for name, value in (("layers", m["num_layers"]), ("hidden size", m["hidden_size"]),
+                        ("attention heads / kv heads", f"{m['num_attention_heads']} / {m['num_kv_heads']}"),
+                        ("head dim", m["head_dim"]), ("experts", experts),
+                        ("parameters", f"{m['total_params']:,}"), ("active parameters", f"{m['active_params']:,}"),
+                        ("weights", f"{format_bytes(m['weight_bytes'], binary=False)} ({m['weight_dtype']})")):
+        table.add_row(name, value if isinstance(value, str) else f"{value:,}")
+    for dtype, nbytes in m["kv_bytes_per_token"].items():
+        table.add_row(f"KV bytes/token {dtype}", f"{nbytes:,}")
+    console.print(table)
+
+
+def render_calibration(console: Console, out_path: str, doc: dict, seconds: float) -> None:
+    cal = doc["calibration"]
+    console.print(escape(f"measured {doc['measurement']['device']} in {seconds:,.1f} s -> {out_path}"))
+    table = Table(show_header=False)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_row("sequential read", format_rate(cal["sequential_read_bytes_per_s"], "B/s"))
+    table.add_row("device copy (read + write)", format_rate(cal["copy_bytes_per_s"], "B/s"))
+    table.add_row("sequential read / copy", f"{cal['sequential_read_over_copy']:.3f}")
+    for key, label in (("matmul_fp16_flops", "fp16 matmul"), ("matmul_bf16_flops", "bf16 matmul")):
+        table.add_row(label, format_rate(cal[key], "FLOPS") if key in cal else "not supported")
+    a = cal["attention"]
+    table.add_row(f"decode attention, {a['batch']} x {a['context_tokens']} tokens: contiguous",
+                  f"{a['contiguous_s'] * 1e3:.3f} ms")
+    table.add_row(f"paged ({a['block_tokens']}-token blocks, gathered)", f"{a['paged_s'] * 1e3:.3f} ms")
+    table.add_row("paged / contiguous", f"{a['paged_over_contiguous']:.3f}")
+    console.print(table)
+    bw = Table(title="scattered reads by run length", title_justify="left")
+    for col in ("run", "gathered", "contiguous copy", "efficiency"):
+        bw.add_column(col, justify="right")
+    for row, entry in zip(cal["scattered"], doc["bandwidth"]["scattered"]):
+        bw.add_row(format_bytes(row["chunk_bytes"]), format_rate(row["gather_bytes_per_s"], "B/s"),
+                   format_rate(row["contiguous_bytes_per_s"], "B/s"), f"{entry['efficiency']:.4f}")
+    console.print(bw)

@@ -1,0 +1,111 @@
+"""Console output of replay, check and plan: the policies side by side, a metric per row."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from odmactl.render.metrics import PLAN_KEYS, REPLAY_KEYS, metric_rows
+
+
+def _policies_table(results: dict, keys: tuple[str, ...], title: str | None = None) -> Table:
+    """Policies side by side, a metric per row (render/metrics.py writes the values)."""
+    table = Table(show_header=True, header_style="bold", title=title)
+    table.add_column("metric")
+    for policy in results:
+        table.add_column(escape(policy), justify="right")
+    for row in metric_rows(results, keys):
+        table.add_row(*row)
+    return table
+
+
+def render_replay(console: Console, doc: dict) -> None:
+    t = doc["trace"]
+    console.print(f"[bold]{escape(t['path'])}[/]: {t['requests']:,} requests ({t['arrivals']}), "
+                  f"{escape(doc['model'])} on {escape(doc['device'])}; KV pool {doc['kv_pool_bytes'] / 2**30:.2f} GiB = "
+                  f"{doc['kv_pool_bytes'] // doc['kv_bytes_per_token']:,} tokens; max_model_len {doc['max_model_len']:,}; "
+                  f"predictor {escape(doc['predictor'])}; {doc['time_advance']}", highlight=False)
+    console.print(_policies_table(doc["results"], REPLAY_KEYS))
+    for policy, r in doc["results"].items():
+        m = r["metrics"]
+        extra = []
+        if m["truncated"]:
+            extra.append(f"{m['truncated']:,} outputs truncated at max_model_len")
+        for key, note in r["notes"].items():
+            extra.append(f"{key.replace('_', ' ')}: {note}")
+        if extra:
+            console.print(escape(f"{policy}: " + "; ".join(extra)), highlight=False)
+    measured = {p: r["on_device"] for p, r in doc["results"].items() if "on_device" in r}
+    if measured:
+        _render_on_device(console, measured)
+
+
+def _render_on_device(console: Console, measured: dict[str, dict]) -> None:
+    """Measured against modelled decode steps per policy, and the least-squares terms of each side."""
+    first = next(iter(measured.values()))
+    console.print(escape(f"on device: {first['device_name']} ({first['torch_device']}, torch {first['torch']}), "
+                         f"model {first['model']}" + (f", scaled to {first['layers']} of {first['layers_full']} layers"
+                                                      if first["layers"] != first["layers_full"] else "")
+                         + f"; modelled with profile {first['profile']}"), highlight=False)
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("decode step time")
+    for policy in measured:
+        table.add_column(escape(policy), justify="right")
+    rows = [("steps", "decode_steps", "{:,}"), ("measured total (s)", "measured_decode_s", "{:.4g}"),
+            ("modelled total (s)", "modelled_decode_s", "{:.4g}"), ("total error", "total_error", "{:+.1%}"),
+            ("per-step error p50", "step_error_p50", "{:+.1%}"),
+            ("per-step |error| p50", "step_abs_error_p50", "{:.1%}"),
+            ("per-step |error| p90", "step_abs_error_p90", "{:.1%}")]
+    for title, key, fmt in rows:
+        table.add_row(title, *(fmt.format(m[key]) for m in measured.values()))
+    # the least-squares terms of each side (ondevice.step_time_fit)
+    for title, fit_key, key, scale in (("fit: fixed ms, measured", "measured_fit", "fixed_s", 1e3),
+                                       ("fit: fixed ms, modelled", "modelled_fit", "fixed_s", 1e3),
+                                       ("fit: KV GB/s, measured", "measured_fit", "kv_bytes_per_s", 1e-9),
+                                       ("fit: KV GB/s, modelled", "modelled_fit", "kv_bytes_per_s", 1e-9)):
+        fits = [m.get(fit_key) for m in measured.values()]
+        table.add_row(title, *("-" if not f or f[key] is None else f"{f[key] * scale:.4g}" for f in fits))
+    console.print(table)
+
+
+def render_check(console: Console, doc: dict, policy: str, verdicts: list, passed: bool) -> None:
+    """The verdict per threshold, then the replayed policies' metrics."""
+    t = doc["trace"]
+    console.print(escape(f"{t['path']}: {t['requests']:,} requests, {doc['model']} on {doc['device']}, "
+                         f"policy {policy}, predictor {doc['predictor']}"), highlight=False)
+    table = Table(show_header=True, header_style="bold")
+    for title in ("check", "metric", "threshold", "value", "result"):
+        table.add_column(title, justify="left" if title in ("check", "metric") else "right")
+    for v in verdicts:
+        table.add_row(v.name, escape(v.metric), f"{v.comparison} {v.threshold_text}", v.value_text,
+                      "[green]pass[/]" if v.passed else "[bold red]FAIL[/]")
+    console.print(table)
+    console.print(_policies_table(doc["results"], REPLAY_KEYS))
+    console.print("[bold green]PASS[/]" if passed else
+                  f"[bold red]FAIL[/]: {sum(not v.passed for v in verdicts)} of {len(verdicts)} thresholds violated")
+
+
+def render_plan(console: Console, doc: dict, out_path: str) -> None:
+    """The recommendation, then every policy on the held-out part, side by side."""
+    t = doc["trace"]
+    console.print(escape(f"{t['path']}: {t['requests']:,} requests, {doc['model']} on {doc['device']}, predictor "
+                         f"{doc['predictor']}; searched on the first {t['search_requests']:,}, validated on the last "
+                         f"{t['holdout_requests']:,}"), highlight=False)
+    console.print(f"{doc['candidates']} candidates: {doc['pruned']} pruned by the cheap bounds, {doc['replayed']} "
+                  f"replayed; objective {doc['objective']}, overflow rate + 1 s.e. <= {doc['max_overflow_rate']:.2%}"
+                  + (f", TTFT p99 <= {doc['ttft_p99_s']:g} s" if doc["ttft_p99_s"] else ""), highlight=False)
+    a = doc["chosen"]["allocator"]
+    console.print(f"[bold]recommended[/]: {doc['chosen']['label']}; boundaries {escape(str(a['boundaries_tokens']))} "
+                  f"tokens, max_model_len {doc['max_model_len']:,}" + ("" if doc["constraints_met_on_search"] else
+                  " [bold red](no replayed candidate met every constraint on the search part: the closest is shown)[/]"),
+                  highlight=False)
+    console.print(_policies_table(doc["validation"], PLAN_KEYS, title="held-out later part"))
+    lines = [f"{name}: KV utilization {d['kv_utilization_points']:+.1f} points, TPS {d['tps_gain']:+.1%}"
+             for name, d in doc["against_baselines"].items()]
+    console.print(escape("recommended odma against " + "; ".join(lines)), highlight=False)
+    faster = [name for name, d in doc["against_baselines"].items() if d["tps_gain"] < 0]
+    if faster:
+        console.print(f"[yellow]note:[/] {escape(', '.join(faster))} served more tokens per second than the recommended "
+                      "odma on the held-out part", highlight=False)
+    console.print(escape(f"wrote {out_path}"), highlight=False)

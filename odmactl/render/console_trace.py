@@ -1,0 +1,128 @@
+"""Console output of ingest, stats and fit: rich tables for people."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def format_value(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def render_ingest(console: Console, summary: dict) -> None:
+    table = Table(title=escape(f"ingested -> {summary['out']}"), title_justify="left")
+    for col in ("source", "format", "rows", "excluded", "token counts"):
+        table.add_column(col, overflow="fold")
+    for s in summary["sources"]:
+        excluded = "; ".join(f"{v:,} {k}" for k, v in s["excluded"].items()) or "-"
+        table.add_row(escape(s["path"]), s["format"], format_value(s["rows"]), escape(excluded), escape(s["token_source"]))
+    console.print(table)
+    console.print(
+        f"{summary['requests']:,} requests over {summary['duration_s']:,.1f} s; "
+        f"prompt tokens {summary['total_prompt_tokens']:,}, output tokens {summary['total_output_tokens']:,}"
+    )
+    console.print(escape(f"arrivals: {summary['arrivals']}"))
+    if summary["moved_rows"]:
+        console.print(f"[yellow]{summary['moved_rows']:,} rows arrived out of order and were moved when sorting by arrival[/]")
+    for s in summary["sources"]:
+        for note in s["notes"]:
+            console.print(escape(f"note ({s['path']}): {note}"))
+
+
+def _length_table(stats: dict) -> Table:
+    table = Table(title="lengths (tokens)", title_justify="left")
+    table.add_column("")
+    for col in ("mean", "p50", "p90", "p99", "max"):
+        table.add_column(col, justify="right")
+    for key in ("prompt_tokens", "output_tokens"):
+        table.add_row(key, *(format_value(stats[key][c]) for c in ("mean", "p50", "p90", "p99", "max")))
+    return table
+
+
+def _breakdown_table(title: str, rows: list[dict], key: str, limit: int = 20) -> Table:
+    table = Table(title=f"{title} ({len(rows)} distinct; top {min(limit, len(rows))})", title_justify="left")
+    for col in (key, "requests", "share", "prompt mean", "output mean", "output p50", "output p99"):
+        table.add_column(col, justify="left" if col == key else "right")
+    for r in rows[:limit]:
+        table.add_row(escape(str(r[key])), format_value(r["requests"]), f"{r['share']:.1%}", format_value(r["prompt_mean"]),
+                      format_value(r["output_mean"]), format_value(r["output_p50"]), format_value(r["output_p99"]))
+    return table
+
+
+def _drift_table(stats: dict, limit: int = 48) -> Table:
+    rows = stats["drift"]
+    table = Table(title=f"drift per {stats['window_s']:g} s window ({len(rows)} windows"
+                        + (f", first {limit}" if len(rows) > limit else "") + ")", title_justify="left")
+    for col in ("start s", "requests", "req/s", "prompt p50", "prompt p99", "output mean", "output p50", "output p90", "output p99"):
+        table.add_column(col, justify="right")
+    for r in rows[:limit]:
+        table.add_row(format_value(r["start_s"]), format_value(r["requests"]), format_value(r["rate_per_s"]), format_value(r["prompt_p50"]),
+                      format_value(r["prompt_p99"]), format_value(r["output_mean"]), format_value(r["output_p50"]), format_value(r["output_p90"]),
+                      format_value(r["output_p99"]))
+    return table
+
+
+def render_stats(console: Console, path: str, stats: dict) -> None:
+    rate = stats["arrival_rate_per_s"]
+    console.print(f"[bold]{escape(path)}[/]: {stats['requests']:,} requests over {stats['duration_s']:,.1f} s"
+                  + (f" ({rate:,.2f} req/s)" if rate else " (all at t=0)"))
+    console.print(f"total prompt tokens {stats['total_prompt_tokens']:,}, output tokens {stats['total_output_tokens']:,}")
+    console.print(_length_table(stats))
+    if stats["by_model"]:
+        console.print(_breakdown_table("by model", stats["by_model"], "model"))
+    if stats["by_tenant"]:
+        console.print(_breakdown_table("by tenant", stats["by_tenant"], "tenant"))
+    if stats["drift"]:
+        console.print(_drift_table(stats))
+
+
+def render_fit(console: Console, out_dir: str, summary: dict, seconds: float) -> None:
+    ev = summary["evaluation"]
+    split = summary["split"]
+    console.print(escape(f"predictor ({summary['family']}, {summary['mode']} heads) -> {out_dir}: trained on "
+                         f"{split['train_rows']:,} rows in {seconds:,.1f} s ({summary['training']['epochs']} epochs); "
+                         f"held out {split['test_rows']:,} rows by {split['by']}"))
+    table = Table(title="held-out evaluation", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [("kendall_tau", ev["kendall_tau"]), ("mae_tokens", ev["mae_tokens"]),
+            ("bucket_accuracy (fitted buckets)", ev["bucket_accuracy"]),
+            (f"bucket_accuracy_s3 ({ev['s3_bucket_width_tokens']:g}-token buckets)", ev["bucket_accuracy_s3"]),
+            (f"under_rate (gamma {ev['gamma']:g}, tau {ev['tau']:g})", ev["under_rate"]),
+            ("reserved_over_actual", ev["reserved_over_actual"]), ("kv_utilization", ev["kv_utilization"]),
+            ("routed_large_rate", ev["routed_large_rate"])]
+    for name, value in rows:
+        table.add_row(name, f"{value:.4f}")
+    console.print(table)
+    console.print(escape(f"buckets (KV tokens): {summary['buckets']['boundaries_tokens']}"))
+    unc = summary["uncertainty"]
+    coverage = unc.get("coverage_gamma")
+    if coverage is not None:
+        console.print(escape(f"u = {unc['u']}; headroom_scale {unc['headroom_scale']:.3f}; coverage gamma {coverage:g} "
+                             f"(fits {unc['upper_quantile']:.0%} of the held-back training prompts; marked *)"))
+    curve = Table(title="trade-off over gamma (tau fixed)", title_justify="left")
+    for col in ("gamma", "under_rate", "reserved/actual", "kv_utilization", "routed large"):
+        curve.add_column(col, justify="right")
+    for c in ev["gamma_curve"]:
+        mark = " *" if c["gamma"] == coverage else ""
+        curve.add_row(f"{c['gamma']:g}{mark}", f"{c['under_rate']:.4f}", f"{c['reserved_over_actual']:.3f}",
+                      f"{c['kv_utilization']:.3f}", f"{c['routed_large_rate']:.3f}")
+    console.print(curve)
+    dec = Table(title="under_rate by u decile (uniform: 2 x L_hat for all; unhedged: the fitted bucket of "
+                      "prompt + L_hat)", title_justify="left")
+    for col in ("decile", "u range", "rows", "under_rate uniform", "under_rate unhedged", "under_rate"):
+        dec.add_column(col, justify="right")
+    for d in ev["u_deciles"]:
+        dec.add_row(str(d["decile"]), f"{d['u_min']:.3f}-{d['u_max']:.3f}", f"{d['rows']:,}",
+                    f"{d['under_rate_uniform']:.4f}", f"{d['under_rate_unhedged']:.4f}", f"{d['under_rate']:.4f}")
+    console.print(dec)

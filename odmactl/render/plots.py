@@ -1,0 +1,54 @@
+"""The replay's plot: pool occupancy, batch and queue over time per policy, ODMA's boundaries, and
+an on-device replay's measured against modelled decode steps."""
+
+from __future__ import annotations
+
+
+def write_replay_plot(doc: dict, path) -> None:
+    """Pool occupancy, batch size and queue length over time per policy, ODMA's boundaries, and for
+    an on-device replay the measured against the modelled decode step time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = doc["results"]
+    has_bounds = any(r["series"]["bucket_boundaries"] for r in results.values())
+    has_device = any("on_device" in r for r in results.values())
+    labels = ["pool occupancy (reserved / pool)", "batch size", "queue length"]
+    labels += ["bucket boundaries (KV tokens)"] if has_bounds else []
+    labels += ["decode step (s): measured, modelled dashed"] if has_device else []
+    fig = plt.figure(figsize=(10, 2.6 * len(labels)))
+    over_time = len(labels) - (1 if has_device else 0)  # the panels that share the time axis
+    axes = [fig.add_subplot(len(labels), 1, 1)]
+    for j in range(1, len(labels)):
+        axes.append(fig.add_subplot(len(labels), 1, j + 1, sharex=axes[0] if j < over_time else None))
+    for policy, r in results.items():
+        s = r["series"]
+        axes[0].step(s["time_s"], s["pool_occupancy"], where="post", label=policy)
+        axes[1].step(s["time_s"], s["batch_size"], where="post", label=policy)
+        axes[2].step(s["time_s"], s["queue_length"], where="post", label=policy)
+        if has_bounds and s["bucket_boundaries"]:
+            bounds = s["bucket_boundaries"]
+            times = [b["time_s"] for b in bounds] + [max(s["time_s"][-1], bounds[-1]["time_s"])]
+            rows = [b["boundaries_tokens"] for b in bounds] + [bounds[-1]["boundaries_tokens"]]  # held to the end
+            for j in range(max(len(row) for row in rows)):
+                values = [row[j] if j < len(row) else float("nan") for row in rows]
+                axes[3].step(times, values, where="post", label=f"{policy} b{j + 1}")
+        if "on_device" in r:
+            d = r["on_device"]["series"]
+            line, = axes[-1].plot(d["step"], d["measured_s"], linewidth=0.8, label=policy)
+            axes[-1].plot(d["step"], d["modelled_s"], linewidth=0.8, linestyle="--", color=line.get_color())
+    for j, (ax, label) in enumerate(zip(axes, labels)):
+        ax.set_ylabel(label, fontsize=8)
+        ax.legend(fontsize=7, loc="upper right")
+        ax.grid(alpha=0.3)
+        if j < over_time - 1:
+            ax.tick_params(labelbottom=False)
+    axes[over_time - 1].set_xlabel("time (s)")
+    if has_device:
+        axes[-1].set_xlabel("decode iteration")
+    fig.suptitle(f"{doc['model']} on {doc['device']}: {doc['trace']['path']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110)
+    plt.close(fig)

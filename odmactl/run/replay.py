@@ -1,0 +1,132 @@
+"""One path from a spec, a trace and a policy to a result: `replay_policy` runs one policy on a
+prepared part of a trace (`ReplayContext`), and `run_policies` prepares the context from a
+ReplaySpec and replays each policy into the JSON-ready document `replay` and `check` print. plan
+replays its candidates and baselines through `replay_policy` too, so every replay is built the
+same way: the [allocator] table, max_model_len, then what the policy fills in itself
+(`complete_config`), then the allocator, then the loop.
+
+An on-device replay (device/replay.py) passes `DeviceHooks`: the arena the allocator places blocks
+in, a probe that runs each decode iteration, and the section its measurements add."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import polars as pl
+
+from odmactl.allocator import ALLOCATORS, AllocatorConfig, make_allocator
+from odmactl.run.config import predictor_from_config, read_config, scheduler_settings
+from odmactl.run.serving import Serving, default_max_model_len, serving
+from odmactl.run.spec import ReplaySpec
+from odmactl.run.workload import build_workload
+from odmactl.sim.loop import Replay, SchedulerSettings
+from odmactl.sim.metrics import ReplayResult
+from odmactl.sim.workload import Workload
+
+
+@dataclass(frozen=True)
+class ReplayContext:
+    """One part of a trace ready to replay: what every policy replayed on it shares (picklable: plan
+    sends it to worker processes)."""
+
+    serving: Serving
+    workload: Workload
+    max_len: int
+    scheduler: SchedulerSettings
+
+
+class DeviceHooks(Protocol):
+    """What an on-device replay adds to `replay_policy` (device/replay.py implements it)."""
+
+    description: str  # how time advanced, for the document
+
+    def arena(self, ctx: ReplayContext): ...
+
+    def probe(self, allocator, ctx: ReplayContext): ...
+
+    def section(self, probe, ctx: ReplayContext) -> dict: ...
+
+    def release(self) -> None: ...
+
+
+def policy_config(policy: str, table: dict, ctx: ReplayContext) -> tuple[AllocatorConfig, dict]:
+    """The policy's config for this context and notes on what the policy filled in."""
+    config = AllocatorConfig.from_mapping({**table, "max_model_len_tokens": ctx.max_len})
+    s = ctx.serving
+    return ALLOCATORS[policy].complete_config(config, pool_bytes=s.pool_bytes, bytes_per_token=s.bytes_per_token,
+                                              realized_kv_tokens=ctx.workload.kv_tokens(ctx.max_len))
+
+
+def replay_policy(ctx: ReplayContext, policy: str, table: dict, progress=None,
+                  device: DeviceHooks | None = None) -> tuple[ReplayResult, AllocatorConfig, dict, dict | None]:
+    """Replay `policy` with the [allocator] settings `table` on the context: (the result, the config
+    it ran with, notes, the on-device section or None)."""
+    config, notes = policy_config(policy, table, ctx)
+    s = ctx.serving
+    arena = "virtual" if device is None else device.arena(ctx)
+    allocator = make_allocator(policy, s.pool_bytes, s.bytes_per_token, config, arena=arena)
+    probe = None if device is None else device.probe(allocator, ctx)
+    result = Replay(ctx.workload, allocator, s.cost, ctx.max_len, ctx.scheduler, progress=progress, probe=probe).run()
+    section = None
+    if device is not None:
+        section = device.section(probe, ctx)
+        del probe, allocator, arena  # free the arena before the next policy takes its own
+        device.release()
+    return result, config, notes, section
+
+
+def prepare(frame: pl.DataFrame, spec: ReplaySpec, tables: dict[str, dict], setup: Serving,
+            fast_forward: bool) -> tuple[ReplayContext, str]:
+    """The context `run_policies` replays on, and the predictor's label: the predictor named by the
+    spec, else by the config's [meta] (what plan chose with), else none; max_model_len from the
+    spec, the config, or the trace's longest request."""
+    predictor = spec.predictor
+    if predictor is None:
+        named = tables["meta"].get("predictor", "none")
+        predictor = predictor_from_config(named, spec.config) if spec.config is not None else named
+    workload, _, label = build_workload(frame, spec.load, predictor)
+    max_len = spec.max_model_len or tables["allocator"].get("max_model_len_tokens") or \
+        default_max_model_len(workload, setup.model, setup.pool_tokens)
+    overrides = {"fast_forward": fast_forward}
+    if spec.max_num_seqs is not None:
+        overrides["max_num_seqs"] = spec.max_num_seqs
+    scheduler = scheduler_settings(tables["scheduler"], spec.config, **overrides)
+    return ReplayContext(setup, workload, max_len, scheduler), label
+
+
+def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, progress=None,
+                 tables: dict[str, dict] | None = None, device: DeviceHooks | None = None,
+                 setup: Serving | None = None) -> dict:
+    """Replay the trace once per policy; returns the JSON-ready document (settings, one result each).
+    `tables` is `read_config(spec.config)` when the caller has read it already; `setup` the serving
+    when the caller has built it (an on-device replay scales the model)."""
+    if tables is None:
+        tables = read_config(spec.config)
+    if setup is None:
+        setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes)
+    ctx, label = prepare(frame, spec, tables, setup, spec.fast_forward and device is None)
+    results = {}
+    for policy in policies:
+        tick = (lambda label_, done, total, p=policy: progress(f"replay {p}", done, total)) if progress else None
+        result, config, notes, section = replay_policy(ctx, policy, tables["allocator"], tick, device)
+        results[policy] = {"metrics": result.metrics, "config": config.to_mapping(), "notes": notes,
+                           "allocator": result.allocator, "series": result.series}
+        if section is not None:
+            results[policy]["on_device"] = section
+    workload, scheduler = ctx.workload, ctx.scheduler
+    if device is not None:
+        advance = device.description
+    else:
+        advance = "closed-form fast-forward" if scheduler.fast_forward else "token-by-token stepping"
+    return {
+        "trace": {"requests": workload.size, "arrivals": "offline" if spec.load.offline else
+                  (f"rescaled to {spec.load.rate_per_s} req/s" if spec.load.rate_per_s else "trace timestamps"),
+                  "total_output_tokens": int(workload.output_tokens.sum())},
+        "device": setup.device.name, "model": setup.model.name, "kv_dtype": spec.kv_dtype,
+        "kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token, "max_model_len": ctx.max_len,
+        "predictor": label, "scheduler": {"max_num_seqs": scheduler.max_num_seqs,
+                                          "max_prefill_tokens": scheduler.max_prefill_tokens or ctx.max_len},
+        "time_advance": advance,
+        "results": results,
+    }

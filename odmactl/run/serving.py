@@ -1,0 +1,63 @@
+"""A model on a device as a replay sees it: the profiles, the cost model and the KV pool."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from odmactl.core.errors import ConfigError
+from odmactl.hw.cost import CostModel
+from odmactl.hw.profiles import DeviceProfile, ModelProfile, load_device, load_model
+from odmactl.sim.workload import Workload
+
+
+@dataclass(frozen=True)
+class Serving:
+    """`model` is `full_model`, or for an on-device replay `full_model` scaled to a share of its
+    layers with the pool rounded to whole tokens and its size in tokens kept. The cost model
+    computes at `compute_dtype`, the profile's faster 16-bit rate (equal on every shipped
+    accelerator)."""
+
+    device: DeviceProfile
+    full_model: ModelProfile
+    model: ModelProfile
+    cost: CostModel
+    pool_bytes: int
+    compute_dtype: str
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.model.kv_bytes_per_token
+
+    @property
+    def pool_tokens(self) -> int:
+        return self.pool_bytes // self.bytes_per_token
+
+
+def serving(device_ref: str, model_ref: str, kv_dtype: str = "fp16", kv_pool_bytes: int | None = None,
+            scale: float | None = None) -> Serving:
+    """Load the profiles and size the pool (`kv_pool_bytes`, else what the profile leaves); `scale`
+    (on-device replays only) scales the model as the Serving docstring says."""
+    device = load_device(device_ref)
+    full_model = load_model(model_ref, kv_dtype=kv_dtype)
+    pool_bytes = kv_pool_bytes if kv_pool_bytes is not None else device.kv_pool_bytes(full_model)
+    if pool_bytes < full_model.kv_bytes_per_token:
+        raise ConfigError(f"{full_model.name} leaves no KV pool on {device.name} "
+                          f"(weights {full_model.weight_bytes:,} bytes, usable {int(device.usable_bytes):,})")
+    model = full_model
+    if scale is not None:  # whole tokens, so every block starts on a token row of the arena
+        model = full_model.scaled(scale)
+        pool_bytes = pool_bytes // full_model.kv_bytes_per_token * model.kv_bytes_per_token
+    dtype = device.compute_dtype
+    return Serving(device, full_model, model, CostModel(device, model, compute_dtype=dtype), pool_bytes, dtype)
+
+
+def default_max_model_len(workload: Workload, model: ModelProfile, pool_tokens: int) -> int:
+    """The trace's longest request (prompt + output KV tokens) rounded up to 1,024, within the
+    model's positions and the pool."""
+    longest = int((workload.prompt_tokens.astype(np.int64) + workload.output_tokens.astype(np.int64)).max())
+    value = -(-longest // 1024) * 1024
+    if model.max_position_embeddings:
+        value = min(value, model.max_position_embeddings)
+    return max(1, min(value, pool_tokens))

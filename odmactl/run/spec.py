@@ -1,0 +1,66 @@
+"""What a command that replays fixes before any work: one serving spec (the deployment) that
+replay's, check's and plan's specs extend, and how the load is shaped. Every numeric setting is
+checked here, where it enters, with a message naming its flag."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from odmactl.core.errors import ConfigError
+
+
+def _positive_int(value: object, flag: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """`offline`: everything arrives at t=0; `rate_per_s`: timestamps rescaled to this mean rate
+    (Poisson arrivals, seeded, for a trace without timestamps); `limit`: the first N requests."""
+
+    rate_per_s: float | None = None
+    offline: bool = False
+    limit: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rate_per_s is not None and not (self.rate_per_s > 0 and math.isfinite(self.rate_per_s)):
+            raise ConfigError(f"--rate must be > 0 requests/s, got {self.rate_per_s}")
+        if self.offline and self.rate_per_s is not None:
+            raise ConfigError("--offline and --rate exclude each other")
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1):
+            raise ConfigError(f"--limit must be >= 1, got {self.limit}")
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    """The deployment a replay models: a model on a device profile at a KV precision, its KV pool
+    (None: what the profile leaves), max_model_len and the batch cap (None: derived or the
+    config's), and where predicted lengths come from (a fit artifact, `oracle` or `none`; None:
+    the config's [meta] predictor where the command reads a config)."""
+
+    device: str
+    model: str
+    kv_dtype: str = "fp16"
+    predictor: str | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    kv_pool_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive_int(self.max_model_len, "--max-model-len")
+        _positive_int(self.max_num_seqs, "--max-num-seqs")
+        _positive_int(self.kv_pool_bytes, "--kv-pool (in bytes)")
+
+
+@dataclass(frozen=True)
+class ReplaySpec(ServingSpec):
+    """`odmactl replay` and `check`: the serving spec, the config whose tables apply, the load, and
+    whether time advances in closed form (fast-forward) or token by token."""
+
+    config: Path | None = None
+    load: LoadOptions = LoadOptions()
+    fast_forward: bool = True
