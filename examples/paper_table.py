@@ -67,9 +67,9 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
 
     from odmactl.render.json import to_json
-    from odmactl.trace.schema import read_trace
     from odmactl.run.replay import run_policies
     from odmactl.run.spec import ReplaySpec
+    from odmactl.trace.schema import read_trace
 
     lines = [f"# {MODEL} on {DEVICE}: static, paged, s3 and odma", "",
              "Made by `python examples/paper_table.py` (see its docstring). Each row replays the same "

@@ -6,10 +6,10 @@ per region. Each policy sees at least 10,000 operations per arena."""
 from __future__ import annotations
 
 import pytest
+from allocator_driver import CONFIG, POOL_BYTES, Driver, expected_free_extents, torch_arena
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocator_driver import CONFIG, POOL_BYTES, Driver, expected_free_extents, torch_arena
 from odmactl.allocator import ALLOCATORS, make_allocator
 
 OPS_PER_EXAMPLE = 200

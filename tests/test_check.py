@@ -9,9 +9,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from odmactl.core.errors import ConfigError
 from odmactl.gate.thresholds import Thresholds, evaluate
 from odmactl.render.junit import junit_xml
-from odmactl.core.errors import ConfigError
 
 DEVICE, MODEL = "mlu370-x4", "DeepSeek-R1-Distill-Qwen-7B"
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
 from odmactl.hw.cost import CostModel, KvLayout, to_ps
-from odmactl.sim.prefill import PrefillClock, _round_half_even
 from odmactl.hw.profiles import load_device, load_model
+from odmactl.sim.prefill import PrefillClock, _round_half_even
 
 # DeepSeek-R1-Distill-Qwen-7B (28 layers, 4 KV heads x 128, bf16 weights) on MLU370-X4 (307.2 GB/s,
 # 96 TFLOPS, sequential 0.88), the ODMA papers' deployment. Figures as written in the profile files.

@@ -110,7 +110,9 @@ def test_plan_bounds_for_a_hedge_candidate_agree_with_its_replay(conv_sample_hea
     than the load, the replay's migrations are the bounds' overflows, and the utilizations agree."""
     import polars as pl
 
-    from odmactl.plan.search import Candidate, _fit_hedges, _with_hedge, estimate, replay_candidate
+    from odmactl.plan.bounds import estimate
+    from odmactl.plan.executors import replay_candidate
+    from odmactl.plan.grid import Candidate, fit_hedges, with_hedge
     from odmactl.run.replay import ReplayContext
     from odmactl.run.serving import serving
     from odmactl.run.spec import LoadOptions
@@ -124,11 +126,11 @@ def test_plan_bounds_for_a_hedge_candidate_agree_with_its_replay(conv_sample_hea
     setup = serving("a100-80gb-sxm", "DeepSeek-R1-Distill-Qwen-7B", "fp16", None)
     max_len, fit_rows = 8192, 800
     c = Candidate(64, "tail", 0.0, math.inf, 0.3, 2000, 200, 16, 0.01)
-    hedges = _fit_hedges(w.take(0, fit_rows), max_len, [c])
+    hedges = fit_hedges(w.take(0, fit_rows), max_len, [c])
     later = w.take(fit_rows, w.size)
     est = estimate([c], later, max_len, setup.pool_bytes // setup.bytes_per_token, hedges=hedges)[0]
     ctx = ReplayContext(setup, later, max_len, SchedulerSettings())
-    m = replay_candidate(ctx, _with_hedge(c, hedges))
+    m = replay_candidate(ctx, with_hedge(c, hedges))
     assert m["preemptions"] == 0 and m["rejections"] == 0
     assert est["overflow_rate"] > 0 and abs(est["overflow_rate"] - m["migration_rate"]) <= 2 / (w.size - fit_rows)
     assert abs(est["kv_utilization"] - m["kv_utilization"]) < 0.03

@@ -14,8 +14,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from odmactl.trace.tokenizer import default_tokenizer_dir
 from odmactl.trace.schema import SCHEMA, read_metadata, read_trace
+from odmactl.trace.tokenizer import default_tokenizer_dir
 
 
 def _csv_rows(path: Path) -> list[dict]:

@@ -16,10 +16,13 @@ import polars as pl
 import pytest
 
 from odmactl.allocator import AllocatorConfig
-from odmactl.plan.search import Candidate, PlanSpec, _fit_hedges, candidate_grid, choose, estimate, estimate_all
+from odmactl.core.errors import ConfigError
+from odmactl.plan.bounds import estimate, estimate_all
+from odmactl.plan.choose import choose
+from odmactl.plan.grid import Candidate, candidate_grid, fit_hedges
+from odmactl.plan.spec import PlanSpec
 from odmactl.run.spec import LoadOptions
 from odmactl.run.workload import build_workload
-from odmactl.core.errors import ConfigError
 
 DEVICE, MODEL = "mlu370-x4", "DeepSeek-R1-Distill-Qwen-7B"
 
@@ -65,7 +68,7 @@ def test_bounds_split_over_workers_equal_the_bounds_in_one_process(conv_sample_h
     w = dataclasses.replace(w, predicted_output_tokens=w.output_tokens * rng.lognormal(0, 0.5, w.size),
                             uncertainty=rng.uniform(0, 1, w.size))
     grid = candidate_grid(coverage_gamma=0.4, max_overflow_rate=0.005)
-    hedges = _fit_hedges(w.take(0, 800), 8192, grid)
+    hedges = fit_hedges(w.take(0, 800), 8192, grid)
     for part, kwargs in (([c for c in grid if not c.hedge_groups], {}),
                          ([c for c in grid if c.hedge_groups], {"hedges": hedges})):
         assert part

@@ -11,19 +11,18 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from conftest import SAMPLES
 from scipy.stats import kendalltau
 
 from odmactl.allocator import make_allocator
-from odmactl.predict.artifact import FORMAT_VERSION, MANIFEST, WEIGHTS, read_artifact, write_artifact
-from odmactl.rules.odma import reserved_kv_tokens
-from odmactl.rules.s3 import s3_capacities, s3_classes
 from odmactl.core.errors import PredictorError
+from odmactl.predict.artifact import FORMAT_VERSION, MANIFEST, WEIGHTS, read_artifact, write_artifact
 from odmactl.predict.evaluation import EvalSettings, evaluate_predictions
 from odmactl.predict.features import hash_ngrams
 from odmactl.predict.predictor import LengthPredictor, PredictorSettings
+from odmactl.rules.odma import reserved_kv_tokens
+from odmactl.rules.s3 import s3_capacities, s3_classes
 from odmactl.trace.splits import prompt_keys, split_trace
-
-from conftest import SAMPLES
 
 FAST = PredictorSettings(max_epochs=4, num_hash_buckets=1 << 12)
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from odmactl.core.errors import ProfileError
-from odmactl.hw.profiles import device_paths, load_device, load_model, model_dirs, read_device, read_model
 from odmactl.core.units import parse_quantity
+from odmactl.hw.profiles import device_paths, load_device, load_model, model_dirs, read_device, read_model
 
 # DESIGN.md "Device and model facts": layers, heads, kv heads, head dim, params (B), active (B), KV bytes/token fp16
 DESIGN_MODELS = {

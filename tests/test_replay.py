@@ -10,20 +10,19 @@ from array import array
 import numpy as np
 import polars as pl
 import pytest
+from conftest import SAMPLES
 
 from odmactl.allocator import ALLOCATORS, make_allocator
 from odmactl.cli import main
 from odmactl.hw.cost import CostModel, StepCoefficients
 from odmactl.hw.profiles import load_device, load_model
-from odmactl.sim.loop import Replay, SchedulerSettings
-from odmactl.sim.workload import PS, Workload
 from odmactl.render.json import to_json
-from odmactl.sim.segment import Segment
-from odmactl.trace.schema import read_trace
 from odmactl.run.replay import run_policies
 from odmactl.run.spec import LoadOptions, ReplaySpec
-
-from conftest import SAMPLES
+from odmactl.sim.loop import Replay, SchedulerSettings
+from odmactl.sim.segment import Segment
+from odmactl.sim.workload import PS, Workload
+from odmactl.trace.schema import read_trace
 
 DEVICE, MODEL = "mlu370-x4", "DeepSeek-R1-Distill-Qwen-7B"
 

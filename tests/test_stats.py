@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import SAMPLES
+
 from odmactl.trace.schema import read_trace
 
 

@@ -7,21 +7,17 @@ and the error); 130 interrupted. Nothing a user types gives a traceback unless O
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
-# every command module registers itself on `app`, in the order `odmactl --help` lists them
-import odmactl.cli.ingest  # noqa: F401, I001
-import odmactl.cli.stats  # noqa: F401
-import odmactl.cli.fit  # noqa: F401
-import odmactl.cli.replay  # noqa: F401
-import odmactl.cli.plan  # noqa: F401
-import odmactl.cli.check  # noqa: F401
-import odmactl.cli.profiles  # noqa: F401
-import odmactl.cli.calibrate  # noqa: F401
-import odmactl.cli.version  # noqa: F401
 from odmactl.cli.app import app, print_error
 from odmactl.core.errors import OdmaError
+
+# the command modules, each registering its command on `app`, in the order `odmactl --help` lists them
+COMMANDS = ("ingest", "stats", "fit", "replay", "plan", "check", "profiles", "calibrate", "version")
+for _name in COMMANDS:
+    importlib.import_module(f"odmactl.cli.{_name}")
 
 
 def _click_errors() -> tuple[type, type, type, type]:

@@ -35,8 +35,9 @@ def plan(
 ) -> None:
     """Search ODMA's buckets, gamma, tau, large pool and refit on the trace's earlier part; validate on its later part."""
     from odmactl.core.atomic import atomic_output
-    from odmactl.plan.search import PlanSpec, config_document, config_text, plan_command
+    from odmactl.plan.config import config_document, config_text, plan_command
     from odmactl.plan.search import plan as run_plan
+    from odmactl.plan.spec import PlanSpec
     from odmactl.render.console_replay import render_plan
     from odmactl.render.html import write_plan_report
     from odmactl.render.json import to_json

@@ -51,10 +51,10 @@ from itertools import chain
 
 import numpy as np
 
-from odmactl.device.calibrate import device_backend, device_name
 from odmactl.core.errors import ConfigError, ProfileError
-from odmactl.hw.profiles import DeviceProfile, ModelProfile, device_paths, read_device
 from odmactl.core.units import format_bytes
+from odmactl.device.calibrate import device_backend, device_name
+from odmactl.hw.profiles import DeviceProfile, ModelProfile, device_paths, read_device
 
 BAG_ROWS = 64
 TILE_BYTES = 32 << 10  # one program of the run reader: a paged block-layer of 16 tokens of a 7B GQA model

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from odmactl.rules.buckets import quantile_boundaries
 from odmactl.core.errors import TraceError
 from odmactl.predict.evaluation import EvalSettings
 from odmactl.predict.predictor import UPPER_QUANTILE, LengthPredictor, PredictorSettings, ProgressFn
+from odmactl.rules.buckets import quantile_boundaries
 from odmactl.trace.splits import split_trace
 
 

@@ -42,13 +42,21 @@ import polars as pl
 import torch
 from torch import nn
 
-from odmactl.rules.s3 import s3_capacities, s3_classes
 from odmactl.predict.evaluation import EvalSettings, evaluate_predictions
 from odmactl.predict.features import build_vocabulary, encode_ids, hash_ngrams, log_prompt_tokens
 from odmactl.predict.network import Features, LengthNet, build_net
-from odmactl.predict.settings import (FAMILIES, MAX_GAMMA, MODES, UPPER_QUANTILE, FittedState, PredictorSettings,
-                                      ProgressFn)
+from odmactl.predict.settings import (
+    FAMILIES,
+    MAX_GAMMA,
+    MODES,
+    UPPER_QUANTILE,
+    FittedState,
+    PredictorSettings,
+    ProgressFn,
+)
 from odmactl.predict.threads import single_thread
+from odmactl.rules.s3 import s3_capacities, s3_classes
+
 
 class LengthPredictor:
     """A fitted (or loaded) predictor; `predict` is deterministic and batched."""
@@ -225,8 +233,8 @@ def _class_edges(output: np.ndarray, num_classes: int) -> list[int]:
 def _open_encoder(settings: PredictorSettings, encoder_dir: Path | None):
     if settings.family != "encoder":
         return None
-    from odmactl.predict.encoder import TextEncoder
     from odmactl.core.errors import PredictorError
+    from odmactl.predict.encoder import TextEncoder
 
     if encoder_dir is None:
         raise PredictorError("the encoder family needs --encoder DIR (a local Hugging Face encoder directory)")

@@ -16,8 +16,8 @@ import polars as pl
 from odmactl.core.errors import TraceError
 from odmactl.trace.readers.common import json_records, read_bytes
 from odmactl.trace.readers.options import ReadOptions
-from odmactl.trace.tokenizer import TokenCounter, load_tokenizer
 from odmactl.trace.schema import SourceFrame
+from odmactl.trace.tokenizer import TokenCounter, load_tokenizer
 
 EMPTY = "empty responses (nothing generated)"
 

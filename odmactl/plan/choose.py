@@ -1,0 +1,37 @@
+"""Which replayed candidate plan recommends: the best by the objective among those that keep the
+constraints, the overflow rate held to its limit with a margin for sampling noise."""
+
+from __future__ import annotations
+
+import math
+
+from odmactl.plan.spec import PlanSpec
+
+OVERFLOW_MARGIN_SE = 1.0  # a replay's overflow count plus one standard error must keep the limit
+
+
+def overflow_bound(m: dict) -> float:
+    """A replay's overflow rate plus OVERFLOW_MARGIN_SE Poisson standard errors of its count: what
+    `choose` holds to the limit. The search replays see a few thousand requests, so a candidate
+    measured at 13 overflows where 15 are allowed is about as likely over the limit as under it on
+    the next requests, which are the ones it will serve."""
+    requests = max(m["requests"], 1)
+    count = m["overflow_rate"] * requests
+    return (count + OVERFLOW_MARGIN_SE * math.sqrt(count)) / requests
+
+
+def choose(replayed: list[tuple[dict, dict]], spec: PlanSpec) -> tuple[int, bool]:
+    """Index of the chosen (estimate, metrics) pair and whether it meets every constraint."""
+    def violation(m: dict) -> float:
+        # rejections the policy caused (a prompt past max_model_len is rejected whatever the policy)
+        over = max(0.0, overflow_bound(m) - spec.max_overflow_rate) + \
+            (m["rejections"] - m["rejected_prompt_too_long"]) / max(m["requests"], 1)
+        if spec.ttft_p99_s is not None:
+            over += max(0.0, m["ttft_p99"] / spec.ttft_p99_s - 1.0)
+        return over
+
+    key = "tps" if spec.objective == "tps" else "kv_utilization"
+    feasible = [i for i, (_, m) in enumerate(replayed) if violation(m) == 0.0]
+    if feasible:
+        return max(feasible, key=lambda i: (replayed[i][1][key], replayed[i][1]["kv_utilization"], -i)), True
+    return min(range(len(replayed)), key=lambda i: (violation(replayed[i][1]), -replayed[i][1][key], i)), False

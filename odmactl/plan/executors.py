@@ -1,0 +1,65 @@
+"""Where plan's replays and bounds run: in this process, in worker processes, or as Ray tasks. Jobs
+come back in their own order whichever finishes first, so results never depend on the executor or
+the number of workers."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+from odmactl.core.errors import ConfigError
+from odmactl.run.replay import ReplayContext, replay_policy
+
+
+def replay_candidate(ctx: ReplayContext, table: dict, policy: str = "odma", series: bool = False) -> dict:
+    """One replay of `policy` with the [allocator] settings `table` on the context's workload: its
+    metrics, or (series=True) metrics, time series and the config used."""
+    result, config, _, _ = replay_policy(ctx, policy, table)
+    if not series:
+        return result.metrics
+    return {"policy": policy, "max_model_len": ctx.max_len, "metrics": result.metrics, "series": result.series,
+            "config": config.to_mapping()}
+
+
+def run_jobs(jobs: list[tuple], workers: int, label: str, progress=None, fn=None) -> list:
+    """`fn(*job)` (default `replay_candidate`) for every job, in `workers` processes; results in the
+    jobs' order (whichever finishes first), so the outcome does not depend on the number of workers."""
+    fn = fn or replay_candidate
+    results: list = [None] * len(jobs)
+    if workers == 1 or len(jobs) == 1:
+        for i, job in enumerate(jobs):
+            results[i] = fn(*job)
+            if progress is not None:
+                progress(label, i + 1, len(jobs))
+        return results
+    method = "fork" if sys.platform == "linux" else "spawn"
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method)) as pool:
+        futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+        for done, future in enumerate(as_completed(futures), start=1):
+            results[futures[future]] = future.result()
+            if progress is not None:
+                progress(label, done, len(jobs))
+    return results
+
+
+def replay_on_ray(jobs: list[tuple[ReplayContext, dict]], progress=None) -> list[dict]:
+    """The same replays as Ray tasks (each context is put in the object store once)."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--executor ray needs Ray installed", hint="pip install 'odmactl[ray]'") from None
+    ray.init(ignore_reinit_error=True)
+    remote = ray.remote(replay_candidate)
+    shared: dict[int, object] = {}
+    refs = []
+    for ctx, table in jobs:
+        if id(ctx) not in shared:
+            shared[id(ctx)] = ray.put(ctx)
+        refs.append(remote.remote(shared[id(ctx)], table))
+    results = []
+    for i, ref in enumerate(refs):
+        results.append(ray.get(ref))
+        if progress is not None:
+            progress("plan: replay candidates", i + 1, len(jobs))
+    return results

@@ -1,0 +1,131 @@
+"""The search space of `odmactl plan` (its module docstring lists it): the candidates, and the
+hedge tables that candidates with a hedge reserve by."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from odmactl.predict.source import PREDICTOR_CHOICES
+from odmactl.rules.buckets import bucket_levels
+from odmactl.rules.hedge import HedgeTable, fit_hedge_tables
+from odmactl.sim.workload import Workload
+
+BUCKETS = (4, 6, 8, 12, 16, 32, 64, 128, 256)
+LEVELS = ("equal", "tail")
+GAMMAS = (0.0, 0.25, 0.5, 1.0, 2.0)
+COVERAGE_FRACTIONS = (0.5, 0.7, 0.85, 1.0, 1.2)  # of the predictor's coverage gamma
+TAUS = (0.5, 0.8, math.inf)
+HEDGE_GROUPS = (8, 16, 32)  # hedge tables (odmactl/hedge.py): groups of L_hat
+HEDGE_LIMIT_FRACTIONS = (0.3, 0.5, 0.7, 1.0)  # of the migration-rate limit, the share a table may outgrow where fitted
+HEDGE_FIT_SHARE = 2 / 3  # a table is fitted on this earlier share of the search part, measured on the rest
+LARGE_FRACTIONS = (0.05, 0.1, 0.2, 0.3)
+REFITS = ((10_000, 1_000), (2_000, 200))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search space; `allocator_table()` is its [allocator] settings."""
+
+    num_buckets: int
+    levels: str
+    gamma: float
+    tau: float
+    large_pool_fraction: float
+    refit_window: int
+    refit_every: int
+    hedge_groups: int = 0  # > 0: a hedge table over this many groups of L_hat replaces gamma
+    hedge_limit: float = 0.0  # the share of requests the table may outgrow where it is fitted
+
+    def quantile_levels(self) -> tuple[float, ...]:
+        equal = bucket_levels(self.num_buckets)
+        if self.levels == "equal":
+            return equal
+        return tuple(round(1.0 - (1.0 - level) ** 2, 6) for level in equal)
+
+    @property
+    def boundary_key(self) -> tuple[int, str, int, int]:
+        """What its boundaries over a workload depend on: candidates that share it share them."""
+        return (self.num_buckets, self.levels, self.refit_window, self.refit_every)
+
+    @property
+    def config_tau(self) -> float:
+        """tau as [allocator] and the plan JSON write it: never is 1e9 (TOML and JSON have no infinity)."""
+        return self.tau if math.isfinite(self.tau) else 1.0e9
+
+    def allocator_table(self) -> dict:
+        return {"num_buckets": self.num_buckets, "quantile_levels": list(self.quantile_levels()),
+                "gamma": self.gamma, "tau": self.config_tau,
+                "large_pool_fraction": self.large_pool_fraction, "refit_window": self.refit_window,
+                "refit_every": self.refit_every}
+
+    @property
+    def label(self) -> str:
+        tau = f"{self.tau:g}" if math.isfinite(self.tau) else "never"
+        large = f"{self.large_pool_fraction:.0%}"
+        hedge = f"hedge={self.hedge_groups}@{self.hedge_limit:.2%}" if self.hedge_groups else f"gamma={self.gamma:g}"
+        return (f"B={self.num_buckets} {self.levels} {hedge} tau={tau} "
+                f"large={large} refit={self.refit_window}/{self.refit_every}")
+
+
+def candidate_grid(coverage_gamma: float | None = None, max_overflow_rate: float | None = None) -> list[Candidate]:
+    """The gamma candidates, and with a fitted predictor (`coverage_gamma`) and a migration-rate
+    limit also the hedge-table candidates (tau never: the table hedges by L_hat instead of u)."""
+    gammas = list(GAMMAS)
+    if coverage_gamma is not None and coverage_gamma > 0:
+        gammas += [g for g in (round(f * coverage_gamma, 3) for f in COVERAGE_FRACTIONS) if g not in gammas]
+    grid = [Candidate(b, lv, g, t, f, w, e) for b in BUCKETS for lv in LEVELS for g in gammas for t in TAUS
+            for f in LARGE_FRACTIONS for w, e in REFITS]
+    if coverage_gamma is not None and max_overflow_rate:
+        grid += [Candidate(b, lv, 0.0, math.inf, f, w, e, k, round(share * max_overflow_rate, 6))
+                 for b in BUCKETS for lv in LEVELS for k in HEDGE_GROUPS for share in HEDGE_LIMIT_FRACTIONS
+                 for f in LARGE_FRACTIONS for w, e in REFITS]
+    return grid
+
+
+def coverage_gamma(predictor: str) -> float | None:
+    """The fitted predictor's conformal coverage gamma (None for "oracle", or an s3-mode predictor)."""
+    from pathlib import Path
+
+    from odmactl.predict.artifact import read_manifest
+
+    if predictor in PREDICTOR_CHOICES:
+        return None
+
+    manifest = read_manifest(Path(predictor))
+    if manifest["settings"].get("mode") != "odma":
+        return None
+    return float(manifest["state"]["coverage_gamma"])
+
+
+def workload_lengths(w: Workload, max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What the bounds and the hedge fits read of a workload: prompt tokens, realized KV tokens
+    (capped at max_len), the output tokens generated within max_len, and L_hat (at least 1)."""
+    assert w.predicted_output_tokens is not None, "plan needs predictions"
+    prompt = w.prompt_tokens.astype(np.int64)
+    kv = w.kv_tokens(max_len)
+    return prompt, kv, kv - np.minimum(prompt, kv), np.maximum(w.predicted_output_tokens, 1.0)
+
+
+def fit_hedges(w: Workload, max_len: int, candidates: list[Candidate]) -> dict[tuple[int, float], HedgeTable]:
+    """The hedge tables of the candidates' (groups, limit) pairs, fitted on workload `w`'s
+    predictions and realized lengths (one fit per group count serves all its limits)."""
+    prompt, _, output, l_hat = workload_lengths(w, max_len)
+    limits: dict[int, dict[float, None]] = {}
+    for c in candidates:
+        if c.hedge_groups:
+            limits.setdefault(c.hedge_groups, {})[c.hedge_limit] = None
+    return {(k, limit): table for k, wanted in limits.items()
+            for limit, table in fit_hedge_tables(l_hat, prompt, output, max_len=max_len, groups=k,
+                                                 limits=tuple(wanted)).items()}
+
+
+def with_hedge(c: Candidate, hedges: dict[tuple[int, float], HedgeTable]) -> dict:
+    """The candidate's [allocator] settings, with its hedge table when it has one."""
+    table = c.allocator_table()
+    if c.hedge_groups:
+        hedge = hedges[(c.hedge_groups, c.hedge_limit)]
+        table.update(hedge_edges=list(hedge.edges), hedge_output_tokens=list(hedge.output_tokens))
+    return table
