@@ -61,11 +61,8 @@ from odmactl.plan.executors import replay_on_ray, run_jobs
 from odmactl.plan.grid import HEDGE_FIT_SHARE, Candidate, candidate_grid, coverage_gamma, fit_hedges, with_hedge
 from odmactl.plan.spec import PlanSpec
 from odmactl.rules.buckets import quantile_boundaries
-from odmactl.run.replay import ReplayContext
-from odmactl.run.serving import default_max_model_len, serving
-from odmactl.run.spec import LoadOptions
-from odmactl.run.workload import build_workload
-from odmactl.sim.loop import SchedulerSettings
+from odmactl.run.replay import prepare
+from odmactl.run.serving import serving
 from odmactl.sim.workload import Workload
 
 STATIC_TIGHT_TOKENS = 8192
@@ -84,11 +81,10 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
                           "or --predictor oracle (the upper bound)")
     if frame.height < 200:
         raise ConfigError(f"plan needs at least 200 requests to search and validate on, the trace has {frame.height}")
-    workload, frame, label = build_workload(frame, LoadOptions(), spec.predictor)
-    max_len = spec.max_model_len or default_max_model_len(workload, setup.model, setup.pool_tokens)
+    ctx, label = prepare(frame, spec, setup)
+    workload, max_len = ctx.workload, ctx.max_len
     split = int(round(frame.height * (1.0 - spec.holdout)))
     search_w, hold_w = workload.take(0, split), workload.take(split, frame.height)
-    scheduler = SchedulerSettings(**({"max_num_seqs": spec.max_num_seqs} if spec.max_num_seqs else {}))
     pool_tokens = setup.pool_tokens
 
     grid = candidate_grid(coverage_gamma(spec.predictor), spec.max_overflow_rate)
@@ -105,10 +101,10 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     if not ranked:  # nothing keeps migrations near the limit by the bounds: replay the closest ones
         ranked = sorted(estimates, key=lambda e: (e["overflow_rate"], -e["kv_utilization"]))
     shortlist = distinct(ranked)[: spec.replays]
-    ctx = ReplayContext(setup, search_w, max_len, scheduler)
-    later_ctx = ReplayContext(setup, later_w, max_len, scheduler)
+    search_ctx = dataclasses.replace(ctx, workload=search_w)
+    later_ctx = dataclasses.replace(ctx, workload=later_w)
     search_jobs = [(later_ctx, with_hedge(e["candidate"], hedges)) if e["candidate"].hedge_groups
-                   else (ctx, e["candidate"].allocator_table()) for e in shortlist]
+                   else (search_ctx, e["candidate"].allocator_table()) for e in shortlist]
     if spec.executor == "ray":
         metrics = replay_on_ray(search_jobs, progress)
     else:
@@ -118,7 +114,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     chosen = shortlist[best]["candidate"]
 
     # validation on the later part: the recommendation and the baselines
-    hold_ctx = ReplayContext(setup, hold_w, max_len, scheduler)
+    hold_ctx = dataclasses.replace(ctx, workload=hold_w)
     final_table = {**with_hedge(chosen, fit_hedges(search_w, max_len, [chosen])),
                    "boundaries_tokens": _final_boundaries(search_w, chosen, max_len)}
     runs = [("odma", "odma", final_table, max_len), ("static", "static", {}, max_len)]
@@ -134,7 +130,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
                   "digest": trace_digest(frame)},
         "device": setup.device.name, "model": setup.model.name, "kv_dtype": spec.kv_dtype, "predictor": label,
         "kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token, "max_model_len": max_len,
-        "max_num_seqs": scheduler.max_num_seqs,
+        "max_num_seqs": ctx.scheduler.max_num_seqs,
         "objective": spec.objective, "max_overflow_rate": spec.max_overflow_rate, "ttft_p99_s": spec.ttft_p99_s,
         "candidates": len(grid), "pruned": pruned, "replayed": len(replayed),
         "constraints_met_on_search": feasible,

@@ -11,6 +11,7 @@ in, a probe that runs each decode iteration, and the section its measurements ad
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import polars as pl
@@ -18,7 +19,7 @@ import polars as pl
 from odmactl.allocator import ALLOCATORS, AllocatorConfig, make_allocator
 from odmactl.run.config import predictor_from_config, read_config, scheduler_settings
 from odmactl.run.serving import Serving, default_max_model_len, serving
-from odmactl.run.spec import ReplaySpec
+from odmactl.run.spec import LoadOptions, ReplaySpec, ServingSpec
 from odmactl.run.workload import build_workload
 from odmactl.sim.loop import Replay, SchedulerSettings
 from odmactl.sim.metrics import ReplayResult
@@ -76,22 +77,26 @@ def replay_policy(ctx: ReplayContext, policy: str, table: dict, progress=None,
     return result, config, notes, section
 
 
-def prepare(frame: pl.DataFrame, spec: ReplaySpec, tables: dict[str, dict], setup: Serving,
-            fast_forward: bool) -> tuple[ReplayContext, str]:
-    """The context `run_policies` replays on, and the predictor's label: the predictor named by the
-    spec, else by the config's [meta] (what plan chose with), else none; max_model_len from the
-    spec, the config, or the trace's longest request."""
+def prepare(frame: pl.DataFrame, spec: ServingSpec, setup: Serving, *, load: LoadOptions = LoadOptions(),
+            tables: dict[str, dict] | None = None, config: Path | None = None,
+            fast_forward: bool = True) -> tuple[ReplayContext, str]:
+    """The context a command replays on, and the predictor's label: the load shaped, the
+    predictor named by the spec, else by the config's [meta] (what plan chose with), else none;
+    max_model_len from the spec, the config (`tables`, read from `config`), or the trace's
+    longest request; the scheduler from the config's [scheduler] and the spec."""
+    if tables is None:
+        tables = read_config(config)
     predictor = spec.predictor
     if predictor is None:
         named = tables["meta"].get("predictor", "none")
-        predictor = predictor_from_config(named, spec.config) if spec.config is not None else named
-    workload, _, label = build_workload(frame, spec.load, predictor)
+        predictor = predictor_from_config(named, config) if config is not None else named
+    workload, _, label = build_workload(frame, load, predictor)
     max_len = spec.max_model_len or tables["allocator"].get("max_model_len_tokens") or \
         default_max_model_len(workload, setup.model, setup.pool_tokens)
     overrides = {"fast_forward": fast_forward}
     if spec.max_num_seqs is not None:
         overrides["max_num_seqs"] = spec.max_num_seqs
-    scheduler = scheduler_settings(tables["scheduler"], spec.config, **overrides)
+    scheduler = scheduler_settings(tables["scheduler"], config, **overrides)
     return ReplayContext(setup, workload, max_len, scheduler), label
 
 
@@ -105,7 +110,8 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
         tables = read_config(spec.config)
     if setup is None:
         setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes)
-    ctx, label = prepare(frame, spec, tables, setup, spec.fast_forward and device is None)
+    ctx, label = prepare(frame, spec, setup, load=spec.load, tables=tables, config=spec.config,
+                         fast_forward=spec.fast_forward and device is None)
     results = {}
     for policy in policies:
         tick = (lambda label_, done, total, p=policy: progress(f"replay {p}", done, total)) if progress else None
