@@ -1,20 +1,21 @@
 """Build hook for the optional compiled core (everything else is in pyproject.toml).
 
 Cython compiles two groups of modules from their own .py files, which stay the single source:
-- TYPED: the replay's event loop (odmactl/replay.py), its closed-form segment sums
-  (odmactl/segment.py), its event heap (odmactl/keyheap.py), its prefill clock
-  (odmactl/prefill.py), the coalesced free extents of a region (odmactl/extentlist.py) and the
-  int64 storage of those two (odmactl/int64buffer.py). Their `cython.*` annotations become C
-  integers and doubles (Python never evaluates them); their .pxd files make Segment, KeyHeap,
-  PrefillClock, ExtentList and Int64Buffer extension types, and replay.pxd (extents.pxd) cimports
-  them and the allocator base so the loop calls their methods as C functions.
-- UNTYPED: the allocator library. Its .pxd files make every class an extension type with the
-  same attributes, held as Python objects, and declare the operations (reserve, extend, release)
-  and their hot helpers cpdef: C calls from compiled callers, overridable as before. Annotations
-  are not read as C types (annotation_typing off), so every value behaves exactly as in Python:
-  a float prediction stays a float.
-The pure-Python modules give byte-identical results (tests/test_native.py), and odmactl/native.py
-falls back to them when a compiled module is older than its source.
+- TYPED: the replay's event loop (odmactl/sim/loop.py), its closed-form segment sums
+  (sim/segment.py), its event heap (sim/keyheap.py), its prefill clock (sim/prefill.py), the
+  coalesced free extents of a region (allocator/extentlist.py) and the int64 storage of those
+  two (allocator/int64buffer.py). Their `cython.*` annotations become C integers and doubles
+  (Python never evaluates them); their .pxd files make Replay, Segment, KeyHeap, PrefillClock,
+  ExtentList and Int64Buffer extension types with C fields, and sim/loop.pxd (allocator/extents.pxd)
+  cimports them and the allocator base so the loop calls their methods as C functions.
+- UNTYPED: the allocator library and ODMA's reservation rule (rules/odma.py). Their .pxd files
+  make every class an extension type with the same attributes, held as Python objects, and
+  declare the operations (reserve, extend, release), their hot helpers and the rule cpdef: C
+  calls from compiled callers, overridable as before. Annotations are not read as C types
+  (annotation_typing off), so every value behaves exactly as in Python: a float prediction
+  stays a float.
+The pure-Python modules give byte-identical results (tests/test_native.py), and
+odmactl/core/native.py falls back to them when a compiled module is older than its source.
 
 ODMACTL_PURE_PYTHON=1 at install time skips the compilation; a failed compile (no C compiler)
 installs the pure-Python package with a warning (the extensions are optional).

@@ -29,8 +29,7 @@ TRACES = {
     "alpaca_eval": (["alpaca_eval_model_outputs.jsonl.gz", "--offline"], 40_000, 8_192, "prompt"),
 }
 REPLAY_REQUESTS = 5_000
-COLUMNS = ["kv_utilization", "tps", "ttft_p99", "tpot_p99", "migration_rate", "peak_concurrency", "preemptions",
-           "truncated", "completed"]
+METRIC_KEYS = ("kv_utilization", "tps", "ttft_p99", "tpot_p99", "migration_rate", "peak_concurrency", "preemptions")
 
 
 def run(args: list[str]) -> None:
@@ -67,6 +66,8 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
 
     from odmactl.render.json import to_json
+    from odmactl.render.markdown import markdown_table
+    from odmactl.render.metrics import METRICS, format_metric
     from odmactl.run.replay import run_policies
     from odmactl.run.spec import ReplaySpec
     from odmactl.trace.schema import read_trace
@@ -87,13 +88,10 @@ def main() -> None:
                 r.pop("series")
                 rows[key] = r
         everything[name] = rows
-        lines += [f"## {name}", "", "| policy | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
-        for key, r in rows.items():
-            m = r["metrics"]
-            cells = [f"{m['kv_utilization']:.1%}", f"{m['tps']:.1f}", f"{m['ttft_p99']:.1f} s", f"{m['tpot_p99'] * 1e3:.1f} ms",
-                     f"{m['migration_rate']:.2%}", str(m["peak_concurrency"]), str(m["preemptions"]), str(m["truncated"]),
-                     str(m["completed"])]
-            lines.append(f"| {key} | " + " | ".join(cells) + " |")
+        table = [[key] + [format_metric(k, r["metrics"][k]) for k in METRIC_KEYS]
+                 + [f"{r['metrics'][k]:,}" for k in ("truncated", "completed")] for key, r in rows.items()]
+        lines += [f"## {name}", ""] + markdown_table(["policy", *(METRICS[k].header for k in METRIC_KEYS),
+                                                      "truncated", "completed"], table)
         lines.append("")
     args.out.write_text("\n".join(lines) + "\n")
     args.out.with_suffix(".json").write_text(to_json(everything) + "\n")

@@ -46,7 +46,7 @@ def ceiling(prompt: np.ndarray, output: np.ndarray, tenant: np.ndarray, max_len:
     an upper bound on any such rule's kv_utilization (Lagrangian duality: for every penalty lam >= 0,
     sum over tenants of min_r [reserved + lam * outgrown] - lam * allowed is at most the least total
     reservation within the limit). The sweep is the one `odmactl plan` fits its hedge tables with
-    (odmactl/hedge.py), here with each tenant as a group."""
+    (odmactl/rules/hedge.py), here with each tenant as a group."""
     from odmactl.rules.hedge import group_costs, lagrangian_pick
 
     kv_total = float(np.minimum(prompt + output, max_len).sum())
@@ -81,13 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=float, default=0.005, help="most requests that may outgrow their block")
     args = ap.parse_args(argv)
     from odmactl.predict.artifact import read_artifact
+    from odmactl.render.markdown import markdown_table
 
     frame = pl.read_parquet(args.trace).filter(pl.col("prompt_tokens") <= args.max_model_len)
     l_hat, _ = read_artifact(args.predictor).predict(frame)
     frame = frame.with_columns(pl.Series("l_hat", l_hat), (pl.col("arrival_s") // WINDOW_S).cast(pl.Int64).alias("window"))
     print(f"{args.trace.name}: max_model_len {args.max_model_len:,}, at most {args.limit:.1%} outgrown\n")
-    print("| window | requests | tenants | best found (bound), no overflow cost | best found (bound), overflow to max_model_len | s3 (overflow rate) |")
-    print("|---|---|---|---|---|---|")
+    rows = []
     for window in sorted(frame["window"].unique().to_list()):
         part = frame.filter(pl.col("window") == window)
         prompt = part["prompt_tokens"].to_numpy().astype(np.float64)
@@ -96,8 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         _, free, free_bound = ceiling(prompt, output, tenant, args.max_model_len, args.limit, overflow_to_max=False)
         over, paid, paid_bound = ceiling(prompt, output, tenant, args.max_model_len, args.limit, overflow_to_max=True)
         s3_over, s3_util = s3_estimate(prompt, output, part["l_hat"].to_numpy().astype(np.float64), args.max_model_len)
-        print(f"| {window} ({window * 6}-{window * 6 + 6} h) | {part.height:,} | {np.unique(tenant).size} | {free:.1%} (<= {free_bound:.1%}) "
-              f"| {paid:.1%} (<= {paid_bound:.1%}; {over:.2%} outgrown) | {s3_util:.1%} ({s3_over:.1%}) |")
+        rows.append([f"{window} ({window * 6}-{window * 6 + 6} h)", f"{part.height:,}", str(np.unique(tenant).size),
+                     f"{free:.1%} (<= {free_bound:.1%})", f"{paid:.1%} (<= {paid_bound:.1%}; {over:.2%} outgrown)",
+                     f"{s3_util:.1%} ({s3_over:.1%})"])
+    print("\n".join(markdown_table(["window", "requests", "tenants", "best found (bound), no overflow cost",
+                                    "best found (bound), overflow to max_model_len", "s3 (overflow rate)"], rows)))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Hedge tables (odmactl/hedge.py): the fit keeps within its limit and spends the overflow budget
+"""Hedge tables (odmactl/rules/hedge.py): the fit keeps within its limit and spends the overflow budget
 where it saves the most, the allocator applies the table, and plan's bounds for a hedge candidate
 agree with a replay of it."""
 

@@ -42,7 +42,7 @@ class AllocatorConfig:
     boundaries_tokens: tuple[int, ...] = ()
     gamma: float = 0.2
     tau: float = 0.8
-    # a hedge table (odmactl/hedge.py) in place of gamma: need = prompt + hedge_output_tokens[g],
+    # a hedge table (odmactl/rules/hedge.py) in place of gamma: need = prompt + hedge_output_tokens[g],
     # g the group of L_hat among hedge_edges; empty: the gamma rule
     hedge_edges: tuple[float, ...] = ()
     hedge_output_tokens: tuple[int, ...] = ()

@@ -77,7 +77,7 @@ class OdmaAllocator(ContiguousAllocator):
         self._large = self.regions[LARGE]
         self.gamma = config.gamma
         self.tau = config.tau
-        # the hedge table (odmactl/hedge.py), when the config has one: group edges over L_hat and
+        # the hedge table (odmactl/rules/hedge.py), when the config has one: group edges over L_hat and
         # each group's output reservation; None: the gamma rule
         self.hedge_edges = tuple(float(x) for x in config.hedge_edges)
         self.hedge_output_tokens = tuple(config.hedge_output_tokens) or None

@@ -88,7 +88,7 @@ def split_runs(starts: np.ndarray, lens: np.ndarray, tile: int) -> tuple[np.ndar
 
 
 def run_reader(kind: str):
-    """The Triton run reader (odmactl/runread.py) for a CUDA device, or None: another device, or
+    """The Triton run reader (odmactl/device/runread.py) for a CUDA device, or None: another device, or
     no Triton in this torch install."""
     if kind != "cuda":
         return None

@@ -14,7 +14,7 @@ table's rate at its longest run (the table stays flat beyond it) and `access_s` 
 at the reference run, one 16-token paged block of this model in one layer. So the model agrees with
 the table on both runs the paged-versus-contiguous comparison turns on, and a batch's KV time is
 linear in its tokens plus its run count, which lets the replay sum many iterations in closed form
-(replay.py). A contiguous request (static, S3, ODMA) is one run per layer of
+(sim/loop.py). A contiguous request (static, S3, ODMA) is one run per layer of
 `tokens * kv_bytes_per_token_layer` bytes; a paged request is one run per block per layer. Weights
 stream in one sequential pass, so they read at the sequential efficiency (DESIGN.md writes them at
 peak; that would read a contiguous KV run slower than the weights beside it). The causal attention
@@ -106,7 +106,7 @@ class PrefillCoefficients:
     max(flops / peak_flops, memory_bytes / seq_bw) + overhead_s, with
     flops = flops_per_token * sum(p_i) + flops_per_square * sum(p_i ** 2) (attention is quadratic in
     each prompt) and memory_bytes = weight_bytes + kv_bytes_per_token * sum(p_i) (weights read once
-    for the batch). `seconds` is the reference; the replay's compiled clock (odmactl/prefill.py)
+    for the batch). `seconds` is the reference; the replay's compiled clock (odmactl/sim/prefill.py)
     does the same float operations in the same order."""
 
     flops_per_token: float

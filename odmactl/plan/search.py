@@ -14,7 +14,7 @@ hedge-table candidates):
   large_pool_fraction    0.05, 0.1, 0.2, 0.3 of the KV pool (at least one max_model_len block: without
                          one, a request longer than the last boundary could never be served)
   refit window / every   10,000 / 1,000 (the papers) and 2,000 / 200 (faster drift)
-  hedge table            with a fitted predictor, in place of gamma and tau (odmactl/hedge.py): 8, 16
+  hedge table            with a fitted predictor, in place of gamma and tau (odmactl/rules/hedge.py): 8, 16
                          or 32 groups of L_hat, each with its own output reservation, fitted to let at
                          most 0.3, 0.5, 0.7 or 1 x the migration-rate limit outgrow. A table is fitted
                          on the first two thirds of the search part, and its bounds and replays are

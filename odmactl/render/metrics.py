@@ -9,73 +9,47 @@ that matter are fractions of a percent; a gain signed; latencies in s (TTFT) and
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Metric:
-    """`text(value)` writes a value without its unit; `header` is the title with the unit."""
+    """A value is written as `format(value * scale, spec)`, without its unit; `header` is the
+    title with the unit."""
 
     key: str
     title: str
     unit: str
-    text: Callable[[float], str]
+    spec: str
+    scale: float = 1
 
     @property
     def header(self) -> str:
         return f"{self.title} ({self.unit})" if self.unit else self.title
 
-    def with_unit(self, value: float) -> str:
-        """The value with its unit, for prose (a percentage carries its own sign)."""
-        return self.text(value) + (f" {self.unit}" if self.unit and self.unit != "%" else "")
+    def text(self, value: float) -> str:
+        return format(value * self.scale if self.scale != 1 else value, self.spec)
 
 
-def _share(v: float) -> str:
-    return f"{v:.1%}"
-
-
-def _rate(v: float) -> str:
-    return f"{v:.3%}"
-
-
-def _gain(v: float) -> str:
-    return f"{v:+.1%}"
-
-
-def _count(v: float) -> str:
-    return f"{v:,}"
-
-
-def _per_s(v: float) -> str:
-    return f"{v:,.1f}"
-
-
-def _seconds(v: float) -> str:
-    return f"{v:.3g}"
-
-
-def _ms(v: float) -> str:
-    return f"{v * 1e3:.1f}"
-
+SHARE, RATE, GAIN, COUNT = ".1%", ".3%", "+.1%", ","
 
 METRICS: dict[str, Metric] = {m.key: m for m in (
-    Metric("kv_utilization", "KV util", "%", _share),
-    Metric("pool_occupancy", "pool occ.", "%", _share),
-    Metric("tps", "TPS", "tok/s", _per_s),
-    Metric("ttft_p50", "TTFT p50", "s", _seconds),
-    Metric("ttft_p99", "TTFT p99", "s", _seconds),
-    Metric("tpot_p50", "TPOT p50", "ms", _ms),
-    Metric("tpot_p99", "TPOT p99", "ms", _ms),
-    Metric("migration_rate", "migr. rate", "%", _rate),
-    Metric("overflow_rate", "overflow rate", "%", _rate),
-    Metric("rejection_rate", "reject. rate", "%", _rate),
-    Metric("migrations", "migrations", "", _count),
-    Metric("preemptions", "preempt.", "", _count),
-    Metric("rejections", "rejected", "", _count),
-    Metric("peak_concurrency", "peak conc.", "", _count),
-    Metric("completed", "completed", "", _count),
-    Metric("tps_gain", "TPS gain", "%", _gain),
+    Metric("kv_utilization", "KV util", "%", SHARE),
+    Metric("pool_occupancy", "pool occ.", "%", SHARE),
+    Metric("tps", "TPS", "tok/s", ",.1f"),
+    Metric("ttft_p50", "TTFT p50", "s", ".3g"),
+    Metric("ttft_p99", "TTFT p99", "s", ".3g"),
+    Metric("tpot_p50", "TPOT p50", "ms", ".1f", 1e3),
+    Metric("tpot_p99", "TPOT p99", "ms", ".1f", 1e3),
+    Metric("migration_rate", "migr. rate", "%", RATE),
+    Metric("overflow_rate", "overflow rate", "%", RATE),
+    Metric("rejection_rate", "reject. rate", "%", RATE),
+    Metric("migrations", "migrations", "", COUNT),
+    Metric("preemptions", "preempt.", "", COUNT),
+    Metric("rejections", "rejected", "", COUNT),
+    Metric("peak_concurrency", "peak conc.", "", COUNT),
+    Metric("completed", "completed", "", COUNT),
+    Metric("tps_gain", "TPS gain", "%", GAIN),
 )}
 
 REPLAY_KEYS = ("kv_utilization", "pool_occupancy", "tps", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",

@@ -1,5 +1,5 @@
 # Cython declarations for keyheap.py (pure Python source; see setup.py): KeyHeap as an extension
-# type whose methods other compiled modules (replay.pxd cimports it) call as C functions.
+# type whose methods other compiled modules (sim/loop.pxd cimports it) call as C functions.
 from odmactl.allocator.int64buffer cimport Int64Buffer
 
 

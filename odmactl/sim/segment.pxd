@@ -1,7 +1,7 @@
 # Cython declarations for segment.py (pure Python source; see setup.py): Segment as an extension
 # type with C fields. Every time field is a step time or a coefficient, far below 2**63 ps; runs,
 # m0 and held are int64 buffers (array('q') in Python; `runs` is also the caller's to fill).
-# The cpdef methods are C calls from the replay (replay.pxd cimports Segment).
+# The cpdef methods are C calls from the replay (sim/loop.pxd cimports Segment).
 cdef class Segment:
     cdef public long long weights_ps, per_token_ps, per_run_ps, compute_per_seq_ps, overhead_ps
     cdef public long long period, compute_ps, dm, d_held

@@ -5,8 +5,6 @@ Quantiles use linear interpolation (numpy's default), so they match `numpy.quant
 
 from __future__ import annotations
 
-import math
-
 import polars as pl
 
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
@@ -78,14 +76,3 @@ def trace_stats(frame: pl.DataFrame, window_s: float) -> dict[str, object]:
         "window_s": window_s,
         "drift": _drift(frame, window_s) if duration_s > 0 else [],
     }
-
-
-def json_safe(value: object) -> object:
-    """Replace non-finite floats (not valid JSON) with None, recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [json_safe(v) for v in value]
-    return value

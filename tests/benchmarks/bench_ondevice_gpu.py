@@ -8,7 +8,7 @@ Run:  python tests/benchmarks/bench_ondevice_gpu.py [--json]
    GEMM_ALIGN), on zeros and on uniform random values; ms per product at batch 1 to 256.
 2. The KV reader: 16 GiB read as 256 runs of 64 MiB (contiguous blocks) and as 524,288 runs of
    32 KiB (paged block-layers) at random places in a 20 GiB buffer, by the Triton run reader
-   (odmactl/runread.py) and by embedding_bag over row views (the reader used without Triton);
+   (odmactl/device/runread.py) and by embedding_bag over row views (the reader used without Triton);
    TB/s of bytes read, against a plain sum over 16 GiB.
 
 Each timing is the mean of 5 (KV) or 10 (GEMM) calls after warm-up, by CUDA events. Needs a CUDA
