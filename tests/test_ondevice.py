@@ -145,14 +145,14 @@ def test_cli_on_device_scale_keeps_the_pool_tokens(cli, tiny_model, small_trace)
 
 
 def test_cli_on_device_errors(cli, tiny_model, small_trace, tmp_path):
-    base = ["replay", small_trace, "--model", tiny_model, "--out", tmp_path / "x.json"]
+    base = ["replay", small_trace, "--model", tiny_model, "--predictor", "oracle", "--out", tmp_path / "x.json"]
     for args, words in [
         (["--device", "mlu370-x4", "--on-device"], "--device expects one of"),
         (["--device", PROFILE, "--scale", "0.5"], "--on-device"),
         (["--device", PROFILE, "--profile", PROFILE], "--on-device"),
         (["--device", "cpu", "--on-device", "--profile", PROFILE, "--scale", "0"], "--scale"),
         (["--device", "cpu", "--on-device", "--profile", PROFILE, "--kv-pool", "12 GB/s"], "--kv-pool"),
-        (["--device", "cpu", "--on-device", "--profile", PROFILE, "--kv-pool", "100 TiB"], "--scale"),
+        (["--device", "cpu", "--on-device", "--profile", PROFILE, "--kv-pool", "100 TiB"], "does not fit"),
         (["--device", "cpu", "--on-device", "--profile", PROFILE, "--kv-dtype", "oaken", "--kv-pool", "8 MiB"], "4-byte"),
     ]:
         r = cli(*base, *args)

@@ -120,10 +120,13 @@ class Allocator(Protocol):
       how many times they changed, for a policy whose boundaries change at run time (empty and 0
       otherwise).
     And of the policy's class, before a replay builds it: `complete_config(config, pool_bytes=,
-    bytes_per_token=, realized_kv_tokens=)`, the settings the policy fills in itself.
+    bytes_per_token=, realized_kv_tokens=)`, the settings the policy fills in itself, and
+    `uses_predictions`, whether it sizes reservations from predicted lengths (a replay refuses to
+    run it without a predictor unless told `--predictor none`).
     """
 
     name: str
+    uses_predictions: bool
     pool_bytes: int
     bytes_per_token: int
     config: AllocatorConfig
@@ -165,6 +168,7 @@ class AllocatorBase:
     """
 
     name = "base"
+    uses_predictions = False  # True for a policy that sizes reservations from predicted lengths
 
     @classmethod
     def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,

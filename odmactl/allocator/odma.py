@@ -44,6 +44,7 @@ class OdmaAllocator(ContiguousAllocator):
     """
 
     name = "odma"
+    uses_predictions = True  # sizes reservations from predicted lengths: a replay without a predictor must say so
 
     @classmethod
     def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,

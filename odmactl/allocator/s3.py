@@ -18,6 +18,7 @@ class S3Allocator(ContiguousAllocator):
     the request to the smallest larger bucket that holds the new length (allocate, copy, release)."""
 
     name = "s3"
+    uses_predictions = True  # sizes reservations from predicted lengths: a replay without a predictor must say so
 
     def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
         super().__init__(pool_bytes, bytes_per_token, config, arena)

@@ -17,13 +17,14 @@ from typing import Protocol
 import polars as pl
 
 from odmactl.allocator import ALLOCATORS, AllocatorConfig, make_allocator
+from odmactl.core.errors import ConfigError
 from odmactl.run.config import predictor_from_config, read_config, scheduler_settings
 from odmactl.run.serving import Serving, default_max_model_len, serving
 from odmactl.run.spec import LoadOptions, ReplaySpec, ServingSpec
 from odmactl.run.workload import build_workload
 from odmactl.sim.loop import Replay, SchedulerSettings
 from odmactl.sim.metrics import ReplayResult
-from odmactl.sim.workload import Workload
+from odmactl.sim.workload import CLOCK_LIMIT_PS, PS, Workload
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,14 @@ def replay_policy(ctx: ReplayContext, policy: str, table: dict, progress=None,
     arena = "virtual" if device is None else device.arena(ctx)
     allocator = make_allocator(policy, s.pool_bytes, s.bytes_per_token, config, arena=arena)
     probe = None if device is None else device.probe(allocator, ctx)
-    result = Replay(ctx.workload, allocator, s.cost, ctx.max_len, ctx.scheduler, progress=progress, probe=probe).run()
+    try:
+        result = Replay(ctx.workload, allocator, s.cost, ctx.max_len, ctx.scheduler, progress=progress,
+                        probe=probe).run()
+    except OverflowError:  # the 64-bit clock (or a count) ran out: the backlog outlasted 106 days
+        raise ConfigError(f"{policy}: the replay's simulated clock passed its limit of {CLOCK_LIMIT_PS / PS / 86400:.0f} "
+                          f"days (2**63 ps): {s.model.name} on {s.device.name} serves these requests far slower than "
+                          "they arrive", hint="replay fewer requests (--limit), slow the arrivals (--rate), or choose "
+                          "a larger device") from None
     section = None
     if device is not None:
         section = device.section(probe, ctx)
@@ -78,18 +86,27 @@ def replay_policy(ctx: ReplayContext, policy: str, table: dict, progress=None,
 
 
 def prepare(frame: pl.DataFrame, spec: ServingSpec, setup: Serving, *, load: LoadOptions = LoadOptions(),
-            tables: dict[str, dict] | None = None, config: Path | None = None,
-            fast_forward: bool = True) -> tuple[ReplayContext, str]:
-    """The context a command replays on, and the predictor's label: the load shaped, the
-    predictor named by the spec, else by the config's [meta] (what plan chose with), else none;
-    max_model_len from the spec, the config (`tables`, read from `config`), or the trace's
-    longest request; the scheduler from the config's [scheduler] and the spec."""
+            tables: dict[str, dict] | None = None, config: Path | None = None, fast_forward: bool = True,
+            policies: tuple[str, ...] = ()) -> tuple[ReplayContext, str]:
+    """The context a command replays `policies` on, and the predictor's label: the load shaped, the
+    predictor named by the spec, else by the config's [meta] (what plan chose with); a policy that
+    sizes blocks from predictions (`uses_predictions`) is refused when neither names one, unless
+    the spec says `none`. max_model_len from the spec, the config (`tables`, read from `config`),
+    or the trace's longest request; the scheduler from the config's [scheduler] and the spec."""
     if tables is None:
         tables = read_config(config)
     predictor = spec.predictor
-    if predictor is None:
-        named = tables["meta"].get("predictor", "none")
+    if predictor is None and "predictor" in tables["meta"]:
+        named = tables["meta"]["predictor"]
         predictor = predictor_from_config(named, config) if config is not None else named
+    if predictor is None:
+        needing = [p for p in policies if ALLOCATORS[p].uses_predictions]
+        if needing:
+            which = f"policy {needing[0]} sizes" if len(needing) == 1 else f"policies {', '.join(needing)} size"
+            raise ConfigError(f"{which} each request's memory from a predicted length, and no predictor was given",
+                              hint="pass --predictor P/ (an `odmactl fit` artifact), --predictor oracle (the true "
+                                   "lengths), or --predictor none to replay without predictions")
+        predictor = "none"
     workload, _, label = build_workload(frame, load, predictor)
     max_len = spec.max_model_len or tables["allocator"].get("max_model_len_tokens") or \
         default_max_model_len(workload, setup.model, setup.pool_tokens)
@@ -111,7 +128,7 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
     if setup is None:
         setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes)
     ctx, label = prepare(frame, spec, setup, load=spec.load, tables=tables, config=spec.config,
-                         fast_forward=spec.fast_forward and device is None)
+                         fast_forward=spec.fast_forward and device is None, policies=tuple(policies))
     results = {}
     for policy in policies:
         tick = (lambda label_, done, total, p=policy: progress(f"replay {p}", done, total)) if progress else None

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from odmactl.core.errors import ConfigError
 from odmactl.predict.source import predictions
 from odmactl.run.spec import LoadOptions
-from odmactl.sim.workload import PS, Workload
+from odmactl.sim.workload import CLOCK_LIMIT_PS, PS, Workload
 
 
 def shape_arrivals(arrival_s: np.ndarray, load: LoadOptions) -> np.ndarray:
@@ -29,8 +30,12 @@ def shape_arrivals(arrival_s: np.ndarray, load: LoadOptions) -> np.ndarray:
 def build_workload(frame: pl.DataFrame, load: LoadOptions, predictor: str) -> tuple[Workload, pl.DataFrame, str]:
     """(the workload, the frame it was built from after --limit, the predictor's label)."""
     if load.limit is not None:
-        frame = frame.head(load.limit)
+        frame = frame.head(min(load.limit, frame.height))
     arrival_s = shape_arrivals(frame["arrival_s"].to_numpy().astype(np.float64), load)
+    if arrival_s.size and not arrival_s[-1] * PS < CLOCK_LIMIT_PS:
+        raise ConfigError(f"the arrivals span {arrival_s[-1]:.4g} s ({arrival_s[-1] / 86400:.4g} days); the replay's "
+                          f"clock holds {CLOCK_LIMIT_PS / PS / 86400:.0f} days of simulated time",
+                          hint="replay fewer requests (--limit) or faster arrivals (--rate)")
     l_hat, u, label = predictions(frame, predictor)
     workload = Workload(
         request_ids=frame["request_id"].to_list(),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 PS = 10**12  # picoseconds per second: the replay's clock is integer picoseconds
+CLOCK_LIMIT_PS = 2**63  # the compiled clock is a signed 64-bit integer: about 106.75 days
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,12 @@ class SourceFrame:
     params: dict[str, object] = field(default_factory=dict)
 
 
+def check_seed(seed: object) -> None:
+    """A seed for numpy's generators: a whole number >= 0 (what SeedSequence accepts)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise TraceError(f"--seed must be a whole number >= 0, got {seed!r}")
+
+
 @dataclass(frozen=True)
 class ArrivalOptions:
     """How requests without timestamps get arrivals: Poisson at `rate_per_s`, or all at 0."""
@@ -70,6 +76,19 @@ class ArrivalOptions:
     rate_per_s: float | None = None
     offline: bool = False
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed)
+        if self.rate_per_s is not None and not (self.rate_per_s > 0 and math.isfinite(self.rate_per_s)):
+            raise TraceError(f"--rate must be a positive number of requests per second, got {self.rate_per_s}")
+        if self.offline and self.rate_per_s is not None:
+            raise TraceError("--offline and --rate exclude each other")
+
+    def require_for(self, path: Path) -> None:
+        """Raise the error a source without timestamps gets when neither --rate nor --offline is given."""
+        if self.rate_per_s is None and not self.offline:
+            raise TraceError("has no timestamps", file=path,
+                             hint="pass --rate R for Poisson arrivals at R requests/s, or --offline for all at t=0")
 
 
 @dataclass
@@ -169,14 +188,8 @@ def _arrivals(sources: list[SourceFrame], opts: ArrivalOptions) -> tuple[list[pl
     absolute = [sf.frame["arrival"].min() for sf in sources if sf.clock == "absolute"]
     origin_abs = min(absolute) if absolute else 0.0
     untimed = [sf for sf in sources if sf.clock == "none"]
-    if untimed and opts.rate_per_s is None and not opts.offline:
-        raise TraceError(
-            "has no timestamps",
-            file=untimed[0].path,
-            hint="pass --rate R for Poisson arrivals at R requests/s, or --offline for all at t=0",
-        )
-    if opts.rate_per_s is not None and not (opts.rate_per_s > 0 and math.isfinite(opts.rate_per_s)):
-        raise TraceError(f"--rate must be a positive number of requests per second, got {opts.rate_per_s}")
+    if untimed:
+        opts.require_for(untimed[0].path)
     rng = np.random.default_rng(opts.seed)
     out: list[pl.Series] = []
     for sf in sources:

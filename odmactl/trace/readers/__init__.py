@@ -39,6 +39,7 @@ FORMATS: dict[str, Reader | None] = {
     "parquet": read_parquet_generic,
 }
 FORMAT_CHOICES = ["auto", *FORMATS]
+UNTIMED_FORMATS = ("vidur", "alpaca", "alpaca-eval", "arena-hard")  # no timestamps: --rate or --offline
 
 
 def _detect_json(path: Path, text: str) -> str:
@@ -90,11 +91,17 @@ def detect_format(path: Path, column_map: dict[str, str]) -> str:
                      hint="pass --format, and --map canonical=source for a generic csv file")
 
 
-def read_sources(paths: list[Path], fmt: str, opts: ReadOptions) -> tuple[list[SourceFrame], list[str]]:
-    """Read every source; returns the frames and, per source, the format used (detected or given)."""
+def read_sources(paths: list[Path], fmt: str, opts: ReadOptions,
+                 arrivals: ArrivalOptions = ArrivalOptions(offline=True)) -> tuple[list[SourceFrame], list[str]]:
+    """Read every source; returns the frames and, per source, the format used (detected or given).
+    A source format without timestamps needs `arrivals` to say how they are set: checked before
+    any source is read (a text dataset's tokenization takes a while)."""
     if fmt not in FORMAT_CHOICES:
         raise TraceError(f"unknown format '{fmt}' (one of {', '.join(FORMAT_CHOICES)})")
     formats = [detect_format(p, opts.column_map) if fmt == "auto" else fmt for p in paths]
+    for path, f in zip(paths, formats):
+        if f in UNTIMED_FORMATS:
+            arrivals.require_for(path)
     frames: list[SourceFrame] = []
     arena = [p for p, f in zip(paths, formats) if f == "arena-hard"]
     arena_frames = iter(read_arena_hard(arena, opts)) if arena else iter(())
@@ -109,5 +116,5 @@ def read_sources(paths: list[Path], fmt: str, opts: ReadOptions) -> tuple[list[S
 def ingest(paths: list[Path], fmt: str, opts: ReadOptions, arrivals: ArrivalOptions) -> tuple[BuiltTrace, list[str]]:
     if not paths:
         raise TraceError("no SOURCE given")
-    frames, formats = read_sources([Path(p) for p in paths], fmt, opts)
+    frames, formats = read_sources([Path(p) for p in paths], fmt, opts, arrivals)
     return build_trace(frames, arrivals), formats

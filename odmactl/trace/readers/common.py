@@ -18,6 +18,7 @@ import polars as pl
 from odmactl.core.errors import TraceError
 
 GZIP_MAGIC = b"\x1f\x8b"
+UTF8_BOM = b"\xef\xbb\xbf"  # some editors (and Excel) start UTF-8 text with it; it is not part of the data
 
 
 def require_file(path: Path) -> None:
@@ -43,6 +44,7 @@ def read_bytes(path: Path) -> bytes:
             data = gzip.decompress(data)
         except (EOFError, OSError, zlib.error) as exc:
             raise TraceError(f"truncated or corrupt gzip data ({exc})", file=path) from exc
+    data = data.removeprefix(UTF8_BOM)
     if not data.strip():
         raise TraceError("the file is empty", file=path)
     return data
@@ -57,7 +59,7 @@ def peek_text(path: Path, nbytes: int = 65536) -> str:
     require_file(path)
     try:
         with (gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")) as fh:
-            return fh.read(nbytes).decode("utf-8", errors="replace")
+            return fh.read(nbytes).decode("utf-8-sig", errors="replace")  # -sig: a leading BOM is dropped
     except (EOFError, OSError, zlib.error) as exc:
         raise TraceError(f"truncated or corrupt gzip data ({exc})", file=path) from exc
 

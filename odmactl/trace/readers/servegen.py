@@ -29,6 +29,7 @@ from odmactl.trace.schema import SourceFrame
 
 WINDOW_S = 600.0
 DEFAULT_DURATION_S = 3600.0
+MAX_GENERATED = 50_000_000  # requests one ServeGen ingest may generate (a replay of 13M takes minutes)
 TRACE_COLUMNS = ["window_start_s", "rate_per_s", "cv", "distribution", "shape", "scale"]
 CHUNK = re.compile(r"chunk-(\d+)-(trace\.csv|dataset\.json)(\.gz)?$")
 
@@ -114,6 +115,10 @@ def _arrivals(rng: np.random.Generator, rates: pl.DataFrame, start_s: float, end
         if hi <= lo or rate <= 0:
             continue
         expected = rate * rate_scale * (hi - lo)
+        if expected > MAX_GENERATED:
+            raise TraceError(f"a client's {rate:g} req/s x --rate-scale {rate_scale:g} over {hi - lo:g} s would generate "
+                             f"{expected:.3g} requests, more than odmactl generates ({MAX_GENERATED:,})",
+                             hint="lower --rate-scale or --duration")
         count = int(np.floor(expected)) + int(rng.random() < expected - np.floor(expected))
         if count == 0:
             continue
@@ -147,11 +152,9 @@ def read_servegen(path: Path, opts: ReadOptions) -> SourceFrame:
     if not any("trace" in c for c in clients.values()):
         raise TraceError("no chunk-N-trace.csv(.gz) files in this folder", file=path)
     duration = DEFAULT_DURATION_S if opts.duration_s is None else opts.duration_s
-    if not (duration > 0) or opts.start_s < 0 or not (opts.rate_scale > 0):
-        raise TraceError("--duration and --rate-scale must be positive and --start >= 0")
     start, end = opts.start_s, opts.start_s + duration
     seeds = np.random.SeedSequence(opts.seed).spawn(max(clients) + 1)
-    parts, skipped_requests, skipped_clients = [], 0, 0
+    parts, skipped_requests, skipped_clients, generated = [], 0, 0, 0
     for done, (number, files) in enumerate(clients.items(), start=1):
         if opts.progress:
             opts.progress(f"generating from {path.name}", done, len(clients))
@@ -161,6 +164,10 @@ def read_servegen(path: Path, opts: ReadOptions) -> SourceFrame:
         arrivals = _arrivals(rng, _read_rates(files["trace"]), start, end, opts.rate_scale)
         if arrivals.size == 0:
             continue
+        generated += arrivals.size
+        if generated > MAX_GENERATED:
+            raise TraceError(f"--rate-scale {opts.rate_scale:g} over --duration {duration:g} s generates more than "
+                             f"{MAX_GENERATED:,} requests", file=path, hint="lower --rate-scale or --duration")
         if "dataset" not in files:
             skipped_requests += arrivals.size
             skipped_clients += 1
