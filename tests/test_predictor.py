@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import zlib
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+import tomli_w
 from conftest import SAMPLES
 from scipy.stats import kendalltau
 
@@ -176,11 +178,26 @@ def _saved(multi_model, tmp_path) -> Path:
     return d
 
 
+def _resign(manifest: Path, text: str) -> None:
+    """Write `text` with a manifest_sha256 that matches it: a consistent manifest someone made by hand."""
+    import tomllib
+
+    from odmactl.predict.artifact import _manifest_digest
+
+    body = tomllib.loads(text)
+    body.pop("manifest_sha256", None)
+    manifest.write_text(tomli_w.dumps({"manifest_sha256": _manifest_digest(body), **body}))
+
+
 @pytest.mark.parametrize("damage, expected", [
     ("truncate_weights", "weights_sha256"),
     ("flip_weight_byte", "weights_sha256"),
     ("truncate_manifest", "not valid TOML"),
     ("bump_version", "format version 99"),
+    ("edit_value", "manifest_sha256"),
+    ("edit_value_nan", "manifest_sha256"),
+    ("other_release", "versions.odmactl"),
+    ("nan_resigned", "state.log_prompt_mean"),
     ("missing_key", "settings.hidden"),
     ("unknown_key", "settings.colour"),
     ("wrong_type", "settings.hidden"),
@@ -188,6 +205,8 @@ def _saved(multi_model, tmp_path) -> Path:
     ("no_manifest", "predictor.toml is missing"),
 ])
 def test_damaged_artifacts_are_clear_errors(multi_model, tmp_path, damage, expected):
+    """Any edit of predictor.toml fails its manifest_sha256; a manifest made consistent by hand
+    (re-signed) still has every key, type, version and number checked."""
     d = _saved(multi_model, tmp_path)
     w, m = d / WEIGHTS, d / MANIFEST
     text = m.read_text()
@@ -201,16 +220,26 @@ def test_damaged_artifacts_are_clear_errors(multi_model, tmp_path, damage, expec
         m.write_text(text[: len(text) // 2] + '\n[settings\n')
     elif damage == "bump_version":
         m.write_text(text.replace(f"format_version = {FORMAT_VERSION}", "format_version = 99"))
+    elif damage == "edit_value":
+        m.write_text(text.replace("learning_rate = 0.003", "learning_rate = 0.004"))
+    elif damage == "edit_value_nan":
+        m.write_text(re.sub(r"log_prompt_mean = [0-9.e+-]+", "log_prompt_mean = nan", text))
+    elif damage == "other_release":
+        _resign(m, re.sub(r'odmactl = "[^"]+"', 'odmactl = "0.0.9"', text))
+    elif damage == "nan_resigned":
+        _resign(m, re.sub(r"log_prompt_mean = [0-9.e+-]+", "log_prompt_mean = nan", text))
     elif damage == "missing_key":
-        m.write_text(text.replace("hidden = 64\n", ""))
+        _resign(m, text.replace("hidden = 64\n", ""))
     elif damage == "unknown_key":
-        m.write_text(text.replace("hidden = 64\n", "hidden = 64\ncolour = 1\n"))
+        _resign(m, text.replace("hidden = 64\n", "hidden = 64\ncolour = 1\n"))
     elif damage == "wrong_type":
-        m.write_text(text.replace("hidden = 64\n", 'hidden = "64"\n'))
+        _resign(m, text.replace("hidden = 64\n", 'hidden = "64"\n'))
     elif damage == "reshape":  # a consistent manifest that describes another network
-        m.write_text(text.replace("hidden = 64\n", "hidden = 32\n"))
+        _resign(m, text.replace("hidden = 64\n", "hidden = 32\n"))
     elif damage == "no_manifest":
         m.unlink()
+    if damage not in ("no_manifest", "truncate_weights", "flip_weight_byte"):
+        assert m.read_text() != text, "the damage must change the manifest"
     with pytest.raises(PredictorError) as info:
         read_artifact(d)
     assert expected in str(info.value)

@@ -31,7 +31,7 @@ def fit(
     import time
 
     from odmactl.core.atomic import atomic_output_dir, check_writable_dir
-    from odmactl.core.errors import OdmaError
+    from odmactl.core.errors import OutputError
     from odmactl.predict.artifact import write_artifact
     from odmactl.predict.fitting import FitRequest, run_fit
     from odmactl.predict.settings import PredictorSettings
@@ -39,13 +39,13 @@ def fit(
     from odmactl.render.json import to_json
     from odmactl.trace.schema import read_trace
 
+    if out_dir.resolve() == trace_path.resolve():
+        raise OutputError("is also an input of this command; writing it would destroy that input", file=out_dir)
     check_writable_dir(out_dir, force=force)
-    if max_model_len < 16 or epochs < 1:
-        raise OdmaError(f"--max-model-len must be >= 16 and --epochs >= 1, got {max_model_len} and {epochs}")
-    frame = read_trace(trace_path)
     settings = PredictorSettings(family="encoder" if encoder else "embedded", mode="s3" if s3 else "odma",
                                  max_model_len_tokens=max_model_len, max_epochs=epochs)
     request = FitRequest(num_buckets=buckets, holdout=holdout, split_by=split_by, seed=seed, gamma=gamma, tau=tau)
+    frame = read_trace(trace_path)
     started = time.perf_counter()
     with progress_for(json_out) as progress:
         outcome = run_fit(frame, trace_path.name, settings, request, encoder_dir=encoder, progress=progress)

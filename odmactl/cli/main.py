@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 from odmactl.cli.app import app, print_error
@@ -36,8 +37,28 @@ def _click_errors() -> tuple[type, type, type, type]:
     return click.ClickException, click.UsageError, click.exceptions.Exit, click.exceptions.Abort
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised wherever the process is, so that outputs are cleaned up as for Ctrl-C."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and is the single place errors become messages and exit codes."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread (an embedding program): leave SIGTERM alone
+        previous = None
+    try:
+        return _run(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(argv: list[str] | None) -> int:
     debug = os.environ.get("ODMACTL_DEBUG") == "1"
     click_exception, usage_error, exit_, abort = _click_errors()
     try:
@@ -55,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     except (abort, KeyboardInterrupt):
         print_error("interrupted; nothing was written", label="aborted")
         return 130
+    except Terminated:
+        print_error("terminated; nothing was written", label="aborted")
+        return 143
     except usage_error as exc:  # click's usage line, the hint to --help, and the error
         if debug:
             raise

@@ -1,11 +1,23 @@
-"""Atomic output files: write to a hidden temp file beside the target, rename on success.
+"""Atomic output files: write to a hidden temp file beside the target, put it in place in one step.
 
-A failed or interrupted run leaves no partial file and never replaces an existing good one.
+What a user gets (tests/test_outputs.py checks each):
+- A failed, interrupted or killed run leaves no partial output and never replaces a good one: the
+  output is written to `.<name>.<pid>.<random>.tmp` beside it and moved into place only when
+  complete. The temp file is removed when the run fails or is interrupted (Ctrl-C, SIGTERM: the
+  CLI turns both into exceptions); one left by a run killed outright (SIGKILL, a crash) is swept by
+  the next run that writes beside it, once its process no longer exists.
+- Without --force an existing output is never replaced, and the check is made at the moment the
+  output is put in place (a hard link, which fails when the name exists), so of two runs writing
+  the same new output one wins and the other fails with a message; with --force the last one wins.
+- A full disk or any other write error is a message naming the file, and leaves nothing behind.
+- Files are created with the permissions of the umask, like any other file the user makes.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -14,13 +26,26 @@ from pathlib import Path
 
 from odmactl.core.errors import OutputError
 
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.(?:tmp|old)$")
+
 
 def check_writable(path: Path, *, force: bool) -> None:
     """Fail before any expensive work if `path` cannot be (over)written."""
+    path = Path(path)
     if path.is_dir():
         raise OutputError("is a directory, expected a file path", file=path)
     if path.exists() and not force:
         raise OutputError("already exists", file=path, hint="pass --force to replace it")
+    _check_parent(path)
+
+
+def check_writable_dir(path: Path, *, force: bool) -> None:
+    """Fail before any expensive work if directory `path` cannot be written (or replaced)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputError("exists and is not a directory", file=path)
+    if path.is_dir() and any(path.iterdir()) and not force:
+        raise OutputError("already exists and is not empty", file=path, hint="pass --force to replace it")
     _check_parent(path)
 
 
@@ -32,49 +57,120 @@ def _check_parent(path: Path) -> None:
         raise OutputError("the output directory is not writable", file=path)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep_stale(path: Path) -> list[Path]:
+    """Remove the temp files and directories of earlier runs writing `path` whose process is gone;
+    returns what was removed."""
+    removed = []
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        siblings = list(parent.iterdir())
+    except OSError:
+        return removed
+    for sibling in siblings:
+        match = _TEMP.match(sibling.name)
+        if match is None or match["name"] != path.name or int(match["pid"]) == os.getpid() or _alive(int(match["pid"])):
+            continue
+        if sibling.is_dir() and not sibling.is_symlink():
+            shutil.rmtree(sibling, ignore_errors=True)
+        else:
+            sibling.unlink(missing_ok=True)
+        removed.append(sibling)
+    return removed
+
+
+def _temp_name(path: Path, suffix: str) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.{suffix}")
+
+
+def _write_error(path: Path, exc: OSError) -> OutputError:
+    if exc.errno == errno.ENOSPC:
+        return OutputError("could not be written: no space left on the device; nothing was written", file=path)
+    return OutputError(f"could not be written: {exc.strerror or exc}; nothing was written", file=path)
+
+
+def _put_in_place(tmp: Path, path: Path, force: bool) -> None:
+    """Move the complete temp file to `path`: replacing it with `force`, else only if it does not
+    exist at that moment."""
+    if force:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)  # fails if `path` exists, whoever made it and whenever
+    except FileExistsError:
+        raise OutputError("already exists (another run wrote it while this one worked)", file=path,
+                          hint="pass --force to replace it") from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        if path.exists():  # a file system without hard links: the check and the rename are two steps
+            raise OutputError("already exists", file=path, hint="pass --force to replace it") from None
+        os.replace(tmp, path)
+        return
+    tmp.unlink()
+
+
 @contextmanager
 def atomic_output(path: Path, *, force: bool) -> Iterator[Path]:
-    """Yield a temp path to write; on clean exit it replaces `path` in one rename."""
+    """Yield a temp path to write; on clean exit it takes `path`'s place (see the module docstring)."""
     path = Path(path)
     check_writable(path, force=force)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    sweep_stale(path)
+    tmp = _temp_name(path, "tmp")
     try:
         yield tmp
         if not tmp.exists():
             raise AssertionError(f"nothing was written to {tmp}")
-        os.replace(tmp, path)
+        _put_in_place(tmp, path, force)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _write_error(path, exc) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
-def check_writable_dir(path: Path, *, force: bool) -> None:
-    """Fail before any expensive work if directory `path` cannot be written (or replaced)."""
-    if path.exists() and not path.is_dir():
-        raise OutputError("exists and is not a directory", file=path)
-    if path.is_dir() and any(path.iterdir()) and not force:
-        raise OutputError("already exists and is not empty", file=path, hint="pass --force to replace it")
-    _check_parent(path)
-
-
 @contextmanager
 def atomic_output_dir(path: Path, *, force: bool) -> Iterator[Path]:
-    """Yield a temp directory to fill; on clean exit it takes `path`'s place (an existing directory
-    is moved aside first and removed only once the new one is in place)."""
+    """Yield a temp directory to fill; on clean exit it takes `path`'s place. Without `force` the
+    rename fails if a non-empty directory took the name meanwhile; with it an existing directory is
+    moved aside first and removed only once the new one is in place."""
     path = Path(path)
     check_writable_dir(path, force=force)
-    tag = f"{os.getpid()}.{secrets.token_hex(4)}"
-    tmp = path.with_name(f".{path.name}.{tag}.tmp")
+    sweep_stale(path)
+    tmp = _temp_name(path, "tmp")
     tmp.mkdir()
+    old = None
     try:
         yield tmp
-        if path.exists():
-            old = path.with_name(f".{path.name}.{tag}.old")
+        if force and path.exists():
+            old = _temp_name(path, "old")
             os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        try:
+            os.rename(tmp, path)  # onto an empty directory or none; a non-empty one refuses
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise OutputError("already exists (another run wrote it while this one worked)", file=path,
+                                  hint="pass --force to replace it") from None
+            raise
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            os.replace(old, path)
+        raise _write_error(path, exc) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not path.exists():
+            os.replace(old, path)
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -47,7 +47,9 @@ def parse_quantity(text: object, kind: str) -> float:
 
 
 def format_bytes(num_bytes: float, binary: bool = True) -> str:
-    """A readable size with a unit parse_quantity reads back ("2 GiB", "64 B")."""
+    """A readable size with a unit parse_quantity reads back ("2 GiB", "64 B"). Memory a pool or a
+    model takes is shown in binary units everywhere (a KV pool reads the same in `profiles show`
+    and in `replay`); `binary=False` is for datasheet capacities, which are decimal."""
     steps = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if binary else \
         (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3))
     for unit, size in steps:

@@ -196,9 +196,21 @@ def _bandwidths(torch, timer: _Timer, dev, settings: CalibrationSettings, gen, t
     return results
 
 
+MATMUL_TARGET_S = 0.2  # one timed matmul at most this long: a slow kernel (fp16 on many CPUs) gets a smaller n
+MATMUL_PROBE_N = 256
+
+
 def _matmul_rate(torch, timer: _Timer, dev, dtype, n: int) -> float | None:
-    """FLOP/s of an n x n x n matmul, or None where this device has no kernel for the dtype."""
+    """FLOP/s of an n x n x n matmul, or None where this device has no kernel for the dtype. n is
+    at most `n` and sized from one untimed probe so that a matmul takes about MATMUL_TARGET_S: on a
+    2-vCPU AMD EPYC the fp16 CPU kernel ran at 0.27 GFLOPS, where 6 runs at n = 2,048 took minutes."""
     try:
+        probe = torch.randn(MATMUL_PROBE_N, MATMUL_PROBE_N, device=dev).to(dtype)
+        started = time.perf_counter()
+        torch.matmul(probe, probe)
+        timer.sync()
+        rate = 2.0 * MATMUL_PROBE_N**3 / max(time.perf_counter() - started, 1e-9)
+        n = max(MATMUL_PROBE_N, min(n, int((rate * MATMUL_TARGET_S / 2.0) ** (1 / 3)) // 128 * 128))
         a = torch.randn(n, n, device=dev).to(dtype)
         b = torch.randn(n, n, device=dev).to(dtype)
         t = timer.median_s(lambda: torch.matmul(a, b))

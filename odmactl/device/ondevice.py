@@ -128,14 +128,21 @@ def release_device_memory(torch_device: str) -> None:
         device_backend(torch_device.split(":")[0]).empty_cache()
 
 
+HOST_SHARE = 0.5  # of the host's available memory an on-device replay on the CPU may take (the rest is the system's)
+DEVICE_SHARE = 0.9  # of an accelerator's free memory
+
+
 def check_fits(torch_device: str, pool_bytes: int, weight_bytes: int, scale: float) -> None:
+    """Raise ConfigError, suggesting a --scale that fits, when the arena and the weights' GEMM need
+    more than their share of the memory free now."""
     need = pool_bytes + weight_bytes
+    share = HOST_SHARE if torch_device == "cpu" else DEVICE_SHARE
     free = free_device_bytes(torch_device)
-    if need > 0.9 * free:
-        suggest = max(0.9 * free / need * scale, 1e-3)
+    if need > share * free:
+        suggest = max(share * free / need * scale, 1e-3)
         raise ConfigError(
             f"an on-device replay needs {format_bytes(need)} on {torch_device} (KV pool {format_bytes(pool_bytes)} + "
-            f"weights {format_bytes(weight_bytes)}) and {format_bytes(free)} is free",
+            f"weights {format_bytes(weight_bytes)}) and {format_bytes(free)} is free, of which it may take {share:.0%}",
             hint=f"scale the model down, e.g. --scale {suggest:.3g}, or shrink the pool with --kv-pool")
 
 

@@ -83,6 +83,12 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
         raise ConfigError(f"plan needs at least 200 requests to search and validate on, the trace has {frame.height}")
     ctx, label = prepare(frame, spec, setup)
     workload, max_len = ctx.workload, ctx.max_len
+    too_long = int((workload.prompt_tokens >= max_len).sum())
+    if too_long > workload.size // 2:
+        raise ConfigError(f"{too_long:,} of the {workload.size:,} requests have prompts of max_model_len ({max_len:,} "
+                          f"tokens) or more and can never be served (KV pool {setup.pool_tokens:,} tokens on "
+                          f"{setup.device.name}): nothing worth planning is left", hint="a larger --kv-pool or device, "
+                          "or a larger --max-model-len")
     split = int(round(frame.height * (1.0 - spec.holdout)))
     search_w, hold_w = workload.take(0, split), workload.take(split, frame.height)
     pool_tokens = setup.pool_tokens

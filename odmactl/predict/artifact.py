@@ -3,13 +3,21 @@
 predictor.toml names the format and its version, the odmactl / torch / transformers versions that
 wrote it, the settings and fitted state (vocabularies, normalisation, class edges, encoder), the
 training data's digest, the weights file's SHA-256, and whatever the caller adds (buckets, the
-held-out evaluation). Reading checks all of it before building anything, so a truncated, corrupted,
-edited or version-mismatched artifact is a PredictorError naming the file and what is wrong.
+held-out evaluation); its first key, `manifest_sha256`, is the SHA-256 of the rest of it as
+written. Reading checks all of it before building anything, so a truncated, corrupted, edited or
+version-mismatched artifact is a PredictorError naming the file and what is wrong:
+- the manifest's content must match `manifest_sha256` (an edited value would change predictions);
+- the format version must be this odmactl's, and the odmactl version that wrote it must share this
+  one's major and minor version (a patch release reads it; another minor release refits);
+- every number must be finite, and the weights must match `weights_sha256`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import math
+import os
 from pathlib import Path
 
 import tomli_w
@@ -20,10 +28,10 @@ from odmactl.core.errors import PredictorError
 from odmactl.core.tomltable import TomlTable, load_toml
 from odmactl.predict.network import build_net
 from odmactl.predict.predictor import LengthPredictor
-from odmactl.predict.settings import FAMILIES, MODES, FittedState, PredictorSettings
+from odmactl.predict.settings import FittedState, PredictorSettings
 
 FORMAT = "odmactl-predictor"
-FORMAT_VERSION = 2  # 2: the quantile head and the headroom uncertainty (was class entropy)
+FORMAT_VERSION = 3  # 2: the quantile head and the headroom uncertainty; 3: manifest_sha256
 WEIGHTS = "weights.safetensors"
 MANIFEST = "predictor.toml"
 
@@ -45,6 +53,9 @@ def write_artifact(predictor: LengthPredictor, directory: Path, extra: dict) -> 
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous() for k, v in predictor.net.state_dict().items()}
     save_file(tensors, str(directory / WEIGHTS), metadata={"format": f"{FORMAT}/{FORMAT_VERSION}"})  # one key: the header keeps a stable order
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(directory / WEIGHTS, 0o666 & ~umask)  # safetensors creates it 0600; like every other output
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "versions": {"odmactl": __version__, "torch": torch.__version__.split("+")[0],
@@ -54,7 +65,35 @@ def write_artifact(predictor: LengthPredictor, directory: Path, extra: dict) -> 
         "state": dataclasses.asdict(predictor.state),
         **extra,
     }
-    (directory / MANIFEST).write_text(tomli_w.dumps(_drop_none(manifest)), encoding="utf-8")
+    body = _drop_none(manifest)
+    text = tomli_w.dumps({"manifest_sha256": _manifest_digest(body), **body})
+    (directory / MANIFEST).write_text(text, encoding="utf-8")
+
+
+def _manifest_digest(body: dict) -> str:
+    """SHA-256 of the manifest's content (all but `manifest_sha256`) as TOML: what it was written as."""
+    return hashlib.sha256(tomli_w.dumps(body).encode("utf-8")).hexdigest()
+
+
+def _release(version: str) -> tuple[str, ...]:
+    return tuple(str(version).split(".")[:2])
+
+
+def _non_finite(value, key: str = "") -> str | None:
+    """The dotted key of the first NaN or infinity in a parsed TOML document, else None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else key
+    if isinstance(value, dict):
+        children = ((f"{key}.{k}" if key else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        children = ((f"{key}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for child_key, child in children:
+        found = _non_finite(child, child_key)
+        if found is not None:
+            return found
+    return None
 
 
 def read_manifest(directory: Path) -> dict:
@@ -69,11 +108,24 @@ def read_manifest(directory: Path) -> dict:
         raise PredictorError(f"not an odmactl predictor manifest (format = {manifest.get('format')!r})", file=path,
                              key="format")
     version = manifest.get("format_version")
+    versions = manifest.get("versions")
+    wrote = versions.get("odmactl", "an unknown version") if isinstance(versions, dict) else "an unknown version"
     if version != FORMAT_VERSION:
-        wrote = manifest.get("versions", {}).get("odmactl", "an unknown version")
         raise PredictorError(f"artifact format version {version!r} (written by odmactl {wrote}); this odmactl "
                              f"{__version__} reads version {FORMAT_VERSION}", file=path, key="format_version",
                              hint="refit with `odmactl fit`")
+    claimed = manifest.pop("manifest_sha256", None)
+    if claimed != _manifest_digest(manifest):
+        raise PredictorError("the manifest's content does not match its manifest_sha256: it was edited or damaged "
+                             "after `odmactl fit` wrote it", file=path, key="manifest_sha256",
+                             hint="refit with `odmactl fit`")
+    if _release(wrote) != _release(__version__):
+        raise PredictorError(f"written by odmactl {wrote}; this odmactl {__version__} reads artifacts of odmactl "
+                             f"{'.'.join(_release(__version__))}.x", file=path, key="versions.odmactl",
+                             hint="refit with `odmactl fit`")
+    bad = _non_finite(manifest)
+    if bad is not None:
+        raise PredictorError("expected a finite number, found NaN or infinity", file=path, key=bad)
     return manifest
 
 
@@ -93,8 +145,6 @@ def read_artifact(directory: Path, *, encoder_dir: Path | None = None) -> Length
     path = directory / MANIFEST
     settings = _section(manifest, "settings", PredictorSettings, path)
     state = _section(manifest, "state", FittedState, path)
-    if settings.family not in FAMILIES or settings.mode not in MODES:
-        raise PredictorError(f"unknown family/mode {settings.family!r}/{settings.mode!r}", file=path, key="settings.family")
     weights = directory / str(manifest.get("weights_file", WEIGHTS))
     if not weights.is_file():
         raise PredictorError("the weights file is missing", file=weights)

@@ -4,6 +4,7 @@ and the command's JSON)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,17 @@ class FitRequest:
     tau: float = 0.8
     granularity_tokens: int = 16
 
+    def __post_init__(self) -> None:
+        if isinstance(self.num_buckets, bool) or not isinstance(self.num_buckets, int) or self.num_buckets < 1:
+            raise TraceError(f"--buckets must be a whole number >= 1, got {self.num_buckets}")
+        if not 0.0 < self.holdout < 1.0:
+            raise TraceError(f"--holdout must be a fraction between 0 and 1, got {self.holdout}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise TraceError(f"--seed must be a whole number >= 0, got {self.seed}")
+        for flag, value in (("--gamma", self.gamma), ("--tau", self.tau)):
+            if not (math.isfinite(value) and value >= 0):
+                raise TraceError(f"{flag} must be a finite number >= 0, got {value}")
+
 
 @dataclass
 class FitOutcome:
@@ -40,10 +52,6 @@ class FitOutcome:
 
 def run_fit(frame: pl.DataFrame, trace_name: str, settings: PredictorSettings, request: FitRequest, *,
             encoder_dir: Path | None = None, progress: ProgressFn | None = None) -> FitOutcome:
-    if request.num_buckets < 1:
-        raise TraceError(f"--buckets must be at least 1, got {request.num_buckets}")
-    if not (request.gamma >= 0 and 0 <= request.tau):
-        raise TraceError(f"--gamma and --tau must be >= 0, got {request.gamma} and {request.tau}")
     split = split_trace(frame, request.holdout, request.split_by, request.seed)
     train, test = frame[split.train_rows], frame[split.test_rows]
     predictor = LengthPredictor.fit(train, settings, seed=request.seed, encoder_dir=encoder_dir, progress=progress)

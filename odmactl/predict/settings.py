@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from odmactl.core.errors import PredictorError
+
 FAMILIES = ("embedded", "encoder")
 MODES = ("odma", "s3")
 ProgressFn = Callable[[str, int, int], None]
@@ -32,6 +34,18 @@ class PredictorSettings:
     max_model_len_tokens: int = 4096
     s3_num_buckets: int = 10
     encoder_max_length_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise PredictorError(f"expected one of {', '.join(FAMILIES)}, got {self.family!r}", key="family")
+        if self.mode not in MODES:
+            raise PredictorError(f"expected one of {', '.join(MODES)}, got {self.mode!r}", key="mode")
+        for key, low, flag in (("max_model_len_tokens", 16, " (--max-model-len)"), ("max_epochs", 1, " (--epochs)"),
+                               ("num_hash_buckets", 1, ""), ("hidden", 1, ""), ("num_classes", 1, ""),
+                               ("batch_size", 1, ""), ("s3_num_buckets", 1, "")):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise PredictorError(f"expected a whole number >= {low}{flag}, got {value!r}", key=key)
 
 
 @dataclass

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from odmactl.core.errors import PredictorError
+
 PREDICTOR_CHOICES = ("none", "oracle")
 
 
@@ -20,5 +22,10 @@ def predictions(frame: pl.DataFrame, predictor: str) -> tuple[np.ndarray | None,
     from odmactl.predict.artifact import read_artifact
 
     model = read_artifact(Path(predictor))
-    l_hat, u = model.predict(frame)
-    return l_hat.astype(np.float64), u.astype(np.float64), str(predictor)
+    l_hat, u = (a.astype(np.float64) for a in model.predict(frame))
+    bad = ~(np.isfinite(l_hat) & np.isfinite(u))
+    if bad.any():
+        raise PredictorError(f"predicted a non-finite length or uncertainty for {int(bad.sum()):,} requests (the first is "
+                             f"request {frame['request_id'][int(np.argmax(bad))]!r})", file=predictor,
+                             hint="refit with `odmactl fit`")
+    return l_hat, u, str(predictor)

@@ -71,8 +71,8 @@ def render_device(console: Console, d: dict) -> None:
     for col in ("model", "kv dtype", "weights", "KV pool", "KV tokens"):
         pools.add_column(col, justify="right")
     for p in d["kv_pool"]:
-        pools.add_row(escape(p["model"]), p["kv_dtype"], format_bytes(p["weight_bytes"], binary=False),
-                      format_bytes(p["kv_pool_bytes"], binary=False), f"{p['kv_pool_tokens']:,}")
+        pools.add_row(escape(p["model"]), p["kv_dtype"], format_bytes(p["weight_bytes"]),
+                      format_bytes(p["kv_pool_bytes"]), f"{p['kv_pool_tokens']:,}")
     console.print(pools)
 
 

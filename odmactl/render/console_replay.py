@@ -6,7 +6,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from odmactl.render.metrics import PLAN_KEYS, REPLAY_KEYS, metric_rows
+from odmactl.core.units import format_bytes
+from odmactl.render.metrics import PLAN_KEYS, REPLAY_KEYS, format_metric, metric_rows
 
 
 def _policies_table(results: dict, keys: tuple[str, ...], title: str | None = None) -> Table:
@@ -23,7 +24,7 @@ def _policies_table(results: dict, keys: tuple[str, ...], title: str | None = No
 def render_replay(console: Console, doc: dict) -> None:
     t = doc["trace"]
     console.print(f"[bold]{escape(t['path'])}[/]: {t['requests']:,} requests ({t['arrivals']}), "
-                  f"{escape(doc['model'])} on {escape(doc['device'])}; KV pool {doc['kv_pool_bytes'] / 2**30:.2f} GiB = "
+                  f"{escape(doc['model'])} on {escape(doc['device'])}; KV pool {format_bytes(doc['kv_pool_bytes'])} = "
                   f"{doc['kv_pool_bytes'] // doc['kv_bytes_per_token']:,} tokens; max_model_len {doc['max_model_len']:,}; "
                   f"predictor {escape(doc['predictor'])}; {doc['time_advance']}", highlight=False)
     console.print(_policies_table(doc["results"], REPLAY_KEYS))
@@ -101,7 +102,7 @@ def render_plan(console: Console, doc: dict, out_path: str) -> None:
                   " [bold red](no replayed candidate met every constraint on the search part: the closest is shown)[/]"),
                   highlight=False)
     console.print(_policies_table(doc["validation"], PLAN_KEYS, title="held-out later part"))
-    lines = [f"{name}: KV utilization {d['kv_utilization_points']:+.1f} points, TPS {d['tps_gain']:+.1%}"
+    lines = [f"{name}: KV utilization {d['kv_utilization_points']:+.1f} points, TPS {format_metric('tps_gain', d['tps_gain'])}"
              for name, d in doc["against_baselines"].items()]
     console.print(escape("recommended odma against " + "; ".join(lines)), highlight=False)
     faster = [name for name, d in doc["against_baselines"].items() if d["tps_gain"] < 0]

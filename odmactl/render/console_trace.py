@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -17,6 +18,23 @@ def format_value(value: object) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
+
+
+def _narrow_table(title: str, headers: tuple[str, ...], rows: list[list[str]], key: str | None = None) -> Table:
+    """A table that fits a narrow terminal (80 columns, or a pipe): no vertical rules or edge
+    padding; right-aligned number columns at least as wide as each header's longest word and each
+    value, so headers wrap between words and no number is cut; an optional first `key` column of
+    names (rows start with it) that wraps long names instead of cutting them."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    if key is not None:
+        table.add_column(key, overflow="fold")
+    first = 0 if key is None else 1
+    for j, header in enumerate(headers, start=first):
+        width = max([len(word) for word in header.split()] + [len(row[j]) for row in rows])
+        table.add_column(header, justify="right", min_width=width)
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 def render_ingest(console: Console, summary: dict) -> None:
@@ -49,27 +67,29 @@ def _length_table(stats: dict) -> Table:
     return table
 
 
+# two-line headers: the numbers stay narrow and the names get the width
+BREAKDOWN_COLUMNS = {"requests": "requests", "share": "share", "prompt_mean": "prompt\nmean",
+                     "output_mean": "output\nmean", "output_p50": "output\np50", "output_p99": "output\np99"}
+
+
 def _breakdown_table(title: str, rows: list[dict], key: str, limit: int = 20) -> Table:
-    table = Table(title=f"{title} ({len(rows)} distinct; top {min(limit, len(rows))})", title_justify="left")
-    for col in (key, "requests", "share", "prompt mean", "output mean", "output p50", "output p99"):
-        table.add_column(col, justify="left" if col == key else "right")
-    for r in rows[:limit]:
-        table.add_row(escape(str(r[key])), format_value(r["requests"]), f"{r['share']:.1%}", format_value(r["prompt_mean"]),
-                      format_value(r["output_mean"]), format_value(r["output_p50"]), format_value(r["output_p99"]))
-    return table
+    cells = [[escape(str(r[key]))] + [f"{r[k]:.1%}" if k == "share" else format_value(r[k]) for k in BREAKDOWN_COLUMNS]
+             for r in rows[:limit]]
+    return _narrow_table(f"{title} ({len(rows)} distinct; top {min(limit, len(rows))})",
+                         tuple(BREAKDOWN_COLUMNS.values()), cells, key=key)
+
+
+DRIFT_COLUMNS = {"start_s": "start s", "requests": "requests", "rate_per_s": "req/s", "prompt_p50": "prompt p50",
+                 "prompt_p99": "prompt p99", "output_mean": "output mean", "output_p50": "output p50",
+                 "output_p90": "output p90", "output_p99": "output p99"}
 
 
 def _drift_table(stats: dict, limit: int = 48) -> Table:
     rows = stats["drift"]
-    table = Table(title=f"drift per {stats['window_s']:g} s window ({len(rows)} windows"
-                        + (f", first {limit}" if len(rows) > limit else "") + ")", title_justify="left")
-    for col in ("start s", "requests", "req/s", "prompt p50", "prompt p99", "output mean", "output p50", "output p90", "output p99"):
-        table.add_column(col, justify="right")
-    for r in rows[:limit]:
-        table.add_row(format_value(r["start_s"]), format_value(r["requests"]), format_value(r["rate_per_s"]), format_value(r["prompt_p50"]),
-                      format_value(r["prompt_p99"]), format_value(r["output_mean"]), format_value(r["output_p50"]), format_value(r["output_p90"]),
-                      format_value(r["output_p99"]))
-    return table
+    title = f"drift per {stats['window_s']:g} s window ({len(rows)} windows" + \
+        (f", first {limit}" if len(rows) > limit else "") + ")"
+    return _narrow_table(title, tuple(DRIFT_COLUMNS.values()), [[format_value(r[k]) for k in DRIFT_COLUMNS]
+                                                                for r in rows[:limit]])
 
 
 def render_stats(console: Console, path: str, stats: dict) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from odmactl.core.units import format_bytes
 from odmactl.render.metrics import PLAN_KEYS, format_metric, metric_rows
 from odmactl.rules.s3 import s3_capacities
 
@@ -119,7 +120,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child{{t
 </head><body>
 <h1>odmactl plan</h1>
 <p><code>{esc(t['path'])}</code>: {t['requests']:,} requests; {esc(doc['model'])} on {esc(doc['device'])}; predictor
-<code>{esc(doc['predictor'])}</code>; KV pool {doc['kv_pool_bytes'] / 2**30:.2f} GiB; max_model_len {doc['max_model_len']:,}.
+<code>{esc(doc['predictor'])}</code>; KV pool {format_bytes(doc['kv_pool_bytes'])}; max_model_len {doc['max_model_len']:,}.
 Searched on the first {t['search_requests']:,} requests, validated on the last {t['holdout_requests']:,}.</p>
 <p>{doc['candidates']} candidates, {doc['pruned']} pruned by the cheap bounds, {doc['replayed']} replayed; objective
 <b>{esc(doc['objective'])}</b>, overflow rate (migrations + preemptions per request) at most {doc['max_overflow_rate']:.2%}.

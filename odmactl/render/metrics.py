@@ -9,6 +9,7 @@ that matter are fractions of a percent; a gain signed; latencies in s (TTFT) and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -27,7 +28,10 @@ class Metric:
     def header(self) -> str:
         return f"{self.title} ({self.unit})" if self.unit else self.title
 
-    def text(self, value: float) -> str:
+    def text(self, value: float | None) -> str:
+        """The value written; a missing or non-finite one (a gain over a baseline that served nothing) is n/a."""
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            return "n/a"
         return format(value * self.scale if self.scale != 1 else value, self.spec)
 
 

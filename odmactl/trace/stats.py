@@ -5,10 +5,15 @@ Quantiles use linear interpolation (numpy's default), so they match `numpy.quant
 
 from __future__ import annotations
 
+import math
+
 import polars as pl
+
+from odmactl.core.errors import TraceError
 
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 BREAKDOWN_LIMIT = 1000
+MAX_WINDOWS = 100_000  # drift windows in one report (the JSON holds one row each)
 
 
 def _length_exprs(column: str, prefix: str = "") -> list[pl.Expr]:
@@ -60,9 +65,13 @@ def _drift(frame: pl.DataFrame, window_s: float) -> list[dict[str, object]]:
 
 def trace_stats(frame: pl.DataFrame, window_s: float) -> dict[str, object]:
     """Everything `odmactl stats` reports, as plain JSON-ready values."""
-    assert window_s > 0
+    if not (math.isfinite(window_s) and window_s > 0):
+        raise TraceError(f"--window must be a positive number of seconds, got {window_s}")
     n = frame.height
     duration_s = float(frame["arrival_s"].max() - frame["arrival_s"].min()) if n else 0.0
+    if duration_s / window_s > MAX_WINDOWS:
+        raise TraceError(f"--window {window_s:g} s splits the trace's {duration_s:,.1f} s into more than "
+                         f"{MAX_WINDOWS:,} drift windows", hint=f"give a window of at least {duration_s / MAX_WINDOWS:.3g} s")
     return {
         "requests": n,
         "duration_s": duration_s,

@@ -1,0 +1,289 @@
+"""Every mistake gets a clear answer (issue 25): hostile input for every command, table-driven.
+
+Each case runs odmactl in-process through its real entry point in a folder that holds a good trace,
+a good config and a good CSV, and asserts the exit code (1 for bad data or input, 2 for a
+command-line usage error), that stderr carries no traceback and no "internal error", that a data
+error is one line naming what is wrong, that a usage error shows click's usage line and hint, and
+that no file in the folder was written, removed or changed."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+GOOD_CONFIG = """[allocator]
+num_buckets = 4
+
+[scheduler]
+max_num_seqs = 64
+
+[thresholds]
+min_utilization = 0.05
+
+[meta]
+predictor = "oracle"
+"""
+DEVICE = ["--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B"]
+REPLAY = ["replay", "{trace}", *DEVICE, "--predictor", "oracle"]
+CHECK = ["check", "{trace}", "--config", "{config}", *DEVICE]
+PLAN = ["plan", "{trace}", *DEVICE, "--out", "plan.toml"]
+FIT = ["fit", "{trace}", "--out", "pred"]
+
+
+def _config(folder: Path, name: str, text: str) -> str:
+    (folder / name).write_text(text)
+    return name
+
+
+# (arguments, exit code, words the message must hold); "{trace}", "{config}", "{csv}" name the good files
+CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
+    # the command line itself: click's usage errors, exit 2
+    "unknown_command": (["replai"], 2, ("No such command", "Try 'odmactl --help'")),
+    "unknown_root_option": (["--bogus"], 2, ("No such option",)),
+    "bare_odmactl": ([], 2, ("Usage: odmactl",)),
+    "bare_profiles": (["profiles"], 2, ("Usage: odmactl profiles",)),
+    "install_completion": (["--install-completion"], 2, ("No such option",)),
+    "replay_typo_option": (["replay", "{trace}", "--devic", "mlu370-x4"], 2, ("No such option: --devic",)),
+    "replay_missing_argument": (["replay", "--device", "mlu370-x4", "--model", "Llama-3-8B"], 2, ("Missing argument",)),
+    "replay_missing_option": (["replay", "{trace}", "--device", "mlu370-x4"], 2, ("Missing option '--model'",)),
+    "replay_limit_not_a_number": ([*REPLAY, "--limit", "abc"], 2, ("Invalid value for '--limit'",)),
+    "replay_limit_float": ([*REPLAY, "--limit", "1e21"], 2, ("Invalid value for '--limit'",)),
+    "ingest_rate_not_a_number": (["ingest", "{csv}", "--out", "o.parquet", "--rate", "abc"], 2, ("--rate",)),
+    "ingest_missing_out": (["ingest", "{csv}"], 2, ("Missing option '--out'",)),
+    "stats_missing_argument": (["stats"], 2, ("Missing argument 'TRACE'",)),
+    "stats_window_not_a_number": (["stats", "{trace}", "--window", "abc"], 2, ("--window",)),
+    "plan_missing_out": (["plan", "{trace}", *DEVICE], 2, ("Missing option '--out'",)),
+    "check_missing_config": (["check", "{trace}", *DEVICE], 2, ("Missing option '--config'",)),
+    "calibrate_missing_out": (["calibrate"], 2, ("Missing option '--out'",)),
+    # ingest
+    "ingest_missing_source": (["ingest", "nope.csv", "--out", "o.parquet"], 1, ("nope.csv", "no such file")),
+    "ingest_out_is_input": (["ingest", "{csv}", "--out", "{csv}", "--force"], 1, ("is also an input",)),
+    "ingest_negative_seed": (["ingest", "{csv}", "--out", "o.parquet", "--seed", "-1"], 1, ("--seed", ">= 0")),
+    "ingest_zero_rate": (["ingest", "{csv}", "--out", "o.parquet", "--rate", "0"], 1, ("--rate",)),
+    "ingest_nan_rate": (["ingest", "{csv}", "--out", "o.parquet", "--rate", "nan"], 1, ("--rate",)),
+    "ingest_rate_and_offline": (["ingest", "{csv}", "--out", "o.parquet", "--rate", "2", "--offline"], 1,
+                                ("exclude each other",)),
+    "ingest_unknown_format": (["ingest", "{csv}", "--out", "o.parquet", "--format", "sharegpt"], 1,
+                              ("unknown format 'sharegpt'",)),
+    "ingest_bad_map": (["ingest", "{csv}", "--out", "o.parquet", "--format", "csv", "--map", "prompt_tokens"], 1,
+                       ("--map expects canonical=source",)),
+    "ingest_negative_duration": (["ingest", "servegen", "--format", "servegen", "--out", "o.parquet",
+                                  "--duration", "-5"], 1, ("--duration",)),
+    "ingest_inf_start": (["ingest", "servegen", "--format", "servegen", "--out", "o.parquet", "--start", "inf"], 1,
+                         ("--start",)),
+    "ingest_huge_rate_scale": (["ingest", "servegen", "--format", "servegen", "--out", "o.parquet",
+                                "--rate-scale", "1e12"], 1, ("would generate", "--rate-scale")),
+    "ingest_markup_cell": (["ingest", "markup.csv", "--out", "o.parquet"], 1, ("'[/x]'", "row 1")),
+    "ingest_markup_out_path": (["ingest", "{csv}", "--out", "[/x]/o.parquet"], 1, ("[/x]", "does not exist")),
+    "ingest_existing_out": (["ingest", "{csv}", "--out", "{trace}"], 1, ("already exists", "--force")),
+    # stats
+    "stats_missing_file": (["stats", "nope.parquet"], 1, ("nope.parquet", "no such file")),
+    "stats_not_parquet": (["stats", "{csv}"], 1, ("not a readable parquet",)),
+    "stats_zero_window": (["stats", "{trace}", "--window", "0"], 1, ("--window",)),
+    "stats_tiny_window": (["stats", "{trace}", "--window", "1e-300"], 1, ("drift windows",)),
+    "stats_inf_window": (["stats", "{trace}", "--window", "inf"], 1, ("--window",)),
+    # fit
+    "fit_holdout": ([*FIT, "--holdout", "1.5"], 1, ("--holdout",)),
+    "fit_epochs": ([*FIT, "--epochs", "0"], 1, ("--epochs",)),
+    "fit_max_model_len": ([*FIT, "--max-model-len", "0"], 1, ("--max-model-len",)),
+    "fit_buckets": ([*FIT, "--buckets", "0"], 1, ("--buckets",)),
+    "fit_split": ([*FIT, "--split-by", "colour"], 1, ("--split-by",)),
+    "fit_gamma_nan": ([*FIT, "--gamma", "nan"], 1, ("--gamma",)),
+    "fit_tau_inf": ([*FIT, "--tau", "inf"], 1, ("--tau",)),
+    "fit_seed": ([*FIT, "--seed", "-3"], 1, ("--seed",)),
+    "fit_out_is_trace": (["fit", "{trace}", "--out", "{trace}", "--force"], 1, ("is also an input",)),
+    # replay
+    "replay_max_num_seqs_zero": ([*REPLAY, "--max-num-seqs", "0"], 1, ("--max-num-seqs",)),
+    "replay_max_num_seqs_negative": ([*REPLAY, "--max-num-seqs", "-3"], 1, ("--max-num-seqs",)),
+    "replay_max_model_len_zero": ([*REPLAY, "--max-model-len", "0"], 1, ("--max-model-len",)),
+    "replay_limit_zero": ([*REPLAY, "--limit", "0"], 1, ("--limit",)),
+    "replay_kv_pool_huge": ([*REPLAY, "--kv-pool", "1e30 B"], 1, ("--kv-pool", "does not fit")),
+    "replay_kv_pool_over_device": ([*REPLAY, "--kv-pool", "64GiB"], 1, ("--kv-pool 64 GiB does not fit",)),
+    "replay_kv_pool_unit": ([*REPLAY, "--kv-pool", "12 GB/s"], 1, ("--kv-pool", "bandwidth")),
+    "replay_kv_pool_zero": ([*REPLAY, "--kv-pool", "0 B"], 1, ("--kv-pool",)),
+    "replay_rate_tiny": ([*REPLAY, "--rate", "1e-12"], 1, ("clock", "--rate")),
+    "replay_rate_negative": ([*REPLAY, "--rate", "-1"], 1, ("--rate",)),
+    "replay_unknown_policy": ([*REPLAY, "--policy", "buddy"], 1, ("unknown policy 'buddy'",)),
+    "replay_compare_twice": ([*REPLAY, "--compare", "static,static"], 1, ("twice",)),
+    "replay_compare_empty": ([*REPLAY, "--compare", ","], 1, ("names no policy",)),
+    "replay_odma_without_predictor": (["replay", "{trace}", *DEVICE, "--compare", "static,odma"], 1,
+                                      ("policy odma", "--predictor none")),
+    "replay_unknown_device": (["replay", "{trace}", "--device", "tpu9", "--model", "Llama-3-8B"], 1,
+                              ("unknown device 'tpu9'",)),
+    "replay_unknown_model": (["replay", "{trace}", "--device", "mlu370-x4", "--model", "gpt-9"], 1,
+                             ("unknown model 'gpt-9'",)),
+    "replay_unknown_kv_dtype": ([*REPLAY, "--kv-dtype", "fp3"], 1, ("fp3",)),
+    "replay_missing_config": ([*REPLAY, "--config", "nope.toml"], 1, ("nope.toml", "no such file")),
+    "replay_missing_predictor": (["replay", "{trace}", *DEVICE, "--predictor", "nope/"], 1, ("nope",)),
+    "replay_out_is_trace": ([*REPLAY, "--out", "{trace}", "--force"], 1, ("is also an input",)),
+    "replay_out_is_plot": ([*REPLAY, "--out", "r.json", "--plot", "r.json"], 1, ("two outputs",)),
+    "replay_scale_without_device": ([*REPLAY, "--scale", "0.5"], 1, ("--on-device",)),
+    "replay_markup_out": ([*REPLAY, "--out", "[/x].json"], 1, ("[/x].json", "does not exist")),
+    # the config file
+    "config_max_num_seqs_zero": ([*REPLAY, "--config", "seqs0.toml"], 1, ("scheduler.max_num_seqs", ">= 1")),
+    "config_prefill_negative": ([*REPLAY, "--config", "prefill.toml"], 1, ("scheduler.max_prefill_tokens",)),
+    "config_scheduler_wrong_type": ([*REPLAY, "--config", "seqs_str.toml"], 1,
+                                    ("scheduler.max_num_seqs", "expected a whole number")),
+    "config_gamma_inf": ([*REPLAY, "--config", "gamma_inf.toml"], 1, ("allocator.gamma", "finite")),
+    "config_unknown_allocator_key": ([*REPLAY, "--config", "gama.toml"], 1, ("allocator.gama", "unknown key")),
+    "config_unknown_table": ([*REPLAY, "--config", "table.toml"], 1, ("unknown table 'foo'",)),
+    "config_not_toml": ([*REPLAY, "--config", "{csv}"], 1, ("not valid TOML",)),
+    "config_markup_key": ([*REPLAY, "--config", "markup.toml"], 1, ("[/x]",)),
+    # plan
+    "plan_tiny_pool": ([*PLAN, "--kv-pool", "1 MiB"], 1, ("can never be served",)),
+    "plan_holdout": ([*PLAN, "--holdout", "0.95"], 1, ("--holdout",)),
+    "plan_replays": ([*PLAN, "--replays", "0"], 1, ("--replays",)),
+    "plan_workers": ([*PLAN, "--workers", "0"], 1, ("--workers",)),
+    "plan_executor": ([*PLAN, "--executor", "slurm"], 1, ("--executor",)),
+    "plan_objective": ([*PLAN, "--objective", "joy"], 1, ("--objective",)),
+    "plan_predictor_none": ([*PLAN, "--predictor", "none"], 1, ("--predictor",)),
+    "plan_migration_rate": ([*PLAN, "--max-migration-rate", "2"], 1, ("--max-migration-rate",)),
+    "plan_ttft": ([*PLAN, "--ttft-p99", "-1"], 1, ("--ttft-p99",)),
+    "plan_out_is_trace": (["plan", "{trace}", *DEVICE, "--out", "{trace}", "--force"], 1, ("is also an input",)),
+    "plan_report_is_out": ([*PLAN, "--report", "plan.toml"], 1, ("two outputs",)),
+    # check
+    "check_no_thresholds": (["check", "{trace}", "--config", "empty.toml", *DEVICE], 1, ("nothing to check",)),
+    "check_utilization_range": ([*CHECK, "--min-utilization", "2"], 1, ("min_utilization",)),
+    "check_threshold_typo": (["check", "{trace}", "--config", "thresholds.toml", *DEVICE], 1,
+                             ("thresholds.min_util", "unknown key")),
+    "check_unknown_baseline": ([*CHECK, "--min-tps-gain", "0.1", "--baseline", "buddy"], 1, ("unknown policy",)),
+    "check_junit_is_trace": ([*CHECK, "--junit", "{trace}", "--force"], 1, ("is also an input",)),
+    "check_max_num_seqs_zero": (["check", "{trace}", "--config", "seqs0.toml", *DEVICE], 1, ("max_num_seqs",)),
+    # profiles and calibrate
+    "profiles_unknown": (["profiles", "show", "tpu9"], 1, ("neither a device nor a model",)),
+    "profiles_broken_device": (["profiles", "show", "broken.toml"], 1, ("broken.toml", "not valid TOML")),
+    "calibrate_unknown_device": (["calibrate", "--out", "c.toml", "--device", "tpu"], 1, ("--device expects",)),
+    "calibrate_existing_out": (["calibrate", "--out", "{config}"], 1, ("already exists",)),
+}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, conv_sample_head) -> Path:
+    """The good inputs every case starts from (copied fresh for each case)."""
+    base = tmp_path_factory.mktemp("hostile")
+    shutil.copy(conv_sample_head(300), base / "trace.parquet")
+    (base / "good.toml").write_text(GOOD_CONFIG)
+    (base / "a.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n"
+                                "2023-11-16 18:17:04.0319600,3180,8\n")
+    (base / "markup.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,[/x],10\n")
+    sg = base / "servegen"
+    sg.mkdir()
+    (sg / "chunk-0-trace.csv").write_text("0,2.0,1.0,Gamma,1.0,2.0\n600,2.0,1.0,Gamma,1.0,2.0\n")
+    for name, text in {"seqs0.toml": "[scheduler]\nmax_num_seqs = 0\n[thresholds]\nmin_utilization = 0.1\n",
+                       "prefill.toml": "[scheduler]\nmax_prefill_tokens = -1\n",
+                       "seqs_str.toml": '[scheduler]\nmax_num_seqs = "8"\n',
+                       "gamma_inf.toml": "[allocator]\ngamma = inf\n",
+                       "gama.toml": "[allocator]\ngama = 0.2\n",
+                       "table.toml": "[foo]\nbar = 1\n",
+                       "markup.toml": '[allocator]\n"[/x]" = 1\n',
+                       "empty.toml": "[allocator]\n",
+                       "thresholds.toml": "[thresholds]\nmin_util = 0.5\n",
+                       "broken.toml": "format = \n"}.items():
+        _config(base, name, text)
+    return base
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
+
+
+def test_the_corpus_covers_every_command():
+    assert len(CASES) >= 60
+    commands = {args[0] for args, _, _ in CASES.values() if args and not args[0].startswith("-")}
+    assert {"ingest", "stats", "fit", "replay", "plan", "check", "profiles", "calibrate"} <= commands
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hostile_input(cli, folder, tmp_path, monkeypatch, case):
+    work = tmp_path / "w"
+    shutil.copytree(folder, work)
+    monkeypatch.chdir(work)
+    args, code, needles = CASES[case]
+    names = {"{trace}": "trace.parquet", "{config}": "good.toml", "{csv}": "a.csv"}
+    args = [names.get(a, a) for a in args]
+    before = _snapshot(work)
+    result = cli(*args)
+    assert result.code == code, (result.code, result.err)
+    assert "Traceback" not in result.err and "internal error" not in result.err, result.err
+    text = " ".join(result.err.split())
+    for needle in needles:
+        assert needle in text, (needle, result.err)
+    if code == 1:
+        assert len([line for line in result.err.splitlines() if line.strip()]) == 1, result.err
+        assert result.err.startswith("error: ")
+    else:
+        assert "Usage: odmactl" in result.err
+    assert _snapshot(work) == before, "nothing may be written, removed or changed"
+
+
+def test_usage_errors_exit_2_with_the_hint_in_a_subprocess(tmp_path):
+    """Acceptance 3, through the installed entry point: --version, an unknown option, an unknown
+    command and a missing argument."""
+    import subprocess
+    import sys
+
+    run = lambda *a: subprocess.run([sys.executable, "-m", "odmactl", *a], capture_output=True, text=True,  # noqa: E731
+                                    cwd=tmp_path)
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.startswith("odmactl ")
+    for args, words in ((["replay", "--bogus"], "No such option: --bogus"), (["replai"], "No such command 'replai'"),
+                        (["stats"], "Missing argument 'TRACE'")):
+        done = run(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert "Usage: odmactl" in done.stderr and "--help' for help" in done.stderr and words in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_max_num_seqs_zero_fails_at_once(cli, folder, tmp_path, monkeypatch):
+    """Acceptance 2: a batch cap of 0 could loop forever; replay and check refuse it in well under
+    a second (the flag and the config's [scheduler])."""
+    monkeypatch.chdir(folder)
+    for args in ([*[a.replace("{trace}", "trace.parquet") for a in REPLAY], "--max-num-seqs", "0"],
+                 ["check", "trace.parquet", "--config", "seqs0.toml", *DEVICE]):
+        started = time.perf_counter()
+        result = cli(*args)
+        assert result.code == 1 and "max_num_seqs" in result.err.replace("-", "_")
+        assert time.perf_counter() - started < 1.0
+
+
+def test_a_bom_csv_ingests(cli, tmp_path):
+    src = tmp_path / "bom.csv"
+    src.write_bytes(b"\xef\xbb\xbfTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n"
+                    b"2023-11-16 18:17:04.0319600,3180,8\n")
+    result = cli("ingest", src, "--out", tmp_path / "o.parquet", "--json")
+    assert result.code == 0, result.err
+    assert '"requests": 2' in result.out
+
+
+def test_a_text_dataset_without_arrivals_fails_before_tokenizing(cli, tmp_path, monkeypatch):
+    """The timestamp check comes before the (slow) tokenizer is even loaded."""
+    import odmactl.trace.readers.text as text
+
+    def no_tokenizer(*_):
+        raise AssertionError("the tokenizer was loaded")
+
+    monkeypatch.setattr(text, "load_tokenizer", no_tokenizer)
+    src = tmp_path / "al.json"
+    src.write_text('[{"instruction": "hi", "input": "", "output": "hello"}]')
+    result = cli("ingest", src, "--out", tmp_path / "o.parquet")
+    assert result.code == 1 and "has no timestamps" in result.err and "--offline" in result.err
+
+
+def test_the_replay_clock_limit_is_a_message(cli, folder, monkeypatch):
+    """A backlog that outlasts the 64-bit clock (here: a replay stepping past it) is a message."""
+    import odmactl.run.replay as run_replay
+
+    class Overflowing:  # Replay is an extension type: its method cannot be patched, its name can
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def run(self):
+            raise OverflowError("Python int too large to convert to C long")
+
+    monkeypatch.setattr(run_replay, "Replay", Overflowing)
+    monkeypatch.chdir(folder)
+    result = cli(*[a.replace("{trace}", "trace.parquet") for a in REPLAY])
+    assert result.code == 1 and "simulated clock" in result.err and "--limit" in result.err

@@ -1,0 +1,171 @@
+"""Outputs are atomic for real (core/atomic.py): an interrupted or killed writer leaves no temp file
+behind (SIGTERM cleans up, SIGKILL's leftovers are swept by the next writer) and never damages the
+good output; of two writers of one new output exactly one wins; a full disk is a message; files
+get the umask's permissions."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from odmactl.core.atomic import atomic_output, atomic_output_dir, sweep_stale
+from odmactl.core.errors import OutputError
+
+CSV = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n2023-11-16 18:17:04.0319600,3180,8\n"
+
+# `odmactl ingest` in a child whose parquet writer finishes the temp file and then waits, so the
+# parent can interrupt it, or race a second writer, at the moment the temp file is complete
+SLOW_WRITER = r"""
+import sys, time
+import polars as pl
+from odmactl.cli import main
+
+original = pl.DataFrame.write_parquet
+def slow(self, path, *args, **kwargs):
+    original(self, path, *args, **kwargs)
+    time.sleep(float(sys.argv[1]))
+pl.DataFrame.write_parquet = slow
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _temps(folder: Path, name: str) -> list[Path]:
+    return [p for p in folder.iterdir() if p.name.startswith(f".{name}.") and p.name.endswith((".tmp", ".old"))]
+
+
+def _start_slow(tmp_path: Path, sleep_s: float, *args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(sleep_s), *map(str, args)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_temp(folder: Path, name: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not _temps(folder, name):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the writer never made its temp file"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def good_output(tmp_path, cli) -> tuple[Path, Path, bytes]:
+    """(source CSV, an existing good output ingested from it, its bytes)."""
+    src = tmp_path / "a.csv"
+    src.write_text(CSV)
+    out = tmp_path / "o.parquet"
+    assert cli("ingest", src, "--out", out).code == 0
+    return src, out, out.read_bytes()
+
+
+def test_sigterm_mid_write_removes_the_temp_and_keeps_the_old_output(tmp_path, good_output):
+    src, out, before = good_output
+    proc = _start_slow(tmp_path, 60, "ingest", src, "--out", out, "--force")
+    _wait_for_temp(tmp_path, out.name, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "terminated; nothing was written" in err and "Traceback" not in err
+    assert _temps(tmp_path, out.name) == []
+    assert out.read_bytes() == before
+
+
+def test_sigint_mid_write_removes_the_temp(tmp_path, good_output):
+    src, out, before = good_output
+    proc = _start_slow(tmp_path, 60, "ingest", src, "--out", out, "--force")
+    _wait_for_temp(tmp_path, out.name, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert _temps(tmp_path, out.name) == [] and out.read_bytes() == before
+
+
+def test_sigkill_leftovers_are_swept_by_the_next_writer(tmp_path, good_output, cli):
+    src, out, before = good_output
+    proc = _start_slow(tmp_path, 60, "ingest", src, "--out", out, "--force")
+    _wait_for_temp(tmp_path, out.name, proc)
+    proc.kill()
+    proc.communicate(timeout=60)
+    left = _temps(tmp_path, out.name)
+    assert left, "SIGKILL cannot be caught: its temp file is left behind"
+    assert out.read_bytes() == before  # and the good output is untouched
+    assert cli("ingest", src, "--out", out, "--force").code == 0
+    assert _temps(tmp_path, out.name) == []  # the next writer swept it
+    assert pl.read_parquet(out).height == 2
+
+
+def test_two_writers_of_one_new_output_one_wins(tmp_path):
+    """Both pass the early exists check, both write; the check made when the output is put in place
+    lets exactly one succeed, and the other says so."""
+    src = tmp_path / "a.csv"
+    src.write_text(CSV)
+    out = tmp_path / "o.parquet"
+    procs = [_start_slow(tmp_path, 2, "ingest", src, "--out", out) for _ in range(2)]
+    results = [p.communicate(timeout=120) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 1], results
+    loser = next(err for p, (_, err) in zip(procs, results) if p.returncode == 1)
+    assert "already exists" in loser and "Traceback" not in loser
+    assert pl.read_parquet(out).height == 2 and _temps(tmp_path, out.name) == []
+
+
+def test_a_full_disk_is_a_message_and_leaves_nothing(tmp_path, cli, monkeypatch, good_output):
+    src, out, before = good_output
+
+    def full(self, path, *args, **kwargs):
+        Path(path).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", full)
+    result = cli("ingest", src, "--out", out, "--force")
+    assert result.code == 1 and "no space left on the device" in result.err and "Traceback" not in result.err
+    assert out.read_bytes() == before and _temps(tmp_path, out.name) == []
+    fresh = tmp_path / "new.parquet"
+    assert cli("ingest", src, "--out", fresh).code == 1 and not fresh.exists()
+
+
+def test_atomic_dir_refuses_a_directory_made_meanwhile(tmp_path):
+    target = tmp_path / "pred"
+    with pytest.raises(OutputError, match="already exists"):
+        with atomic_output_dir(target, force=False) as tmp:
+            (tmp / "weights").write_text("mine")
+            target.mkdir()
+            (target / "theirs").write_text("theirs")
+    assert (target / "theirs").read_text() == "theirs" and _temps(tmp_path, "pred") == []
+
+
+def test_sweep_leaves_live_writers_alone(tmp_path):
+    out = tmp_path / "o.json"
+    dead = tmp_path / f".o.json.{2**22 + 12345}.0123abcd.tmp"  # above pid_max by default: no such process
+    live = tmp_path / f".o.json.{os.getppid()}.0123abcd.tmp"
+    other = tmp_path / f".x.json.{2**22 + 12345}.0123abcd.tmp"
+    for p in (dead, live, other):
+        p.write_text("x")
+    assert sweep_stale(out) == [dead]
+    assert live.exists() and other.exists() and not dead.exists()
+
+
+def test_outputs_get_the_umask_permissions(tmp_path, cli):
+    """Every output, the predictor's weights included, is created like any other file of the user's."""
+    old = os.umask(0o022)
+    try:
+        with atomic_output(tmp_path / "r.json", force=False) as tmp:
+            tmp.write_text(json.dumps({}))
+        alpaca = tmp_path / "al.json"
+        alpaca.write_text(json.dumps([{"instruction": f"say {i} {'x' * (i % 7)}", "input": "", "output": "y " * (1 + i % 9)}
+                                      for i in range(60)]))
+        trace = tmp_path / "t.parquet"
+        assert cli("ingest", alpaca, "--offline", "--out", trace).code == 0
+        assert cli("fit", trace, "--out", tmp_path / "pred", "--epochs", "1").code == 0
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "r.json", trace, tmp_path / "pred" / "weights.safetensors", tmp_path / "pred" / "predictor.toml"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
