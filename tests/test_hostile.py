@@ -12,6 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 GOOD_CONFIG = """[allocator]
@@ -82,6 +83,7 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     # stats
     "stats_missing_file": (["stats", "nope.parquet"], 1, ("nope.parquet", "no such file")),
     "stats_not_parquet": (["stats", "{csv}"], 1, ("not a readable parquet",)),
+    "stats_directory": (["stats", "servegen"], 1, ("servegen", "is a directory")),
     "stats_zero_window": (["stats", "{trace}", "--window", "0"], 1, ("--window",)),
     "stats_tiny_window": (["stats", "{trace}", "--window", "1e-300"], 1, ("drift windows",)),
     "stats_inf_window": (["stats", "{trace}", "--window", "inf"], 1, ("--window",)),
@@ -287,3 +289,49 @@ def test_the_replay_clock_limit_is_a_message(cli, folder, monkeypatch):
     monkeypatch.chdir(folder)
     result = cli(*[a.replace("{trace}", "trace.parquet") for a in REPLAY])
     assert result.code == 1 and "simulated clock" in result.err and "--limit" in result.err
+
+
+def test_help_and_messages_show_table_names_as_written(cli, folder, monkeypatch):
+    """Square brackets are never read as markup: check's help names [thresholds], and a message
+    quoting a TOML key or a CSV cell keeps its brackets."""
+    result = cli("check", "--help")
+    assert result.code == 0 and "[thresholds]" in result.out and "[allocator]" in result.out
+
+
+def test_stats_tables_fit_80_columns_without_cutting_names(cli, tmp_path):
+    long_name = "a-model-name-of-fifty-characters-that-goes-on-and-on"
+    frame = pl.DataFrame({"request_id": [f"r{i}" for i in range(40)], "arrival_s": [float(i) * 30 for i in range(40)],
+                          "prompt_tokens": [10 + i for i in range(40)], "output_tokens": [5 + i for i in range(40)],
+                          "prompt_text": [None] * 40, "model": [long_name] * 20 + ["short"] * 20, "tenant": [None] * 40},
+                         schema={"request_id": pl.String, "arrival_s": pl.Float64, "prompt_tokens": pl.Int32,
+                                 "output_tokens": pl.Int32, "prompt_text": pl.String, "model": pl.String,
+                                 "tenant": pl.String})
+    frame.write_parquet(tmp_path / "t.parquet")
+    result = cli("stats", tmp_path / "t.parquet", "--window", "60")
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in result.out  # nothing cut: long names wrap
+    assert long_name in "".join(line.strip().split(" ")[0] for line in lines)
+
+
+def test_a_kv_pool_reads_the_same_in_profiles_and_replay(cli, folder, monkeypatch):
+    monkeypatch.chdir(folder)
+    shown = cli("profiles", "show", "mlu370-x4")
+    replayed = cli(*[a.replace("{trace}", "trace.parquet") for a in REPLAY], "--policy", "static", "--limit", "20")
+    assert shown.code == 0 and replayed.code == 0
+    from odmactl.core.units import format_bytes
+    from odmactl.run.serving import serving
+
+    pool = format_bytes(serving("mlu370-x4", "DeepSeek-R1-Distill-Qwen-7B").pool_bytes)
+    assert pool.endswith("GiB") and pool in shown.out and pool in " ".join(replayed.out.split())
+
+
+def test_an_on_device_replay_that_does_not_fit_suggests_a_scale():
+    from odmactl.core.errors import ConfigError
+    from odmactl.device.ondevice import check_fits, free_device_bytes
+
+    free = free_device_bytes("cpu")
+    with pytest.raises(ConfigError, match="--scale 0.2"):
+        check_fits("cpu", int(free * 0.5), int(free * 2), 1.0)  # needs 2.5x the free memory; may take half
+    check_fits("cpu", 1 << 20, 1 << 20, 1.0)

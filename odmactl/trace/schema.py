@@ -296,6 +296,8 @@ def read_metadata(path: Path) -> dict[str, str]:
 def read_trace(path: Path) -> pl.DataFrame:
     """Load a canonical trace written by `odmactl ingest` (or by hand) and check its invariants."""
     path = Path(path)
+    if path.is_dir():
+        raise TraceError("is a directory, expected a parquet file", file=path, hint="run `odmactl ingest` to make one")
     if not path.is_file():
         raise TraceError("no such file", file=path)
     try:
