@@ -37,25 +37,32 @@ def _click_errors() -> tuple[type, type, type, type]:
     return click.ClickException, click.UsageError, click.exceptions.Exit, click.exceptions.Abort
 
 
-class Terminated(BaseException):
-    """SIGTERM, raised wherever the process is, so that outputs are cleaned up as for Ctrl-C."""
+class Stopped(BaseException):
+    """SIGINT (Ctrl-C) or SIGTERM, raised wherever the process is, so that outputs are cleaned up on
+    the way out; a BaseException, so no `except Exception` (Typer's included) swallows it."""
+
+    CODES = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated")}
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.exit_code, self.word = self.CODES[signum]
 
 
-def _terminate(signum, frame) -> None:
-    raise Terminated()
+def _stop(signum, frame) -> None:
+    raise Stopped(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and is the single place errors become messages and exit codes."""
     try:
-        previous = signal.signal(signal.SIGTERM, _terminate)
-    except ValueError:  # not the main thread (an embedding program): leave SIGTERM alone
-        previous = None
+        previous = {sig: signal.signal(sig, _stop) for sig in Stopped.CODES}
+    except ValueError:  # not the main thread (an embedding program): leave the signals alone
+        previous = {}
     try:
         return _run(argv)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _run(argv: list[str] | None) -> int:
@@ -70,15 +77,13 @@ def _run(argv: list[str] | None) -> int:
         print_error(str(exc))
         return 1
     except exit_ as exc:
-        if isinstance(exc.__cause__, KeyboardInterrupt):  # Typer turns Ctrl-C into Exit(130)
-            print_error("interrupted; nothing was written", label="aborted")
+        return exc.exit_code
+    except Stopped as exc:
+        print_error(f"{exc.word}; nothing was written", label="aborted")
         return exc.exit_code
     except (abort, KeyboardInterrupt):
         print_error("interrupted; nothing was written", label="aborted")
         return 130
-    except Terminated:
-        print_error("terminated; nothing was written", label="aborted")
-        return 143
     except usage_error as exc:  # click's usage line, the hint to --help, and the error
         if debug:
             raise
