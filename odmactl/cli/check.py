@@ -19,7 +19,7 @@ def check(
     model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
     policy: Annotated[str, typer.Option(help="the policy the config is for")] = "odma",
     predictor: Annotated[Optional[str], typer.Option(help="`odmactl fit` artifact folder, `oracle` or `none` "
-                                                          "(default: the config's [meta] predictor, else none)")] = None,
+                                                          "(default: the config's [meta] predictor; odma and s3 need one)")] = None,
     min_utilization: Annotated[Optional[float], typer.Option(help="fail when kv_utilization is below this (0-1)")] = None,
     max_migration_rate: Annotated[Optional[float], typer.Option(help="fail when migration_rate is above this")] = None,
     max_overflow_rate: Annotated[Optional[float], typer.Option(help="fail when (migrations + preemptions) / requests is above this")] = None,

@@ -20,7 +20,7 @@ def replay(
     policy: Annotated[str, typer.Option(help="allocator policy: static, paged, s3, odma")] = "odma",
     compare: Annotated[Optional[str], typer.Option(help="comma-separated policies replayed on the same trace, side by side")] = None,
     predictor: Annotated[Optional[str], typer.Option(help="`odmactl fit` artifact folder, `oracle` (true lengths) or `none` "
-                                                          "(default: the --config's [meta] predictor, else none)")] = None,
+                                                          "(default: the --config's [meta] predictor; odma and s3 need one)")] = None,
     config: Annotated[Optional[Path], typer.Option(help="config TOML with [allocator] and [scheduler] tables (plan's output)")] = None,
     rate: Annotated[Optional[float], typer.Option(help="rescale arrivals to this many requests/s")] = None,
     offline: Annotated[bool, typer.Option(help="every request arrives at t=0")] = False,
