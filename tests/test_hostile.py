@@ -121,7 +121,8 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     "replay_missing_config": ([*REPLAY, "--config", "nope.toml"], 1, ("nope.toml", "no such file")),
     "replay_missing_predictor": (["replay", "{trace}", *DEVICE, "--predictor", "nope/"], 1, ("nope",)),
     "replay_out_is_trace": ([*REPLAY, "--out", "{trace}", "--force"], 1, ("is also an input",)),
-    "replay_out_is_plot": ([*REPLAY, "--out", "r.json", "--plot", "r.json"], 1, ("two outputs",)),
+    "replay_out_is_plot": ([*REPLAY, "--out", "r.png", "--plot", "r.png"], 1, ("two outputs",)),
+    "replay_plot_not_png": ([*REPLAY, "--plot", "r.svg"], 1, ("--plot writes a PNG",)),
     "replay_scale_without_device": ([*REPLAY, "--scale", "0.5"], 1, ("--on-device",)),
     "replay_markup_out": ([*REPLAY, "--out", "[/x].json"], 1, ("[/x].json", "does not exist")),
     # the config file

@@ -47,5 +47,5 @@ def ingest(
         return
     if fmt == "auto":
         for path, f in zip(sources, formats):
-            err.print(escape(f"{path}: detected format '{f}'"))
+            err.print(escape(f"{path}: detected format '{f}'"), soft_wrap=True)
     render_ingest(out, summary)

@@ -50,6 +50,8 @@ def replay(
     from odmactl.trace.schema import read_trace
 
     policies = parse_policies(compare, policy)
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
     check_outputs([out_path, plot], force, inputs=[trace_path, config])
     pool_bytes = parse_kv_pool(kv_pool)
     device_spec = None

@@ -9,4 +9,4 @@ from odmactl.cli.app import app
 @app.command()
 def version() -> None:
     """Print the odmactl version."""
-    print(__version__)
+    print(f"odmactl {__version__}")  # as --version prints it

@@ -62,7 +62,10 @@ class Thresholds:
         """The config table's thresholds (errors name `source` and the key), then the flags' values
         where given."""
         from_file = TomlTable(dict(table), source, "thresholds").to_dataclass(cls)
-        return dataclasses.replace(from_file, **{k: v for k, v in flags.items() if v is not None})
+        try:
+            return dataclasses.replace(from_file, **{k: v for k, v in flags.items() if v is not None})
+        except ConfigError as exc:  # a flag's value: name the flag, not a key
+            raise ConfigError(f"--{exc.key.replace('_', '-')}: {exc.message}" if exc.key else exc.message) from None
 
 
 @dataclass(frozen=True)

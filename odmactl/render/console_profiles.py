@@ -10,6 +10,7 @@ from rich.table import Table
 
 from odmactl.core.units import format_bytes, format_rate
 from odmactl.hw.profiles import profiles_dir
+from odmactl.render.tables import narrow_table
 
 
 def _short_path(file: str) -> str:
@@ -20,24 +21,18 @@ def _short_path(file: str) -> str:
 
 
 def render_profiles_list(console: Console, devices: list[dict], models: list[dict]) -> None:
-    table = Table(title="devices", title_justify="left")
-    for col in ("name", "memory", "capacity", "peak bandwidth", "fp16", "measured", "file"):
-        table.add_column(col, overflow="fold")
-    for d in devices:
-        table.add_row(escape(d["name"]), d["memory_type"], format_bytes(d["capacity_bytes"], binary=False),
-                      format_rate(d["peak_bandwidth_bytes_per_s"], "B/s"), format_rate(d["peak_fp16_flops"], "FLOPS"),
-                      "yes" if d["measured"] else "no", escape(_short_path(d["file"])))
-    console.print(table)
-    table = Table(title="models", title_justify="left")
-    for col in ("name", "layers", "heads / kv", "head dim", "params (active)", "KV bytes/token fp16"):
-        table.add_column(col, justify="right")
-    for m in models:
-        params = f"{m['total_params'] / 1e9:.2f} B"
-        if m["active_params"] != m["total_params"]:
-            params += f" ({m['active_params'] / 1e9:.2f} B)"
-        table.add_row(escape(m["name"]), str(m["num_layers"]), f"{m['num_attention_heads']} / {m['num_kv_heads']}",
-                      str(m["head_dim"]), params, f"{m['kv_bytes_per_token']['fp16']:,}")
-    console.print(table)
+    """The device profiles by the name --device takes (the file's stem), and the model profiles."""
+    rows = [[escape(Path(d["file"]).stem), d["memory_type"], format_bytes(d["capacity_bytes"], binary=False),
+             format_rate(d["peak_bandwidth_bytes_per_s"], "B/s"), format_rate(d["peak_fp16_flops"], "FLOPS"),
+             "yes" if d["measured"] else "no"] for d in devices]
+    console.print(narrow_table("devices (profiles/devices/, measured ones in measured/)",
+                               ("memory", "capacity", "peak\nbandwidth", "fp16", "measured"), rows, key="--device"))
+    rows = [[escape(m["name"]), str(m["num_layers"]), f"{m['num_attention_heads']} / {m['num_kv_heads']}",
+             str(m["head_dim"]), f"{m['total_params'] / 1e9:.2f} B", f"{m['active_params'] / 1e9:.2f} B",
+             f"{m['kv_bytes_per_token']['fp16']:,}"] for m in models]
+    console.print(narrow_table("models (profiles/models/)", ("layers", "heads\n/ kv", "head\ndim", "params",
+                                                             "active\nparams", "KV bytes\nper token\n(fp16)"),
+                               rows, key="--model"))
 
 
 def render_device(console: Console, d: dict) -> None:
@@ -67,13 +62,10 @@ def render_device(console: Console, d: dict) -> None:
         bw.add_row(format_bytes(row["chunk_bytes"]), f"{row['efficiency']:.4f}")
     console.print(bw)
     console.print(escape(f"source: {src.get('bandwidth.scattered', '-')}"), soft_wrap=True)
-    pools = Table(title="KV pool (capacity * fraction - weights - activation reserve)", title_justify="left")
-    for col in ("model", "kv dtype", "weights", "KV pool", "KV tokens"):
-        pools.add_column(col, justify="right")
-    for p in d["kv_pool"]:
-        pools.add_row(escape(p["model"]), p["kv_dtype"], format_bytes(p["weight_bytes"]),
-                      format_bytes(p["kv_pool_bytes"]), f"{p['kv_pool_tokens']:,}")
-    console.print(pools)
+    rows = [[escape(p["model"]), p["kv_dtype"], format_bytes(p["weight_bytes"]), format_bytes(p["kv_pool_bytes"]),
+             f"{p['kv_pool_tokens']:,}"] for p in d["kv_pool"]]
+    console.print(narrow_table("KV pool (capacity * fraction - weights - activation reserve)",
+                               ("kv dtype", "weights", "KV pool", "KV tokens"), rows, key="model"))
 
 
 def render_model(console: Console, m: dict) -> None:
@@ -86,7 +78,7 @@ def render_model(console: Console, m: dict) -> None:
                         ("attention heads / kv heads", f"{m['num_attention_heads']} / {m['num_kv_heads']}"),
                         ("head dim", m["head_dim"]), ("experts", experts),
                         ("parameters", f"{m['total_params']:,}"), ("active parameters", f"{m['active_params']:,}"),
-                        ("weights", f"{format_bytes(m['weight_bytes'], binary=False)} ({m['weight_dtype']})")):
+                        ("weights", f"{format_bytes(m['weight_bytes'])} ({m['weight_dtype']})")):
         table.add_row(name, value if isinstance(value, str) else f"{value:,}")
     for dtype, nbytes in m["kv_bytes_per_token"].items():
         table.add_row(f"KV bytes/token {dtype}", f"{nbytes:,}")

@@ -93,7 +93,7 @@ def render_plan(console: Console, doc: dict, out_path: str) -> None:
     console.print(escape(f"{t['path']}: {t['requests']:,} requests, {doc['model']} on {doc['device']}, predictor "
                          f"{doc['predictor']}; searched on the first {t['search_requests']:,}, validated on the last "
                          f"{t['holdout_requests']:,}"), highlight=False)
-    console.print(f"{doc['candidates']} candidates: {doc['pruned']} pruned by the cheap bounds, {doc['replayed']} "
+    console.print(f"{doc['candidates']:,} candidates: {doc['pruned']:,} pruned by the cheap bounds, {doc['replayed']} "
                   f"replayed; objective {doc['objective']}, overflow rate + 1 s.e. <= {doc['max_overflow_rate']:.2%}"
                   + (f", TTFT p99 <= {doc['ttft_p99_s']:g} s" if doc["ttft_p99_s"] else ""), highlight=False)
     a = doc["chosen"]["allocator"]

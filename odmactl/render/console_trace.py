@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from odmactl.render.tables import narrow_table
 
 
 def format_value(value: object) -> str:
@@ -14,27 +15,10 @@ def format_value(value: object) -> str:
     if isinstance(value, float):
         if abs(value) >= 100:
             return f"{value:,.0f}"
-        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
+        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
-
-
-def _narrow_table(title: str, headers: tuple[str, ...], rows: list[list[str]], key: str | None = None) -> Table:
-    """A table that fits a narrow terminal (80 columns, or a pipe): no vertical rules or edge
-    padding; right-aligned number columns at least as wide as each header's longest word and each
-    value, so headers wrap between words and no number is cut; an optional first `key` column of
-    names (rows start with it) that wraps long names instead of cutting them."""
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    if key is not None:
-        table.add_column(key, overflow="fold")
-    first = 0 if key is None else 1
-    for j, header in enumerate(headers, start=first):
-        width = max([len(word) for word in header.split()] + [len(row[j]) for row in rows])
-        table.add_column(header, justify="right", min_width=width)
-    for row in rows:
-        table.add_row(*row)
-    return table
 
 
 def render_ingest(console: Console, summary: dict) -> None:
@@ -75,7 +59,7 @@ BREAKDOWN_COLUMNS = {"requests": "requests", "share": "share", "prompt_mean": "p
 def _breakdown_table(title: str, rows: list[dict], key: str, limit: int = 20) -> Table:
     cells = [[escape(str(r[key]))] + [f"{r[k]:.1%}" if k == "share" else format_value(r[k]) for k in BREAKDOWN_COLUMNS]
              for r in rows[:limit]]
-    return _narrow_table(f"{title} ({len(rows)} distinct; top {min(limit, len(rows))})",
+    return narrow_table(f"{title} ({len(rows)} distinct; top {min(limit, len(rows))})",
                          tuple(BREAKDOWN_COLUMNS.values()), cells, key=key)
 
 
@@ -88,7 +72,7 @@ def _drift_table(stats: dict, limit: int = 48) -> Table:
     rows = stats["drift"]
     title = f"drift per {stats['window_s']:g} s window ({len(rows)} windows" + \
         (f", first {limit}" if len(rows) > limit else "") + ")"
-    return _narrow_table(title, tuple(DRIFT_COLUMNS.values()), [[format_value(r[k]) for k in DRIFT_COLUMNS]
+    return narrow_table(title, tuple(DRIFT_COLUMNS.values()), [[format_value(r[k]) for k in DRIFT_COLUMNS]
                                                                 for r in rows[:limit]])
 
 

@@ -117,6 +117,16 @@ def prepare(frame: pl.DataFrame, spec: ServingSpec, setup: Serving, *, load: Loa
     return ReplayContext(setup, workload, max_len, scheduler), label
 
 
+def _arrivals_label(load: LoadOptions, workload: Workload) -> str:
+    if load.offline:
+        return "offline"
+    if load.rate_per_s:
+        return f"rescaled to {load.rate_per_s} req/s"
+    if workload.size and not workload.arrival_ps.any():
+        return "trace timestamps, all at t=0 (offline)"
+    return "trace timestamps"
+
+
 def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, progress=None,
                  tables: dict[str, dict] | None = None, device: DeviceHooks | None = None,
                  setup: Serving | None = None) -> dict:
@@ -143,8 +153,7 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
     else:
         advance = "closed-form fast-forward" if scheduler.fast_forward else "token-by-token stepping"
     return {
-        "trace": {"requests": workload.size, "arrivals": "offline" if spec.load.offline else
-                  (f"rescaled to {spec.load.rate_per_s} req/s" if spec.load.rate_per_s else "trace timestamps"),
+        "trace": {"requests": workload.size, "arrivals": _arrivals_label(spec.load, workload),
                   "total_output_tokens": int(workload.output_tokens.sum())},
         "device": setup.device.name, "model": setup.model.name, "kv_dtype": spec.kv_dtype,
         "kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token, "max_model_len": ctx.max_len,

@@ -42,12 +42,13 @@ def serving(device_ref: str, model_ref: str, kv_dtype: str = "fp16", kv_pool_byt
     (on-device replays only) scales the model as the Serving docstring says."""
     device = load_device(device_ref)
     full_model = load_model(model_ref, kv_dtype=kv_dtype)
-    room = int(device.usable_bytes - full_model.weight_bytes)  # what a pool may take at most
+    room = device.kv_pool_bytes(full_model)  # the most a pool may take: what the profile leaves
     if kv_pool_bytes is not None and kv_pool_bytes > room:
         raise ConfigError(f"--kv-pool {format_bytes(kv_pool_bytes)} does not fit {device.name}: its usable memory "
                           f"({format_bytes(device.usable_bytes)}) less {full_model.name}'s weights "
-                          f"({format_bytes(full_model.weight_bytes)}) leaves {format_bytes(max(room, 0))}",
-                          hint="give a smaller --kv-pool or a device with more memory")
+                          f"({format_bytes(full_model.weight_bytes)}) and the activation reserve "
+                          f"({format_bytes(device.activation_reserve_bytes)}) leaves {format_bytes(room)}",
+                          hint="give a smaller --kv-pool, or a device profile with more memory")
     pool_bytes = kv_pool_bytes if kv_pool_bytes is not None else device.kv_pool_bytes(full_model)
     if pool_bytes < full_model.kv_bytes_per_token:
         raise ConfigError(f"{full_model.name} leaves no KV pool on {device.name} "

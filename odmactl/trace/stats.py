@@ -56,10 +56,13 @@ def _drift(frame: pl.DataFrame, window_s: float) -> list[dict[str, object]]:
         )
         .sort("window")
     )
+    last_s = float(frame["arrival_s"].max())
     rows = []
     for row in windows.iter_rows(named=True):
         start = row.pop("window") * window_s
-        rows.append({"start_s": start, "end_s": start + window_s, "rate_per_s": row["requests"] / window_s, **row})
+        end = min(start + window_s, last_s)  # the trace ends inside its last window: rate over the part it covers
+        rate = row["requests"] / (end - start) if end > start else None
+        rows.append({"start_s": start, "end_s": end, "rate_per_s": rate, **row})
     return rows
 
 

@@ -1,0 +1,23 @@
+"""Console tables that fit a narrow terminal."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.table import Table
+
+
+def narrow_table(title: str, headers: tuple[str, ...], rows: list[list[str]], key: str | None = None) -> Table:
+    """A table that fits a narrow terminal (80 columns, or a pipe): no vertical rules or edge
+    padding; right-aligned number columns exactly as wide as each header's longest word or value,
+    whichever is wider, so headers wrap between words and no number is cut; an optional first `key`
+    column of names (rows start with it) that takes the rest and wraps a long name."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    if key is not None:  # the names take the width the numbers leave, and wrap within it
+        table.add_column(key, overflow="fold")
+    first = 0 if key is None else 1
+    for j, header in enumerate(headers, start=first):
+        width = max([len(word) for word in header.split()] + [len(row[j]) for row in rows])
+        table.add_column(header, justify="right", min_width=width, max_width=width)
+    for row in rows:
+        table.add_row(*row)
+    return table
