@@ -163,7 +163,7 @@ def test_plan_prints_its_recommendation(cli, trace, tmp_path):
     r = _plan(cli, trace, tmp_path / "c.toml")
     assert r.code == 0, r.err
     text = " ".join((r.out + r.err).split())
-    assert "2160 candidates" in text and "overflow rate + 1 s.e. <= 0.50%" in text
+    assert "2,160 candidates" in text and "overflow rate + 1 s.e. <= 0.50%" in text
     config = tomllib.loads((tmp_path / "c.toml").read_text())
     assert config["meta"]["chosen"] in text
 
