@@ -75,8 +75,8 @@ def test_table_invariants():
         HedgeTable((5.0,), (1,))
     with pytest.raises(ValueError, match="strictly increasing"):
         HedgeTable((5.0, 5.0), (1, 2, 3))
-    with pytest.raises(ValueError, match=">= 0"):
-        HedgeTable((), (-1,))
+    with pytest.raises(ValueError, match=">= 1"):
+        HedgeTable((), (0,))
     t = HedgeTable((10.0, 20.0), (5, 50, 500))
     assert t.outputs(np.array([9.9, 10.0, 19.0, 20.0, 1e6])).tolist() == [5, 50, 50, 500, 500]
     assert t.outputs(np.array([9.9, 10.0, 20.0])).tolist() == [5, 50, 500]

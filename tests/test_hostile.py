@@ -62,7 +62,26 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     # ingest
     "ingest_missing_source": (["ingest", "nope.csv", "--out", "o.parquet"], 1, ("nope.csv", "no such file")),
     "ingest_out_is_input": (["ingest", "{csv}", "--out", "{csv}", "--force"], 1, ("is also an input",)),
-    "ingest_negative_seed": (["ingest", "{csv}", "--out", "o.parquet", "--seed", "-1"], 1, ("--seed", ">= 0")),
+    "ingest_negative_seed": (["ingest", "{csv}", "--out", "o.parquet", "--seed", "-1"], 1, ("--seed", "from 0")),
+    "ingest_huge_seed": (["ingest", "{csv}", "--out", "o.parquet", "--seed", str(2**64)], 1, ("--seed", "from 0")),
+    "ingest_out_dev_null": (["ingest", "{csv}", "--out", "/dev/null", "--force"], 1, ("not a regular file",)),
+    "ingest_arrival_overflow": (["ingest", "huge_times.csv", "--out", "o.parquet"], 1,
+                                ("huge_times.csv", "row 2", "TIMESTAMP", "float")),
+    "ingest_ragged_csv": (["ingest", "ragged.csv", "--out", "o.parquet"], 1, ("ragged.csv, row 2", "expected 3 fields")),
+    "ingest_unclosed_quote": (["ingest", "quote.csv", "--out", "o.parquet"], 1, ("quote.csv", "never closed")),
+    "ingest_control_characters": (["ingest", "ctrl.csv", "--out", "o.parquet"], 1, ("row 1", "\\x1b[31m")),
+    "ingest_numeric_time_bad_row": (["ingest", "numtime.csv", "--out", "o.parquet", "--map", "arrival_s=timestamp"], 1,
+                                    ("numtime.csv, row 3", "could not parse 'abc'")),
+    "ingest_mixed_json_time": (["ingest", "mixed.jsonl", "--format", "mooncake", "--out", "o.parquet"], 1,
+                               ("mixed.jsonl, row 3", "could not parse 'x'")),
+    "ingest_list_column": (["ingest", "lists.jsonl", "--out", "o.parquet", "--offline"], 1,
+                           ("prompt_tokens", "one value per row", "List")),
+    "ingest_servegen_dataset_not_object": (["ingest", "sg_list", "--format", "servegen", "--out", "o.parquet"], 1,
+                                           ("chunk-0-dataset.json", "expected a JSON object")),
+    "ingest_servegen_pdf_nan": (["ingest", "sg_nan", "--format", "servegen", "--out", "o.parquet"], 1,
+                                ("chunk-0-dataset.json", "0.input_tokens", "finite")),
+    "ingest_servegen_gamma_shape": (["ingest", "sg_shape", "--format", "servegen", "--out", "o.parquet"], 1,
+                                    ("chunk-0-trace.csv", "row 1", "shape", "> 0")),
     "ingest_zero_rate": (["ingest", "{csv}", "--out", "o.parquet", "--rate", "0"], 1, ("--rate",)),
     "ingest_nan_rate": (["ingest", "{csv}", "--out", "o.parquet", "--rate", "nan"], 1, ("--rate",)),
     "ingest_rate_and_offline": (["ingest", "{csv}", "--out", "o.parquet", "--rate", "2", "--offline"], 1,
@@ -89,6 +108,7 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     "stats_inf_window": (["stats", "{trace}", "--window", "inf"], 1, ("--window",)),
     # fit
     "fit_holdout": ([*FIT, "--holdout", "1.5"], 1, ("--holdout",)),
+    "fit_holdout_tiny": ([*FIT, "--holdout", "0.0001"], 1, ("--holdout", "between 0.05 and 0.8")),
     "fit_epochs": ([*FIT, "--epochs", "0"], 1, ("--epochs",)),
     "fit_max_model_len": ([*FIT, "--max-model-len", "0"], 1, ("--max-model-len",)),
     "fit_buckets": ([*FIT, "--buckets", "0"], 1, ("--buckets",)),
@@ -97,10 +117,21 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     "fit_tau_inf": ([*FIT, "--tau", "inf"], 1, ("--tau",)),
     "fit_seed": ([*FIT, "--seed", "-3"], 1, ("--seed",)),
     "fit_out_is_trace": (["fit", "{trace}", "--out", "{trace}", "--force"], 1, ("is also an input",)),
+    "fit_out_holds_trace": (["fit", "d/t.parquet", "--out", "d", "--force"], 1, ("contains", "an input")),
+    "fit_out_dot": (["fit", "{trace}", "--out", ".", "--force"], 1, ("contains", "an input")),
+    "fit_out_foreign_dir": (["fit", "{trace}", "--out", "servegen", "--force"], 1, ("holds no predictor.toml",)),
+    "fit_gamma_huge": ([*FIT, "--gamma", "1e300"], 1, ("--gamma", "from 0 to 1000")),
+    "fit_buckets_huge": ([*FIT, "--buckets", "100000000"], 1, ("--buckets", "4,096")),
+    "fit_epochs_huge": ([*FIT, "--epochs", "10000000"], 1, ("max_epochs", "--epochs")),
     # replay
     "replay_max_num_seqs_zero": ([*REPLAY, "--max-num-seqs", "0"], 1, ("--max-num-seqs",)),
     "replay_max_num_seqs_negative": ([*REPLAY, "--max-num-seqs", "-3"], 1, ("--max-num-seqs",)),
     "replay_max_model_len_zero": ([*REPLAY, "--max-model-len", "0"], 1, ("--max-model-len",)),
+    "replay_max_model_len_huge": ([*REPLAY, "--max-model-len", "999999999999"], 1, ("--max-model-len", "16,777,216")),
+    "replay_max_num_seqs_huge": ([*REPLAY, "--max-num-seqs", "10000000"], 1, ("--max-num-seqs", "65,536")),
+    "replay_seed_negative": ([*REPLAY, "--seed", "-1"], 1, ("--seed",)),
+    "replay_out_is_config_by_another_path": ([*REPLAY, "--config", "cfgdir/c.toml", "--out", "d/../cfgdir/c.toml",
+                                              "--force"], 1, ("is also an input",)),
     "replay_limit_zero": ([*REPLAY, "--limit", "0"], 1, ("--limit",)),
     "replay_kv_pool_huge": ([*REPLAY, "--kv-pool", "1e30 B"], 1, ("--kv-pool", "does not fit")),
     "replay_kv_pool_over_device": ([*REPLAY, "--kv-pool", "64GiB"], 1, ("--kv-pool 64 GiB does not fit",)),
@@ -109,6 +140,10 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     "replay_rate_tiny": ([*REPLAY, "--rate", "1e-12"], 1, ("clock", "--rate")),
     "replay_rate_negative": ([*REPLAY, "--rate", "-1"], 1, ("--rate",)),
     "replay_unknown_policy": ([*REPLAY, "--policy", "buddy"], 1, ("unknown policy 'buddy'",)),
+    "replay_compare_and_policy": ([*REPLAY, "--compare", "static,paged", "--policy", "odma"], 1,
+                                  ("--compare and --policy exclude each other",)),
+    "replay_model_head_dim_zero": (["replay", "{trace}", "--device", "mlu370-x4", "--model", "mdl", "--predictor",
+                                    "oracle"], 1, ("mdl/config.json", "head_dim", "positive integer")),
     "replay_compare_twice": ([*REPLAY, "--compare", "static,static"], 1, ("twice",)),
     "replay_compare_empty": ([*REPLAY, "--compare", ","], 1, ("names no policy",)),
     "replay_odma_without_predictor": (["replay", "{trace}", *DEVICE, "--compare", "static,odma"], 1,
@@ -126,12 +161,18 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     "replay_scale_without_device": ([*REPLAY, "--scale", "0.5"], 1, ("--on-device",)),
     "replay_markup_out": ([*REPLAY, "--out", "[/x].json"], 1, ("[/x].json", "does not exist")),
     # the config file
-    "config_max_num_seqs_zero": ([*REPLAY, "--config", "seqs0.toml"], 1, ("scheduler.max_num_seqs", ">= 1")),
+    "config_max_num_seqs_zero": ([*REPLAY, "--config", "seqs0.toml"], 1, ("scheduler.max_num_seqs", "from 1")),
+    "config_max_num_seqs_huge": ([*REPLAY, "--config", "seqs_huge.toml"], 1, ("scheduler.max_num_seqs", "65,536")),
+    "config_hedge_zero": ([*REPLAY, "--config", "hedge0.toml"], 1, ("allocator.hedge_output_tokens", "from 1")),
+    "config_refit_window_huge": ([*REPLAY, "--config", "refit_huge.toml"], 1, ("allocator.refit_window", "10,000,000")),
+    "config_num_buckets_huge": ([*REPLAY, "--config", "buckets_huge.toml"], 1, ("allocator.num_buckets", "4,096")),
+    "config_gamma_huge": ([*REPLAY, "--config", "gamma_huge.toml"], 1, ("allocator.gamma", "1000")),
     "config_prefill_negative": ([*REPLAY, "--config", "prefill.toml"], 1, ("scheduler.max_prefill_tokens",)),
     "config_scheduler_wrong_type": ([*REPLAY, "--config", "seqs_str.toml"], 1,
                                     ("scheduler.max_num_seqs", "expected a whole number")),
     "config_gamma_inf": ([*REPLAY, "--config", "gamma_inf.toml"], 1, ("allocator.gamma", "finite")),
     "config_unknown_allocator_key": ([*REPLAY, "--config", "gama.toml"], 1, ("allocator.gama", "unknown key")),
+    "config_meta_not_a_table": ([*REPLAY, "--config", "meta5.toml"], 1, ("meta5.toml", "key 'meta'", "a table")),
     "config_unknown_table": ([*REPLAY, "--config", "table.toml"], 1, ("unknown table 'foo'",)),
     "config_not_toml": ([*REPLAY, "--config", "{csv}"], 1, ("not valid TOML",)),
     "config_markup_key": ([*REPLAY, "--config", "markup.toml"], 1, ("[/x]",)),
@@ -140,6 +181,9 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     "plan_holdout": ([*PLAN, "--holdout", "0.95"], 1, ("--holdout",)),
     "plan_replays": ([*PLAN, "--replays", "0"], 1, ("--replays",)),
     "plan_workers": ([*PLAN, "--workers", "0"], 1, ("--workers",)),
+    "plan_workers_huge": ([*PLAN, "--workers", "100000"], 1, ("--workers", "256")),
+    "plan_out_inside_predictor": (["plan", "{trace}", *DEVICE, "--predictor", "servegen", "--out", "servegen/c.toml"],
+                                  1, ("is inside", "servegen", "an input")),
     "plan_executor": ([*PLAN, "--executor", "slurm"], 1, ("--executor",)),
     "plan_objective": ([*PLAN, "--objective", "joy"], 1, ("--objective",)),
     "plan_predictor_none": ([*PLAN, "--predictor", "none"], 1, ("--predictor",)),
@@ -160,6 +204,7 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     "profiles_broken_device": (["profiles", "show", "broken.toml"], 1, ("broken.toml", "not valid TOML")),
     "calibrate_unknown_device": (["calibrate", "--out", "c.toml", "--device", "tpu"], 1, ("--device expects",)),
     "calibrate_existing_out": (["calibrate", "--out", "{config}"], 1, ("already exists",)),
+    "calibrate_negative_seed": (["calibrate", "--out", "c.toml", "--seed", "-1", "--device", "cpu"], 1, ("--seed",)),
 }
 
 
@@ -175,10 +220,40 @@ def folder(tmp_path_factory, conv_sample_head) -> Path:
     sg = base / "servegen"
     sg.mkdir()
     (sg / "chunk-0-trace.csv").write_text("0,2.0,1.0,Gamma,1.0,2.0\n600,2.0,1.0,Gamma,1.0,2.0\n")
+    pdf = '{"0": {"input_tokens": "{10: 0.5, 20: 0.5}", "output_tokens": "{5: 1.0}"}}'
+    for name, trace, dataset in (("sg_list", "0,2.0,1.0,Gamma,1.0,2.0\n", "[1, 2]"),
+                                 ("sg_nan", "0,2.0,1.0,Gamma,1.0,2.0\n", pdf.replace("0.5, 20", "NaN, 20")),
+                                 ("sg_shape", "0,2.0,1.0,Gamma,-1.0,2.0\n", pdf)):
+        (base / name).mkdir()
+        (base / name / "chunk-0-trace.csv").write_text(trace)
+        (base / name / "chunk-0-dataset.json").write_text(dataset)
+    (base / "d").mkdir()
+    shutil.copy(base / "trace.parquet", base / "d" / "t.parquet")
+    (base / "cfgdir").mkdir()
+    (base / "cfgdir" / "c.toml").write_text(GOOD_CONFIG)
+    (base / "huge_times.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n-1e308,10,10\n1e308,10,10\n")
+    header = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    (base / "ragged.csv").write_text(header + "2023-01-01 00:00:00,1,2\n2023-01-01 00:00:01,1,2,5,6\n")
+    (base / "quote.csv").write_text(header + '2023-01-01 00:00:00,1,2\n"2023-01-01 00:00:02,1,2\n')
+    (base / "ctrl.csv").write_text(header + "2023-01-01 00:00:00,1\x1b[31mred,2\n")
+    (base / "mdl").mkdir()
+    (base / "mdl" / "config.json").write_text(
+        '{"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, '
+        '"num_hidden_layers": 32, "head_dim": 0, "intermediate_size": 11008, "vocab_size": 32000}')
+    (base / "numtime.csv").write_text("timestamp,prompt_tokens,output_tokens\n1.5,1,2\n2.5,1,2\nabc,1,2\n")
+    (base / "mixed.jsonl").write_text('{"timestamp": 1, "input_length": 5, "output_length": 3}\n\n'
+                                      '{"timestamp": "x", "input_length": 5, "output_length": 3}\n')
+    (base / "lists.jsonl").write_text('{"prompt_tokens": [1, 2], "output_tokens": 3}\n')
     for name, text in {"seqs0.toml": "[scheduler]\nmax_num_seqs = 0\n[thresholds]\nmin_utilization = 0.1\n",
                        "prefill.toml": "[scheduler]\nmax_prefill_tokens = -1\n",
                        "seqs_str.toml": '[scheduler]\nmax_num_seqs = "8"\n',
                        "gamma_inf.toml": "[allocator]\ngamma = inf\n",
+                       "meta5.toml": "meta = 5\n[allocator]\n",
+                       "gamma_huge.toml": "[allocator]\ngamma = 1e300\n",
+                       "seqs_huge.toml": "[scheduler]\nmax_num_seqs = 10000000\n",
+                       "hedge0.toml": "[allocator]\nhedge_edges = [10.0]\nhedge_output_tokens = [0, 0]\n",
+                       "refit_huge.toml": "[allocator]\nrefit_window = 100000000000000000\n",
+                       "buckets_huge.toml": "[allocator]\nnum_buckets = 100000000\n",
                        "gama.toml": "[allocator]\ngama = 0.2\n",
                        "table.toml": "[foo]\nbar = 1\n",
                        "markup.toml": '[allocator]\n"[/x]" = 1\n',
@@ -336,3 +411,25 @@ def test_an_on_device_replay_that_does_not_fit_suggests_a_scale():
     with pytest.raises(ConfigError, match="--scale 0.2"):
         check_fits("cpu", int(free * 0.5), int(free * 2), 1.0)  # needs 2.5x the free memory; may take half
     check_fits("cpu", 1 << 20, 1 << 20, 1.0)
+
+
+@pytest.mark.parametrize("kind", ["duration", "datetime"])
+def test_typed_time_columns_ingest(cli, tmp_path, kind):
+    """A parquet file whose timestamps are typed (a Duration since a start, or a Datetime) is read as
+    such, not as text that fails to parse."""
+    import datetime as dt
+
+    from odmactl.trace.schema import read_trace
+
+    values = ([dt.timedelta(seconds=5), dt.timedelta(seconds=7.25)] if kind == "duration"
+              else [dt.datetime(2024, 1, 1, 12), dt.datetime(2024, 1, 1, 12, 0, 2, 250000)])
+    pl.DataFrame({"ts": values, "prompt_tokens": [5, 6], "output_tokens": [7, 8]}).write_parquet(tmp_path / "a.parquet")
+    result = cli("ingest", tmp_path / "a.parquet", "--out", tmp_path / "o.parquet", "--map", "arrival_s=ts")
+    assert result.code == 0, result.err
+    assert read_trace(tmp_path / "o.parquet")["arrival_s"].to_list() == [0.0, 2.25]
+
+
+def test_a_profiles_folder_that_is_not_one_is_named(cli, monkeypatch, tmp_path):
+    monkeypatch.setenv("ODMACTL_PROFILES", str(tmp_path / "nope"))
+    result = cli("profiles", "list")
+    assert result.code == 1 and "$ODMACTL_PROFILES=" in result.err and "devices/ and models/" in result.err

@@ -127,7 +127,7 @@ def test_a_full_disk_is_a_message_and_leaves_nothing(tmp_path, cli, monkeypatch,
 def test_atomic_dir_refuses_a_directory_made_meanwhile(tmp_path):
     target = tmp_path / "pred"
     with pytest.raises(OutputError, match="already exists"):
-        with atomic_output_dir(target, force=False) as tmp:
+        with atomic_output_dir(target, force=False, owned="weights") as tmp:
             (tmp / "weights").write_text("mine")
             target.mkdir()
             (target / "theirs").write_text("theirs")
@@ -161,3 +161,50 @@ def test_outputs_get_the_umask_permissions(tmp_path, cli):
         os.umask(old)
     for path in (tmp_path / "r.json", trace, tmp_path / "pred" / "weights.safetensors", tmp_path / "pred" / "predictor.toml"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+
+
+def _odmactl(*args: str, stdout) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "odmactl", *args], stdout=stdout, stderr=subprocess.PIPE, text=True,
+                          timeout=120)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_standard_output_on_a_full_disk_is_a_message():
+    with open("/dev/full", "w") as full:
+        result = _odmactl("profiles", "list", stdout=full)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: could not write standard output: No space left on device"
+
+
+def test_standard_output_closed_by_its_reader_stops_quietly():
+    """`odmactl ... | head -c 1`: no traceback, no message, the shell's code for SIGPIPE."""
+    proc = subprocess.Popen([sys.executable, "-m", "odmactl", "profiles", "list"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.read(1)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) in (0, 141)  # 0 when it finished writing before the reader left
+    assert err == ""
+
+
+@pytest.mark.parametrize("make", ["dir_of_other_files", "dir_holding_the_trace", "fifo"])
+def test_force_never_destroys_what_odmactl_did_not_write(tmp_path, cli, conv_sample_head, make):
+    trace = tmp_path / "t.parquet"
+    trace.write_bytes(conv_sample_head(200).read_bytes())
+    if make == "dir_of_other_files":
+        target = tmp_path / "notes"
+        target.mkdir()
+        (target / "mine.txt").write_text("keep me")
+        args, words = ["fit", trace, "--out", target, "--force"], "holds no predictor.toml"
+    elif make == "dir_holding_the_trace":
+        target = tmp_path
+        args, words = ["fit", trace, "--out", target, "--force"], "contains"
+    else:
+        target = tmp_path / "pipe"
+        os.mkfifo(target)
+        args, words = ["ingest", trace, "--out", target, "--force"], "not a regular file"
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    result = cli(*args)
+    assert result.code == 1 and words in result.err, result.err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert trace.read_bytes() == conv_sample_head(200).read_bytes()

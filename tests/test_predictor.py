@@ -203,6 +203,7 @@ def _resign(manifest: Path, text: str) -> None:
     ("wrong_type", "settings.hidden"),
     ("reshape", "do not fit the network"),
     ("no_manifest", "predictor.toml is missing"),
+    ("weights_elsewhere", "weights_file"),
 ])
 def test_damaged_artifacts_are_clear_errors(multi_model, tmp_path, damage, expected):
     """Any edit of predictor.toml fails its manifest_sha256; a manifest made consistent by hand
@@ -238,6 +239,9 @@ def test_damaged_artifacts_are_clear_errors(multi_model, tmp_path, damage, expec
         _resign(m, text.replace("hidden = 64\n", "hidden = 32\n"))
     elif damage == "no_manifest":
         m.unlink()
+    elif damage == "weights_elsewhere":  # a re-signed manifest pointing outside its folder
+        (tmp_path / "elsewhere.safetensors").write_bytes(w.read_bytes())
+        _resign(m, text.replace(f'weights_file = "{WEIGHTS}"', 'weights_file = "../elsewhere.safetensors"'))
     if damage not in ("no_manifest", "truncate_weights", "flip_weight_byte"):
         assert m.read_text() != text, "the damage must change the manifest"
     with pytest.raises(PredictorError) as info:

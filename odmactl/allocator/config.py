@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from odmactl.core.errors import ConfigError
+from odmactl.core.limits import MAX_BUCKETS, MAX_GAMMA, MAX_TOKENS, MAX_WINDOW_REQUESTS, whole_number_problem
 from odmactl.core.tomltable import TomlTable
 
 STATIC_SLOTS = ("max_model_len", "prompt_plus_max_new")
@@ -55,20 +56,21 @@ class AllocatorConfig:
     refit_every: int = 1_000
 
     def __post_init__(self) -> None:
-        positive = ("max_model_len_tokens", "block_size_tokens", "s3_num_buckets", "num_buckets",
-                    "granularity_tokens", "refit_window", "refit_every")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"expected an integer >= 1, got {value!r}", key=name)
+        for name, high in (("max_model_len_tokens", MAX_TOKENS), ("block_size_tokens", MAX_TOKENS),
+                           ("s3_num_buckets", MAX_BUCKETS), ("num_buckets", MAX_BUCKETS),
+                           ("granularity_tokens", MAX_TOKENS), ("refit_window", MAX_WINDOW_REQUESTS),
+                           ("refit_every", MAX_WINDOW_REQUESTS)):
+            problem = whole_number_problem(getattr(self, name), 1, high)
+            if problem is not None:
+                raise ConfigError(problem, key=name)
         if self.static_slot not in STATIC_SLOTS:
             raise ConfigError(f"expected one of {', '.join(STATIC_SLOTS)}, got {self.static_slot!r}", key="static_slot")
         if self.static_slot == "prompt_plus_max_new" and not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
             raise ConfigError("static_slot = 'prompt_plus_max_new' needs max_new_tokens >= 1", key="max_new_tokens")
         if self.refit_mode not in REFIT_MODES:
             raise ConfigError(f"expected one of {', '.join(REFIT_MODES)}, got {self.refit_mode!r}", key="refit_mode")
-        if not (self.gamma >= 0):
-            raise ConfigError(f"expected gamma >= 0, got {self.gamma!r}", key="gamma")
+        if not (0 <= self.gamma <= MAX_GAMMA):
+            raise ConfigError(f"expected a number from 0 to {MAX_GAMMA:g}, got {self.gamma!r}", key="gamma")
         if not (self.tau >= 0):
             raise ConfigError(f"expected tau >= 0, got {self.tau!r}", key="tau")
         if not (0 <= self.large_pool_fraction < 1):
@@ -84,8 +86,9 @@ class AllocatorConfig:
             edges, tokens = self.hedge_edges, self.hedge_output_tokens
             if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in edges) or list(edges) != sorted(set(edges)):
                 raise ConfigError(f"expected strictly increasing predicted lengths, got {list(edges)}", key="hedge_edges")
-            if any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in tokens):
-                raise ConfigError(f"expected token counts >= 0, got {list(tokens)}", key="hedge_output_tokens")
+            if any(not isinstance(x, int) or isinstance(x, bool) or not 1 <= x <= MAX_TOKENS for x in tokens):
+                raise ConfigError(f"expected token counts from 1 to {MAX_TOKENS:,} (every request generates a token), "
+                                  f"got {list(tokens)}", key="hedge_output_tokens")
             if len(tokens) != len(edges) + 1:
                 raise ConfigError(f"expected one more count than hedge_edges ({len(edges) + 1}), got {len(tokens)}",
                                   key="hedge_output_tokens")

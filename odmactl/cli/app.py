@@ -63,6 +63,12 @@ def progress_for(json_out: bool):
     return progress_bar(not json_out and err.is_terminal)
 
 
+def printable(text: str) -> str:
+    """`text` on one line, with control characters (newlines, escape sequences from a file's bytes)
+    shown as Python escapes so that they can neither break the line nor drive the terminal."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+
+
 def print_error(message: str, label: str = "error") -> None:
-    """One message on stderr, printed as written (never read as markup)."""
-    err.print(Text.assemble((f"{label}: ", "bold red"), message), highlight=False, soft_wrap=True)
+    """One message on stderr, on one line, printed as written (never read as markup)."""
+    err.print(Text.assemble((f"{label}: ", "bold red"), printable(message)), highlight=False, soft_wrap=True)

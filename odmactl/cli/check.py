@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.cli.app import app, out, progress_for
-from odmactl.cli.inputs import check_outputs, check_policy_names, parse_kv_pool
+from odmactl.cli.inputs import check_outputs, check_policy_names, input_paths, parse_kv_pool
 
 
 @app.command()
@@ -56,7 +56,7 @@ def check(
              "min_tps_gain": min_tps_gain, "baseline": baseline}
     setup = prepare_check(config, policy, flags)
     check_policy_names(setup.policies)
-    check_outputs([junit, markdown_path, out_path], force, inputs=[trace_path, config])
+    check_outputs([junit, markdown_path, out_path], force, input_paths(trace_path, config, predictor, device, model))
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, config=config,
                       load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit), max_model_len=max_model_len,
                       kv_pool_bytes=parse_kv_pool(kv_pool))

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.cli.app import app, out, progress_for
+from odmactl.cli.inputs import check_outputs, input_paths
 
 
 @app.command()
@@ -30,18 +31,15 @@ def fit(
     """Train the generation-length predictor, fit quantile buckets, evaluate on a held-out part."""
     import time
 
-    from odmactl.core.atomic import atomic_output_dir, check_writable_dir
-    from odmactl.core.errors import OutputError
-    from odmactl.predict.artifact import write_artifact
+    from odmactl.core.atomic import atomic_output_dir
+    from odmactl.predict.artifact import MANIFEST, write_artifact
     from odmactl.predict.fitting import FitRequest, run_fit
     from odmactl.predict.settings import PredictorSettings
     from odmactl.render.console_trace import render_fit
     from odmactl.render.json import to_json
     from odmactl.trace.schema import read_trace
 
-    if out_dir.resolve() == trace_path.resolve():
-        raise OutputError("is also an input of this command; writing it would destroy that input", file=out_dir)
-    check_writable_dir(out_dir, force=force)
+    check_outputs([out_dir], force, input_paths(trace_path, encoder), directory_owned=MANIFEST)
     settings = PredictorSettings(family="encoder" if encoder else "embedded", mode="s3" if s3 else "odma",
                                  max_model_len_tokens=max_model_len, max_epochs=epochs)
     request = FitRequest(num_buckets=buckets, holdout=holdout, split_by=split_by, seed=seed, gamma=gamma, tau=tau)
@@ -50,7 +48,7 @@ def fit(
     with progress_for(json_out) as progress:
         outcome = run_fit(frame, trace_path.name, settings, request, encoder_dir=encoder, progress=progress)
     seconds = time.perf_counter() - started
-    with atomic_output_dir(out_dir, force=force) as tmp:
+    with atomic_output_dir(out_dir, force=force, owned=MANIFEST) as tmp:
         write_artifact(outcome.predictor, tmp, outcome.artifact_tables())
     if json_out:
         print(to_json({"out": str(out_dir), **outcome.summary}))

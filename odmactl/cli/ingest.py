@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from odmactl.cli.app import app, err, out, progress_for
-from odmactl.cli.inputs import check_outputs, parse_map
+from odmactl.cli.inputs import check_outputs, input_paths, parse_map
 
 
 @app.command()
@@ -35,7 +35,7 @@ def ingest(
     from odmactl.trace.readers.options import ReadOptions
     from odmactl.trace.schema import ArrivalOptions, write_trace
 
-    check_outputs([out_path], force, inputs=sources)
+    check_outputs([out_path], force, input_paths(*sources, tokenizer))
     with progress_for(json_out) as progress:
         opts = ReadOptions(column_map=parse_map(column_map), tokenizer_dir=tokenizer, seed=seed, start_s=start,
                            duration_s=duration, rate_scale=rate_scale, progress=progress)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from odmactl.allocator import ALLOCATORS
-from odmactl.core.atomic import check_writable
+from odmactl.core.atomic import absolute, check_writable, check_writable_dir
 from odmactl.core.errors import ConfigError, OutputError
 from odmactl.core.units import parse_quantity
 
@@ -22,9 +22,12 @@ def parse_map(items: list[str]) -> dict[str, str]:
     return mapping
 
 
-def parse_policies(compare: str | None, policy: str) -> list[str]:
-    """--compare's comma-separated policies, else --policy; every name a registered policy, once."""
-    policies = [p.strip() for p in compare.split(",") if p.strip()] if compare is not None else [policy]
+def parse_policies(compare: str | None, policy: str | None, default: str = "odma") -> list[str]:
+    """--compare's comma-separated policies, else --policy (None: `default`); every name a
+    registered policy, once; the two flags exclude each other."""
+    if compare is not None and policy is not None:
+        raise ConfigError("--compare and --policy exclude each other", hint="list the policy in --compare")
+    policies = [p.strip() for p in compare.split(",") if p.strip()] if compare is not None else [policy or default]
     if not policies:
         raise ConfigError("--compare names no policy", hint=f"e.g. --compare {','.join(ALLOCATORS)}")
     check_policy_names(policies)
@@ -52,15 +55,38 @@ def parse_kv_pool(kv_pool: str | None) -> int | None:
     return int(value)
 
 
-def check_outputs(outputs: list[Path | None], force: bool, inputs: list[Path | None] = ()) -> None:
+def input_paths(*values: str | Path | None) -> list[Path]:
+    """The values that name an existing file or directory: the inputs an output must not touch
+    (a --device or --model given as a path, a --predictor folder, a trace, a config)."""
+    return [Path(v) for v in values if v is not None and str(v) and Path(v).exists()]
+
+
+def _collision(output: Path, source: Path) -> str | None:
+    """Why writing `output` would destroy or change input `source`, or None (both absolute)."""
+    if output == source:
+        return "is also an input of this command; writing it would destroy that input"
+    if output in source.parents:
+        return f"contains {source}, an input of this command; replacing it would destroy that input"
+    if source.is_dir() and source in output.parents:
+        return f"is inside {source}, an input of this command; writing it would change that input"
+    return None
+
+
+def check_outputs(outputs: list[Path | None], force: bool, inputs: list[Path | None] = (), *,
+                  directory_owned: str | None = None) -> None:
     """Every output can be written (and replaced only with --force), before any expensive work; no
-    output is an input (not even with --force) or another output."""
-    named = [p for p in outputs if p is not None]
-    sources = {Path(p).resolve() for p in inputs if p is not None}
+    output is, contains or lies inside an input (not even with --force), or is another output.
+    With `directory_owned` the outputs are directories that must come to hold that file."""
+    named = [absolute(p) for p in outputs if p is not None]
+    sources = [absolute(p.resolve() if p.is_symlink() else p) for p in inputs if p is not None]
     for path in named:
-        if path.resolve() in sources:
-            raise OutputError("is also an input of this command; writing it would destroy that input", file=path,
-                              hint="choose another output path")
-        check_writable(path, force=force)
+        for source in sources:
+            reason = _collision(path.resolve(), source.resolve()) or _collision(path, source)
+            if reason is not None:
+                raise OutputError(reason, file=path, hint="choose another output path")
+        if directory_owned is None:
+            check_writable(path, force=force)
+        else:
+            check_writable_dir(path, force=force, owned=directory_owned)
     if len({p.resolve() for p in named}) != len(named):
         raise OutputError("two outputs name the same file", hint="give each output its own path")

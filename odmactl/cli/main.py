@@ -1,12 +1,14 @@
 """`main`: the single place where errors become messages and exit codes.
 
 Exit codes: 0 success; 1 bad input or data (an OdmaError: one plain-text message naming the file,
-row, column or key) or a failed check; 2 a command-line usage error (click's usage line, its hint
-and the error); 130 interrupted. Nothing a user types gives a traceback unless ODMACTL_DEBUG=1.
+row, column or key) or a failed check, or standard output that cannot be written (a full disk);
+2 a command-line usage error (click's usage line, its hint and the error); 130 interrupted (143
+terminated); 141 standard output closed by its reader (`| head`), silently, as a shell would. Nothing a user types gives a traceback unless ODMACTL_DEBUG=1.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import signal
@@ -52,15 +54,68 @@ def _stop(signum, frame) -> None:
     raise Stopped(signum)
 
 
+class StdoutFailed(Exception):
+    """Standard output could not be written: its reader went away (EPIPE) or its file is full."""
+
+    def __init__(self, exc: OSError) -> None:
+        super().__init__(exc.strerror or str(exc))
+        self.errno = exc.errno
+
+
+class _GuardedStream:
+    """sys.stdout as it was, with a failed write or flush raised as StdoutFailed, so that it is told
+    apart from an error writing an output file."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise StdoutFailed(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise StdoutFailed(exc) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _detach_stdout(stream) -> None:
+    """After a failed write: point file descriptor 1 at /dev/null, so that the interpreter's own
+    flush at exit cannot fail again and print a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test's captured stream)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and is the single place errors become messages and exit codes."""
     try:
         previous = {sig: signal.signal(sig, _stop) for sig in Stopped.CODES}
     except ValueError:  # not the main thread (an embedding program): leave the signals alone
         previous = {}
+    stdout = sys.stdout
+    sys.stdout = _GuardedStream(stdout)
     try:
-        return _run(argv)
+        code = _run(argv)
+        sys.stdout.flush()
+        return code
+    except StdoutFailed as exc:
+        _detach_stdout(stdout)
+        if exc.errno == errno.EPIPE:  # `odmactl ... | head`: the reader has what it wanted
+            return 141
+        print_error(f"could not write standard output: {exc}")
+        return 1
     finally:
+        sys.stdout = stdout
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -71,6 +126,8 @@ def _run(argv: list[str] | None) -> int:
     try:
         result = app(args=argv, prog_name="odmactl", standalone_mode=False)
         return result if isinstance(result, int) else 0
+    except StdoutFailed:
+        raise
     except OdmaError as exc:
         if debug:
             raise

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.cli.app import app, out, progress_for
-from odmactl.cli.inputs import check_outputs, parse_kv_pool
+from odmactl.cli.inputs import check_outputs, input_paths, parse_kv_pool
 
 
 @app.command()
@@ -44,7 +44,7 @@ def plan(
     from odmactl.run.config import predictor_for_config
     from odmactl.trace.schema import read_trace
 
-    check_outputs([out_path, report], force, inputs=[trace_path])
+    check_outputs([out_path, report], force, input_paths(trace_path, predictor, device, model))
     spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, objective=objective,
                     max_overflow_rate=max_migration_rate, ttft_p99_s=ttft_p99, holdout=holdout, replays=replays,
                     workers=workers, executor=executor, max_model_len=max_model_len, max_num_seqs=max_num_seqs,

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.cli.app import app, out, progress_for
-from odmactl.cli.inputs import check_outputs, parse_kv_pool, parse_policies
+from odmactl.cli.inputs import check_outputs, input_paths, parse_kv_pool, parse_policies
 
 
 @app.command()
@@ -17,7 +17,7 @@ def replay(
     device: Annotated[str, typer.Option(help="device profile name or TOML path (`odmactl profiles list`); "
                                              "with --on-device the torch device: auto, cpu, cuda or mlu")],
     model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
-    policy: Annotated[str, typer.Option(help="allocator policy: static, paged, s3, odma")] = "odma",
+    policy: Annotated[Optional[str], typer.Option(help="allocator policy: static, paged, s3, odma (default odma)")] = None,
     compare: Annotated[Optional[str], typer.Option(help="comma-separated policies replayed on the same trace, side by side")] = None,
     predictor: Annotated[Optional[str], typer.Option(help="`odmactl fit` artifact folder, `oracle` (true lengths) or `none` "
                                                           "(default: the --config's [meta] predictor; odma and s3 need one)")] = None,
@@ -52,7 +52,7 @@ def replay(
     policies = parse_policies(compare, policy)
     if plot is not None and plot.suffix.lower() != ".png":
         raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
-    check_outputs([out_path, plot], force, inputs=[trace_path, config])
+    check_outputs([out_path, plot], force, input_paths(trace_path, config, predictor, device, model, profile))
     pool_bytes = parse_kv_pool(kv_pool)
     device_spec = None
     if on_device:

@@ -11,6 +11,10 @@ What a user gets (tests/test_outputs.py checks each):
   the same new output one wins and the other fails with a message; with --force the last one wins.
 - A full disk or any other write error is a message naming the file, and leaves nothing behind.
 - Files are created with the permissions of the umask, like any other file the user makes.
+- Only regular files are replaced: an existing output that is a device, a FIFO or a socket is refused
+  even with --force, and --force replaces a non-empty directory only when it is one odmactl wrote
+  (it holds the `owned` marker file), so a mistyped path cannot delete a folder of other files.
+- Paths are made absolute first (without following links), so `.` and `..` name real directories.
 """
 
 from __future__ import annotations
@@ -29,23 +33,40 @@ from odmactl.core.errors import OutputError
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.(?:tmp|old)$")
 
 
+def absolute(path: Path) -> Path:
+    """`path` made absolute with `.` and `..` resolved, links not followed."""
+    return Path(os.path.abspath(path))
+
+
 def check_writable(path: Path, *, force: bool) -> None:
     """Fail before any expensive work if `path` cannot be (over)written."""
-    path = Path(path)
+    path = absolute(path)
     if path.is_dir():
         raise OutputError("is a directory, expected a file path", file=path)
-    if path.exists() and not force:
-        raise OutputError("already exists", file=path, hint="pass --force to replace it")
+    if path.exists():
+        if not path.is_file():
+            raise OutputError("exists and is not a regular file (a device, FIFO or socket); odmactl will not "
+                              "replace it", file=path, hint="choose another output path")
+        if not force:
+            raise OutputError("already exists", file=path, hint="pass --force to replace it")
     _check_parent(path)
 
 
-def check_writable_dir(path: Path, *, force: bool) -> None:
-    """Fail before any expensive work if directory `path` cannot be written (or replaced)."""
-    path = Path(path)
+def check_writable_dir(path: Path, *, force: bool, owned: str) -> None:
+    """Fail before any expensive work if directory `path` cannot be written (or replaced); with
+    `force` a non-empty directory is replaced only if it holds the file `owned`."""
+    path = absolute(path)
     if path.exists() and not path.is_dir():
         raise OutputError("exists and is not a directory", file=path)
-    if path.is_dir() and any(path.iterdir()) and not force:
-        raise OutputError("already exists and is not empty", file=path, hint="pass --force to replace it")
+    if path.is_dir() and any(path.iterdir()):
+        if not force:
+            raise OutputError("already exists and is not empty", file=path, hint="pass --force to replace it")
+        if not (path / owned).is_file():
+            raise OutputError(f"is not empty and holds no {owned}: odmactl replaces only a directory it wrote, "
+                              "never one of other files, even with --force", file=path,
+                              hint="choose a new or empty directory")
+    if path.parent == path:
+        raise OutputError("is the root directory", file=path, hint="choose a new or empty directory")
     _check_parent(path)
 
 
@@ -122,7 +143,7 @@ def _put_in_place(tmp: Path, path: Path, force: bool) -> None:
 @contextmanager
 def atomic_output(path: Path, *, force: bool) -> Iterator[Path]:
     """Yield a temp path to write; on clean exit it takes `path`'s place (see the module docstring)."""
-    path = Path(path)
+    path = absolute(path)
     check_writable(path, force=force)
     sweep_stale(path)
     tmp = _temp_name(path, "tmp")
@@ -140,12 +161,12 @@ def atomic_output(path: Path, *, force: bool) -> Iterator[Path]:
 
 
 @contextmanager
-def atomic_output_dir(path: Path, *, force: bool) -> Iterator[Path]:
-    """Yield a temp directory to fill; on clean exit it takes `path`'s place. Without `force` the
-    rename fails if a non-empty directory took the name meanwhile; with it an existing directory is
-    moved aside first and removed only once the new one is in place."""
-    path = Path(path)
-    check_writable_dir(path, force=force)
+def atomic_output_dir(path: Path, *, force: bool, owned: str) -> Iterator[Path]:
+    """Yield a temp directory to fill (it must come to hold `owned`); on clean exit it takes `path`'s
+    place. Without `force` the rename fails if a non-empty directory took the name meanwhile; with it
+    an existing directory is moved aside first and removed only once the new one is in place."""
+    path = absolute(path)
+    check_writable_dir(path, force=force, owned=owned)
     sweep_stale(path)
     tmp = _temp_name(path, "tmp")
     tmp.mkdir()

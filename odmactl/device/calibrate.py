@@ -22,6 +22,7 @@ from pathlib import Path
 
 from odmactl import __version__
 from odmactl.core.errors import ProfileError
+from odmactl.core.limits import check_seed
 from odmactl.core.units import format_bytes, format_rate
 
 CHUNK_BYTES = (64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 2 << 20)
@@ -57,6 +58,7 @@ class CalibrationSettings:
 
     @classmethod
     def for_device(cls, device: str, quick: bool, seed: int = 0) -> CalibrationSettings:
+        check_seed(seed)
         if device == "cpu":
             return cls(device, quick, buffer_bytes=(256 if quick else 512) << 20, gather_bytes=(32 if quick else 64) << 20,
                        repeats=3 if quick else 5, warmup=1, matmul_n=1024 if quick else 2048, attn_batch=8,

@@ -39,6 +39,9 @@ def profiles_dir() -> Path:
     package odmactl/_profiles; in a source checkout (editable install) the top-level profiles/."""
     env = os.environ.get("ODMACTL_PROFILES")
     if env:
+        if not (Path(env) / "devices").is_dir() or not (Path(env) / "models").is_dir():
+            raise ProfileError("expected a profiles directory holding devices/ and models/ (like the shipped "
+                               "profiles/)", file=f"$ODMACTL_PROFILES={env}", hint="unset it to use the shipped ones")
         return Path(env)
     package = Path(__file__).resolve().parents[1]  # odmactl/
     packaged = package / "_profiles"
@@ -377,7 +380,7 @@ def read_model(model_dir: Path, name: str | None = None, kv_dtype: str = "fp16",
     if heads % kv_heads:
         raise ProfileError(f"num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})",
                            file=file, key="num_key_value_heads")
-    if raw.get("head_dim"):
+    if raw.get("head_dim") is not None:  # absent or null: hidden_size / num_attention_heads, as transformers does
         head_dim = _config_int(raw, "head_dim", file)
     elif hidden % heads:
         raise ProfileError(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads})",
@@ -395,6 +398,8 @@ def read_model(model_dir: Path, name: str | None = None, kv_dtype: str = "fp16",
         raise ProfileError(f"unknown weight dtype {dtype!r}", file=file, key="torch_dtype",
                            hint=f"one of {', '.join(WEIGHT_DTYPE_BYTES)}")
     max_pos = raw.get("max_position_embeddings")
+    if max_pos is not None:
+        max_pos = _config_int(raw, "max_position_embeddings", file)
     return ModelProfile(
         name=name or model_dir.name, path=model_dir, model_type=raw["model_type"], num_layers=layers,
         hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
@@ -403,7 +408,7 @@ def read_model(model_dir: Path, name: str | None = None, kv_dtype: str = "fp16",
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         qkv_bias=raw["model_type"] == "qwen2" or bool(raw.get("attention_bias", False)),
         qk_norm=raw["model_type"] == "qwen3",
-        max_position_embeddings=max_pos if isinstance(max_pos, int) else None,
+        max_position_embeddings=max_pos,
         weight_dtype=dtype, kv_dtype=kv_dtype)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from odmactl.core.errors import ConfigError
+from odmactl.core.limits import HOLDOUT_RANGE, MAX_REPLAYS, MAX_WORKERS, check_whole
 from odmactl.run.spec import ServingSpec
 
 OBJECTIVES = ("tps", "utilization")
@@ -33,11 +34,10 @@ class PlanSpec(ServingSpec):
             raise ConfigError(f"--max-migration-rate must be in [0, 1], got {self.max_overflow_rate}")
         if self.ttft_p99_s is not None and not self.ttft_p99_s > 0:
             raise ConfigError(f"--ttft-p99 must be > 0 seconds, got {self.ttft_p99_s}")
-        if not 0.05 <= self.holdout <= 0.8:
-            raise ConfigError(f"--holdout must be between 0.05 and 0.8 (a share of the trace), got {self.holdout}")
-        if self.replays < 1:
-            raise ConfigError(f"--replays must be >= 1, got {self.replays}")
-        if self.workers < 1:
-            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        low, high = HOLDOUT_RANGE
+        if not low <= self.holdout <= high:
+            raise ConfigError(f"--holdout must be between {low} and {high} (a share of the trace), got {self.holdout}")
+        check_whole(self.replays, 1, MAX_REPLAYS, "--replays")
+        check_whole(self.workers, 1, MAX_WORKERS, "--workers")
         if self.executor not in EXECUTORS:
             raise ConfigError(f"--executor expects one of {', '.join(EXECUTORS)}, got '{self.executor}'")

@@ -145,7 +145,11 @@ def read_artifact(directory: Path, *, encoder_dir: Path | None = None) -> Length
     path = directory / MANIFEST
     settings = _section(manifest, "settings", PredictorSettings, path)
     state = _section(manifest, "state", FittedState, path)
-    weights = directory / str(manifest.get("weights_file", WEIGHTS))
+    name = manifest.get("weights_file", WEIGHTS)
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+        raise PredictorError(f"expected a file name inside the artifact folder, got {name!r}", file=directory / MANIFEST,
+                             key="weights_file")
+    weights = directory / name
     if not weights.is_file():
         raise PredictorError("the weights file is missing", file=weights)
     if file_sha256(weights) != manifest.get("weights_sha256"):

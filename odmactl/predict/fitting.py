@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from odmactl.core.errors import TraceError
+from odmactl.core.limits import HOLDOUT_RANGE, MAX_BUCKETS, MAX_GAMMA, check_seed, check_whole
 from odmactl.predict.evaluation import EvalSettings
 from odmactl.predict.predictor import UPPER_QUANTILE, LengthPredictor, PredictorSettings, ProgressFn
 from odmactl.rules.buckets import quantile_boundaries
@@ -29,15 +30,15 @@ class FitRequest:
     granularity_tokens: int = 16
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_buckets, bool) or not isinstance(self.num_buckets, int) or self.num_buckets < 1:
-            raise TraceError(f"--buckets must be a whole number >= 1, got {self.num_buckets}")
-        if not 0.0 < self.holdout < 1.0:
-            raise TraceError(f"--holdout must be a fraction between 0 and 1, got {self.holdout}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise TraceError(f"--seed must be a whole number >= 0, got {self.seed}")
-        for flag, value in (("--gamma", self.gamma), ("--tau", self.tau)):
-            if not (math.isfinite(value) and value >= 0):
-                raise TraceError(f"{flag} must be a finite number >= 0, got {value}")
+        check_whole(self.num_buckets, 1, MAX_BUCKETS, "--buckets")
+        low, high = HOLDOUT_RANGE
+        if not low <= self.holdout <= high:
+            raise TraceError(f"--holdout must be between {low} and {high} (a share of the trace), got {self.holdout}")
+        check_seed(self.seed)
+        if not (math.isfinite(self.gamma) and 0 <= self.gamma <= MAX_GAMMA):
+            raise TraceError(f"--gamma must be a number from 0 to {MAX_GAMMA:g}, got {self.gamma}")
+        if not (math.isfinite(self.tau) and self.tau >= 0):
+            raise TraceError(f"--tau must be a finite number >= 0, got {self.tau}")
 
 
 @dataclass

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from odmactl.core.errors import PredictorError
+from odmactl.core.limits import MAX_BUCKETS, MAX_EPOCHS, MAX_TOKENS, whole_number_problem
 
 FAMILIES = ("embedded", "encoder")
 MODES = ("odma", "s3")
@@ -40,12 +41,14 @@ class PredictorSettings:
             raise PredictorError(f"expected one of {', '.join(FAMILIES)}, got {self.family!r}", key="family")
         if self.mode not in MODES:
             raise PredictorError(f"expected one of {', '.join(MODES)}, got {self.mode!r}", key="mode")
-        for key, low, flag in (("max_model_len_tokens", 16, " (--max-model-len)"), ("max_epochs", 1, " (--epochs)"),
-                               ("num_hash_buckets", 1, ""), ("hidden", 1, ""), ("num_classes", 1, ""),
-                               ("batch_size", 1, ""), ("s3_num_buckets", 1, "")):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise PredictorError(f"expected a whole number >= {low}{flag}, got {value!r}", key=key)
+        for key, low, high, flag in (("max_model_len_tokens", 16, MAX_TOKENS, " (--max-model-len)"),
+                                     ("max_epochs", 1, MAX_EPOCHS, " (--epochs)"),
+                                     ("num_hash_buckets", 1, 1 << 24, ""), ("hidden", 1, 1 << 16, ""),
+                                     ("num_classes", 1, MAX_BUCKETS, ""), ("batch_size", 1, 1 << 20, ""),
+                                     ("s3_num_buckets", 1, MAX_BUCKETS, "")):
+            problem = whole_number_problem(getattr(self, key), low, high)
+            if problem is not None:
+                raise PredictorError(problem + flag, key=key)
 
 
 @dataclass

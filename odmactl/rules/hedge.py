@@ -32,7 +32,7 @@ class HedgeTable:
     edges[0], the last group from edges[-1] up); each reserves `output_tokens[g]` output tokens.
 
     Invariant (checked in __post_init__): edges strictly increasing, one more output count than
-    edges, every count >= 0.
+    edges, every count >= 1 (a request generates at least one token).
     """
 
     edges: tuple[float, ...]
@@ -44,8 +44,9 @@ class HedgeTable:
                              f"counts, got {len(self.output_tokens)}")
         if list(self.edges) != sorted(set(self.edges)):
             raise ValueError(f"hedge edges must be strictly increasing, got {list(self.edges)}")
-        if any(r < 0 for r in self.output_tokens):
-            raise ValueError(f"hedge output counts must be >= 0, got {list(self.output_tokens)}")
+        if any(r < 1 for r in self.output_tokens):
+            raise ValueError(f"hedge output counts must be >= 1 (every request generates a token), "
+                             f"got {list(self.output_tokens)}")
 
     def outputs(self, l_hat: np.ndarray) -> np.ndarray:
         """The output tokens reserved for each request predicted at `l_hat`: its group's count."""

@@ -59,8 +59,8 @@ def config_tables(data: dict, source: Path | None) -> dict[str, dict]:
     for name in CONFIG_TABLES:
         table = top.table(name, required=False)
         tables[name] = dict(table.data) if table is not None else {}
-    meta = top.data.get("meta")
-    tables["meta"] = dict(meta) if isinstance(meta, dict) else {}
+    meta = top.table("meta", required=False)
+    tables["meta"] = dict(meta.data) if meta is not None else {}
     if not isinstance(tables["meta"].get("predictor", ""), str):
         raise ConfigError("'predictor' must be a string (an `odmactl fit` artifact folder, oracle or none)",
                           file=source, key="meta.predictor")

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from odmactl.core.errors import ConfigError
+from odmactl.core.limits import MAX_NUM_SEQS, MAX_TOKENS, check_seed, check_whole
 
 
-def _positive_int(value: object, flag: str) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}")
+def _positive_int(value: object, flag: str, high: int | None) -> None:
+    """None, or a whole number from 1 to `high` (None: no upper limit here)."""
+    if value is not None:
+        check_whole(value, 1, value if high is None and isinstance(value, int) else high, flag)
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class LoadOptions:
             raise ConfigError("--offline and --rate exclude each other")
         if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1):
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
+        check_seed(self.seed)
 
 
 @dataclass(frozen=True)
@@ -51,9 +54,9 @@ class ServingSpec:
     kv_pool_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        _positive_int(self.max_model_len, "--max-model-len")
-        _positive_int(self.max_num_seqs, "--max-num-seqs")
-        _positive_int(self.kv_pool_bytes, "--kv-pool (in bytes)")
+        _positive_int(self.max_model_len, "--max-model-len", MAX_TOKENS)
+        _positive_int(self.max_num_seqs, "--max-num-seqs", MAX_NUM_SEQS)
+        _positive_int(self.kv_pool_bytes, "--kv-pool (in bytes)", None)  # the profile bounds it
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
 
 from odmactl.allocator.base import Allocation, AllocatorBase
 from odmactl.core.errors import ConfigError
+from odmactl.core.limits import MAX_NUM_SEQS, MAX_TOKENS, whole_number_problem
 from odmactl.hw.cost import KvLayout, to_ps
 from odmactl.sim.keyheap import KeyHeap
 from odmactl.sim.metrics import ReplayResult, Timeline, replay_result
@@ -101,10 +102,12 @@ class SchedulerSettings:
     series_points: int = 512
 
     def __post_init__(self) -> None:
-        for key, low in (("max_num_seqs", 1), ("max_prefill_tokens", 1), ("series_points", 2)):
+        for key, low, high in (("max_num_seqs", 1, MAX_NUM_SEQS), ("max_prefill_tokens", 1, MAX_TOKENS),
+                               ("series_points", 2, 1 << 20)):
             value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-                raise ConfigError(f"expected a whole number >= {low}, got {value!r}", key=key)
+            problem = None if value is None else whole_number_problem(value, low, high)
+            if problem is not None:
+                raise ConfigError(problem, key=key)
 
 
 class Replay:

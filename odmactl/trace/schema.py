@@ -19,6 +19,7 @@ import polars as pl
 from odmactl import __version__
 from odmactl.core.atomic import atomic_output
 from odmactl.core.errors import TraceError
+from odmactl.core.limits import check_seed
 
 SCHEMA_VERSION = 1
 SCHEMA: dict[str, pl.DataType] = {
@@ -61,12 +62,6 @@ class SourceFrame:
     tokenizer: str | None = None
     notes: list[str] = field(default_factory=list)
     params: dict[str, object] = field(default_factory=dict)
-
-
-def check_seed(seed: object) -> None:
-    """A seed for numpy's generators: a whole number >= 0 (what SeedSequence accepts)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise TraceError(f"--seed must be a whole number >= 0, got {seed!r}")
 
 
 @dataclass(frozen=True)
@@ -202,6 +197,12 @@ def _arrivals(sources: list[SourceFrame], opts: ArrivalOptions) -> tuple[list[pl
         else:
             gaps = rng.exponential(1.0 / opts.rate_per_s, sf.frame.height)
             out.append(pl.Series(np.concatenate([[0.0], np.cumsum(gaps[1:])])))
+        bad = np.flatnonzero(~np.isfinite(out[-1].to_numpy()))
+        if bad.size:
+            row = int(sf.frame["_row"][int(bad[0])])
+            raise TraceError("the timestamps span more than a float holds (an overflow measured from the earliest "
+                             "request); expected timestamps in seconds within the float range", file=sf.path, row=row,
+                             column=sf.columns.get("arrival", "arrival"))
     parts = []
     if absolute:
         parts.append("absolute timestamps share one clock from the earliest request")

@@ -3,6 +3,7 @@ numeric and timestamp conversion into the SourceFrame conventions (see odmactl.t
 
 from __future__ import annotations
 
+import csv
 import gzip
 import io
 import json
@@ -71,6 +72,22 @@ def _polars_error(path: Path, exc: Exception) -> TraceError:
     return TraceError(f"could not be read ({text})", file=path)
 
 
+def _diagnose_csv(path: Path, exc: Exception) -> TraceError:
+    """The record a CSV read failed on (1-based, header excluded) and what is wrong with it, found
+    by Python's strict csv reader; polars's own message when that reader sees nothing wrong."""
+    reader = csv.reader(text_lines(path), strict=True)
+    try:
+        width = len(next(reader))
+        for number, record in enumerate(reader, start=1):
+            if record and len(record) != width:
+                return TraceError(f"expected {width} fields as in the header, found {len(record)}", file=path,
+                                  row=number)
+    except csv.Error as error:
+        return TraceError(f"malformed CSV near line {reader.line_num} ({error}; a quote opened and never closed?)",
+                          file=path)
+    return _polars_error(path, exc)
+
+
 def csv_header(path: Path) -> list[str]:
     first = peek_text(path).splitlines()
     if not first or not first[0].strip():
@@ -103,6 +120,8 @@ def scan_csv(path: Path, columns: list[str], *, as_text: bool = False) -> pl.Dat
     except pl.exceptions.NoDataError as exc:
         raise TraceError("the file is empty", file=path) from exc
     except pl.exceptions.ComputeError as exc:
+        if "fields" in str(exc) or "quote" in str(exc) or (as_text and "parse" in str(exc)):
+            raise _diagnose_csv(path, exc) from exc
         if as_text or "parse" not in str(exc):
             raise _polars_error(path, exc) from exc
         return scan_csv(path, columns, as_text=True)
@@ -153,6 +172,15 @@ def scan_jsonl(path: Path, columns: list[str]) -> pl.DataFrame:
     return frame
 
 
+def require_scalar_columns(path: Path, frame: pl.DataFrame, mapping: dict[str, str]) -> None:
+    """Every mapped source column holds single values (numbers, text, times), not lists or records."""
+    for canonical, source in mapping.items():
+        dtype = frame[source].dtype
+        if dtype.is_nested() or dtype in (pl.Binary, pl.Object):
+            raise TraceError(f"expected one value per row for {canonical}, got a column of type {dtype}",
+                             file=path, column=source)
+
+
 def numeric(frame: pl.DataFrame, source: str, canonical: str) -> list[pl.Expr]:
     """Expressions for a canonical numeric column (Float64, null if not a number) and its raw text."""
     dtype = frame[source].dtype
@@ -187,7 +215,10 @@ class TimestampPlan:
 def timestamp_seconds(frame: pl.DataFrame, source: str, *, unit_s: float = 1.0) -> TimestampPlan:
     """The plan for `arrival` (Float64 seconds) from a timestamp column, and its clock.
 
-    Numbers are taken as a relative clock in `unit_s` seconds. Text is parsed as a date-time on a
+    Numbers are taken as a relative clock in `unit_s` seconds, and so is a text column whose first
+    value is a number (numbers mixed with text in JSON, or a CSV re-read as text because a value
+    did not parse): the values that are not numbers are null, with their text in `_raw_arrival`,
+    so the message names the row at fault. Other text is parsed as a date-time on a
     fast fixed-width path ("YYYY-MM-DD HH:MM:SS[.fffffff]": whole seconds and the fraction as two
     parallel parts) and is an absolute clock; values that path cannot read are null, with the text
     kept in `_raw_arrival`, and `fill_iso_arrivals` then tries the general ISO-8601 parser on them.
@@ -195,7 +226,17 @@ def timestamp_seconds(frame: pl.DataFrame, source: str, *, unit_s: float = 1.0) 
     col = frame[source]
     if col.dtype.is_numeric():
         return TimestampPlan([(pl.col(source).cast(pl.Float64) * unit_s).alias("arrival")], [], [], "relative")
+    if isinstance(col.dtype, pl.Duration):  # time since some start: a relative clock
+        seconds = pl.col(source).dt.total_microseconds().cast(pl.Float64) / 1e6
+        return TimestampPlan([seconds.alias("arrival")], [], [], "relative")
+    if isinstance(col.dtype, (pl.Datetime, pl.Date)):  # a typed date-time: an absolute clock
+        seconds = pl.col(source).cast(pl.Datetime("us")).dt.epoch("us").cast(pl.Float64) / 1e6
+        return TimestampPlan([seconds.alias("arrival")], [], [], "absolute")
     text = pl.col(source).cast(pl.String)
+    first = frame.select(text.drop_nulls().first().str.strip_chars().cast(pl.Float64, strict=False)).item()
+    if first is not None:
+        seconds = text.str.strip_chars().cast(pl.Float64, strict=False) * unit_s
+        return TimestampPlan([seconds.alias("arrival"), text.alias("_raw_arrival")], [], [], "relative")
     # busy traces repeat each whole second many times: parsing each distinct second once is about
     # twice as fast there, and 2.5x slower when every value differs, so look at a sample first
     sample = frame.select(text.head(10_000).str.slice(0, 19).alias("s"))["s"]

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from odmactl.core.errors import TraceError
-from odmactl.trace.schema import ProgressFn, check_seed
+from odmactl.core.limits import check_seed
+from odmactl.trace.schema import ProgressFn
 
 
 @dataclass(frozen=True)

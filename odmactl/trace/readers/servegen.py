@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import zlib
 from pathlib import Path
@@ -56,14 +57,26 @@ def _read_rates(path: Path) -> pl.DataFrame:
         raise TraceError(f"not a ServeGen rate table ({str(exc).splitlines()[0]})", file=path,
                          hint="expected rows of: window start, rate, cv, distribution, shape, scale") from exc
     frame = frame.with_row_index("_row", offset=1)
-    bad = frame.filter((pl.col("rate_per_s") < 0) | pl.col("rate_per_s").is_null() | pl.col("rate_per_s").is_nan())
+    bad = frame.filter(pl.col("window_start_s").is_null() | ~pl.col("window_start_s").is_finite())
     if bad.height:
-        raise TraceError(f"expected a rate >= 0, got {bad['rate_per_s'][0]}", file=path, row=bad["_row"][0], column="rate (2)")
+        raise TraceError(f"expected a window start in seconds, got {bad['window_start_s'][0]}", file=path,
+                         row=bad["_row"][0], column="window start (1)")
+    bad = frame.filter((pl.col("rate_per_s") < 0) | pl.col("rate_per_s").is_null() | ~pl.col("rate_per_s").is_finite())
+    if bad.height:
+        raise TraceError(f"expected a finite rate >= 0, got {bad['rate_per_s'][0]}", file=path, row=bad["_row"][0],
+                         column="rate (2)")
     bad = frame.filter((pl.col("rate_per_s") > 0) & pl.col("distribution").is_not_null()
                        & ~pl.col("distribution").is_in(["Gamma", "Weibull", "Exponential"]))
     if bad.height:
         raise TraceError(f"unknown inter-arrival distribution '{bad['distribution'][0]}' (expected Gamma, Weibull or Exponential)",
                          file=path, row=bad["_row"][0], column="distribution (4)")
+    shaped = (pl.col("rate_per_s") > 0) & pl.col("distribution").is_in(["Gamma", "Weibull"])
+    for column, label in (("shape", "shape (5)"), ("scale", "scale (6)")):
+        value = pl.col(column)
+        bad = frame.filter(shaped & (value.is_null() | ~value.is_finite() | (value <= 0)))
+        if bad.height:
+            raise TraceError(f"a {bad['distribution'][0]} distribution needs a finite {column} > 0, got "
+                             f"{bad[column][0]}", file=path, row=bad["_row"][0], column=label)
     return frame
 
 
@@ -78,6 +91,10 @@ def _parse_pdf(text: str, path: Path, key: str) -> tuple[np.ndarray, np.ndarray]
         raise TraceError("expected a PDF written as {value: probability, ...}", file=path, column=key) from exc
     order = np.argsort(pairs[:, 0], kind="stable")
     values, probs = pairs[order, 0], pairs[order, 1]
+    if not np.all(np.isfinite(pairs)):
+        raise TraceError("expected finite token counts and probabilities in the PDF", file=path, column=key)
+    if np.any(values < 0) or np.any(values != np.floor(values)):  # 0 occurs (requests excluded later, counted)
+        raise TraceError("expected whole token counts >= 0 as the PDF's values", file=path, column=key)
     if np.any(probs < 0) or probs.sum() <= 0:
         raise TraceError("PDF probabilities must be >= 0 with a positive sum", file=path, column=key)
     return values, np.cumsum(probs) / probs.sum()
@@ -89,13 +106,27 @@ def _read_pdfs(path: Path) -> dict[float, dict[str, tuple[np.ndarray, np.ndarray
         data = json.loads(raw)
     except (OSError, EOFError, zlib.error, json.JSONDecodeError) as exc:
         raise TraceError(f"not a readable ServeGen dataset file ({exc})", file=path) from exc
+    shape = 'a JSON object {"<window start s>": {"input_tokens": "{value: probability, ...}", "output_tokens": ...}}'
+    if not isinstance(data, dict) or not data:
+        raise TraceError(f"expected {shape}", file=path)
     out = {}
     for window, fields in data.items():
+        try:
+            start_s = float(window)
+        except ValueError:
+            start_s = math.nan
+        if not math.isfinite(start_s):
+            raise TraceError(f"expected a window start in seconds as the key, got '{window}'", file=path)
+        if not isinstance(fields, dict):
+            raise TraceError(f"window {window}: expected {shape}", file=path)
         for key in ("input_tokens", "output_tokens"):
             if key not in fields:
                 raise TraceError(f"window {window} has no {key} PDF (multimodal token fields are not supported)",
                                  file=path, column=key)
-        out[float(window)] = {k: _parse_pdf(fields[k], path, f"{window}.{k}") for k in ("input_tokens", "output_tokens")}
+            if not isinstance(fields[key], str):
+                raise TraceError("expected a PDF written as the text {value: probability, ...}", file=path,
+                                 column=f"{window}.{key}")
+        out[start_s] = {k: _parse_pdf(fields[k], path, f"{window}.{k}") for k in ("input_tokens", "output_tokens")}
     return dict(sorted(out.items()))
 
 

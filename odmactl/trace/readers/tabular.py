@@ -17,6 +17,7 @@ from odmactl.trace.readers.common import (
     require_file,
     scan_csv,
     scan_jsonl,
+    require_scalar_columns,
     timestamp_seconds,
 )
 from odmactl.trace.readers.options import ReadOptions
@@ -27,6 +28,7 @@ CANONICAL_INPUTS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens",
 
 def _frame(path: Path, fmt: str, raw: pl.DataFrame, mapping: dict[str, str], *, ts_unit_s: float = 1.0) -> SourceFrame:
     """Build a SourceFrame from `raw` whose source columns are named by `mapping` (canonical -> source)."""
+    require_scalar_columns(path, raw, mapping)
     exprs: list[pl.Expr] = [pl.col("_row")]
     exprs += numeric(raw, mapping["prompt_tokens"], "prompt_tokens")
     exprs += numeric(raw, mapping["output_tokens"], "output_tokens")
@@ -87,6 +89,7 @@ def read_mooncake(path: Path, opts: ReadOptions) -> SourceFrame:
 
 
 def _generic_mapping(path: Path, present: list[str], opts: ReadOptions, fmt: str) -> dict[str, str]:
+    present = [c for c in present if c != "_row"]  # the reader's record numbers, not the file's
     mapping = {c: c for c in CANONICAL_INPUTS if c in present}
     for canonical, source in opts.column_map.items():
         if canonical not in CANONICAL_INPUTS:
