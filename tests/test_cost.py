@@ -129,3 +129,53 @@ def test_round_half_even_matches_python_round_at_ties_and_near_them():
         _round_half_even(2.0**63)
     with pytest.raises(OverflowError):
         _round_half_even(float("nan"))
+
+
+def test_tensor_parallel_step_hand_calculation():
+    """Issue 27, acceptance 3: DeepSeek-R1-Distill-Qwen-7B over four MLU370-X4 cards on PCIe 4.0.
+    Each card holds a quarter of the heads, the MLP and the vocabulary, one of the 4 KV heads, and
+    each layer adds two ring all-reduces of the batch's activations."""
+    tp, hidden, inter, vocab = 4, 3584, 18944, 152064
+    q_out, kv_out = 28 // tp * 128, 1 * 128  # 7 query heads and 1 KV head a card
+    attention = hidden * q_out + 2 * hidden * kv_out + q_out * hidden + (q_out + 2 * kv_out)  # Qwen2's q/k/v biases
+    per_layer = attention + 3 * hidden * (inter // tp) + 2 * hidden
+    shard_params = LAYERS * per_layer + 2 * (vocab // tp) * hidden + hidden  # untied embedding and head
+    device, model = load_device("mlu370-x4"), load_model("DeepSeek-R1-Distill-Qwen-7B")
+    shard = model.shard(tp)
+    assert shard.total_params == shard_params
+    assert shard.kv_bytes_per_token == LAYERS * 2 * 1 * 128 * 2  # 7,168 bytes a card, 28,672 for the group
+    cost = CostModel(device, shard, tp=tp)
+
+    batch, context = 32, 1000
+    link_bw, step_lat, base_lat = 31.5e9, 1.0e-6, 6.6e-6  # the profile's [interconnect]
+    message = batch * hidden * 2  # bytes a layer all-reduces, twice
+    allreduce = base_lat + 2 * (tp - 1) * step_lat + 2 * (tp - 1) / tp * message / link_bw
+    comm_s = 2 * LAYERS * allreduce
+    step = cost.decode_step(np.full(batch, context), KvLayout.contiguous())
+    assert step.weights_s == pytest.approx(2 * shard_params / (SEQ_EFF * PEAK_BW), rel=1e-12)
+    assert step.compute_s == pytest.approx(2 * shard.active_params * batch / FLOPS, rel=1e-12)
+    assert step.overhead_s == pytest.approx(comm_s, rel=1e-12)  # the profile has no step_overhead
+    assert comm_s == pytest.approx(1.317e-3, abs=1e-6)  # 56 all-reduces of 229 KB over PCIe: 1.3 ms a step
+    # the replay's integer coefficients carry the same all-reduce terms
+    coeff = cost.step_coefficients(KvLayout.contiguous())
+    assert coeff.step_ps([context] * batch) * 1e-12 == pytest.approx(step.total_s, rel=1e-6)
+    # prefill all-reduces every prompt token's activations; a migration copies a shard a card
+    prompts = np.array([512, 1500])
+    no_comm = CostModel(device, shard, tp=1)
+    prefill_comm = 2 * LAYERS * (base_lat + 2 * (tp - 1) * step_lat + 2 * (tp - 1) / tp * prompts.sum() * hidden * 2 / link_bw)
+    assert cost.prefill_s(prompts) - no_comm.prefill_s(prompts) == pytest.approx(prefill_comm, rel=1e-9)
+    assert cost.migration_s(4096) == pytest.approx(2 * 1024 / (SEQ_EFF * PEAK_BW), rel=1e-12)
+    # the group's pool: what each card leaves beside its shard, four times
+    per_card = int(24e9 * 0.9 - 2 * shard_params - 3.05 * 2**30)
+    assert cost.kv_pool_bytes() == 4 * per_card
+
+
+def test_tensor_parallelism_that_does_not_divide_the_model_is_an_error():
+    from odmactl.core.errors import OdmaError, ProfileError
+
+    model = load_model("DeepSeek-R1-Distill-Qwen-7B")
+    with pytest.raises(ProfileError, match="28 attention heads and 4 KV heads"):
+        model.shard(8)
+    assert model.shard(2).num_kv_heads == 2 and model.shard(4).num_kv_heads == 1
+    with pytest.raises(OdmaError, match="no \\[interconnect\\]"):
+        load_device("cloud-ai-100-ultra").interconnect_for(2)

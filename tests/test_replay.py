@@ -14,7 +14,7 @@ from conftest import SAMPLES
 
 from odmactl.allocator import ALLOCATORS, make_allocator
 from odmactl.cli import main
-from odmactl.hw.cost import CostModel, StepCoefficients
+from odmactl.hw.cost import CostModel, KvLayout, StepCoefficients
 from odmactl.hw.profiles import load_device, load_model
 from odmactl.render.json import to_json
 from odmactl.run.replay import run_policies
@@ -142,6 +142,60 @@ def test_fast_forward_equals_token_by_token_stepping(conv_sample, cost, policy, 
     if policy in ("s3", "odma") and predictor == "half":
         assert m["migrations"] > 0
     assert fast.metrics["decode_iterations"] > 10 * fast.metrics["prefill_iterations"] / 10
+
+
+@pytest.mark.parametrize("policy", ["paged", "odma"])
+@pytest.mark.parametrize("offline", [True, False])
+def test_a_small_token_budget_admits_over_several_iterations_alike_in_both_modes(conv_sample, cost, policy, offline):
+    """Admission stopped by max_num_batched_tokens is retried at the next iteration (vLLM's
+    prefill-first scheduling); fast-forward still equals stepping."""
+    frame = conv_sample.head(220)
+    w = case_workload(frame, "oracle", offline)
+    config = {"boundaries_tokens": [600, 1400, 3000, 8192], "large_pool_bytes": 0} if policy == "odma" else {}
+    runs = []
+    for fast_forward in (True, False):
+        bpt = cost.model.kv_bytes_per_token
+        allocator = make_allocator(policy, 60_000 * bpt, bpt, {"max_model_len_tokens": 8192, **config})
+        settings = SchedulerSettings(fast_forward=fast_forward, max_num_seqs=48, max_num_batched_tokens=8192)
+        runs.append(Replay(w, allocator, cost, 8192, settings).run())
+    assert runs[0].metrics == runs[1].metrics
+    assert runs[0].metrics["completed"] == frame.height
+
+
+@pytest.mark.parametrize("policy", ["static", "paged", "odma"])
+def test_fast_forward_equals_stepping_under_tensor_parallelism(conv_sample, policy):
+    """The all-reduce terms (a fixed and a per-request part of each step) sum in closed form exactly."""
+    model = load_model(MODEL).shard(4)
+    tp_cost = CostModel(load_device(DEVICE), model, tp=4)
+    assert tp_cost.step_coefficients(KvLayout.contiguous()).comm_per_seq_ps > 0
+    w = case_workload(conv_sample.head(220), "half", False)
+    config = {"boundaries_tokens": [512, 1024, 2048, 4096, 8192], "large_pool_bytes": 0} if policy == "odma" else {}
+    runs = []
+    for fast_forward in (True, False):
+        bpt = model.kv_bytes_per_token * 4
+        allocator = make_allocator(policy, 30_000 * bpt, bpt, {"max_model_len_tokens": 8192, **config})
+        runs.append(Replay(w, allocator, tp_cost, 8192, SchedulerSettings(fast_forward=fast_forward, max_num_seqs=48)).run())
+    assert runs[0].metrics == runs[1].metrics
+
+
+def test_a_full_queue_fills_the_batch_to_max_num_seqs(cost):
+    """Issue 27, acceptance 0: 1,000 offline requests with 1,000-token prompts on an A100-80GB with
+    Llama-3-8B, paged: the batch grows to --max-num-seqs (it stayed at 2 when admission waited for a
+    release), and fast-forward equals stepping."""
+    a100 = CostModel(load_device("a100-80gb-sxm"), load_model("Llama-3-8B"))
+    n = 1000
+    w = Workload(request_ids=[str(i) for i in range(n)], arrival_ps=np.zeros(n, dtype=np.int64),
+                 prompt_tokens=np.full(n, 1000, dtype=np.int64), output_tokens=np.full(n, 200, dtype=np.int64))
+    bpt = a100.model.kv_bytes_per_token
+    for max_num_seqs in (8, 32, 128):
+        results = []
+        for fast_forward in (True, False):
+            allocator = make_allocator("paged", 400_000 * bpt, bpt, {"max_model_len_tokens": 8192})
+            settings = SchedulerSettings(fast_forward=fast_forward, max_num_seqs=max_num_seqs)
+            results.append(Replay(w, allocator, a100, 8192, settings).run().metrics)
+        assert results[0] == results[1]
+        assert results[0]["peak_concurrency"] == max_num_seqs
+        assert results[0]["prefill_iterations"] == -(-n // (8192 // 1000))  # 8 prompts fill each 8,192-token budget
 
 
 def _conservation(frame: pl.DataFrame) -> None:

@@ -30,6 +30,7 @@ def check(
     offline: Annotated[bool, typer.Option(help="every request arrives at t=0")] = False,
     limit: Annotated[Optional[int], typer.Option(help="replay only the first N requests")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's)")] = None,
+    tp: Annotated[int, typer.Option(help="tensor parallelism: split the model over this many devices of the profile, as vLLM does")] = 1,
     kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: the profile's)")] = None,
     junit: Annotated[Optional[Path], typer.Option(help="write the verdicts as JUnit XML")] = None,
@@ -59,7 +60,7 @@ def check(
     check_outputs([junit, markdown_path, out_path], force, input_paths(trace_path, config, predictor, device, model))
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, config=config,
                       load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit), max_model_len=max_model_len,
-                      kv_pool_bytes=parse_kv_pool(kv_pool))
+                      kv_pool_bytes=parse_kv_pool(kv_pool), tp=tp)
     frame = read_trace(trace_path)
     with progress_for(json_out) as progress:
         outcome = run_check(frame, spec, policy, setup, progress=progress, started=started)

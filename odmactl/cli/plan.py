@@ -28,6 +28,9 @@ def plan(
     executor: Annotated[str, typer.Option(help="process (local workers) or ray (a Ray cluster; the ray extra)")] = "process",
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the trace's longest, within model and pool)")] = None,
     max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="prefill token budget of one iteration, as vLLM's "
+                                                                    "(default max(max_model_len, 2048))")] = None,
+    tp: Annotated[int, typer.Option(help="tensor parallelism: split the model over this many devices of the profile, as vLLM does")] = 1,
     kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: the profile's)")] = None,
     force: Annotated[bool, typer.Option(help="replace --out / --report if they exist")] = False,
@@ -48,7 +51,8 @@ def plan(
     spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, objective=objective,
                     max_overflow_rate=max_migration_rate, ttft_p99_s=ttft_p99, holdout=holdout, replays=replays,
                     workers=workers, executor=executor, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                    kv_pool_bytes=parse_kv_pool(kv_pool))
+                    max_num_batched_tokens=max_num_batched_tokens,
+                    kv_pool_bytes=parse_kv_pool(kv_pool), tp=tp)
     frame = read_trace(trace_path)
     with progress_for(json_out) as progress:
         doc = run_plan(frame, spec, progress=progress)

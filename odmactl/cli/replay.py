@@ -27,6 +27,9 @@ def replay(
     limit: Annotated[Optional[int], typer.Option(help="replay only the first N requests")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the trace's longest, within model and pool)")] = None,
     max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="prefill token budget of one iteration, as vLLM's "
+                                                                    "(default max(max_model_len, 2048))")] = None,
+    tp: Annotated[int, typer.Option(help="tensor parallelism: split the model over this many devices of the profile, as vLLM does")] = 1,
     kv_dtype: Annotated[str, typer.Option(help="KV precision: fp16, bf16, fp8, int8, int4, oaken")] = "fp16",
     stepping: Annotated[bool, typer.Option(help="advance token by token instead of in closed form (slow; a check)")] = False,
     seed: Annotated[int, typer.Option(help="seed for generated arrivals (--rate on a trace without timestamps)")] = 0,
@@ -55,6 +58,8 @@ def replay(
     check_outputs([out_path, plot], force, input_paths(trace_path, config, predictor, device, model, profile))
     pool_bytes = parse_kv_pool(kv_pool)
     device_spec = None
+    if on_device and tp != 1:
+        raise OdmaError("--on-device runs on one device: it takes no --tp", hint="replay --tp N without --on-device")
     if on_device:
         from odmactl.device.calibrate import resolve_device
         from odmactl.device.ondevice import OnDeviceSpec, measured_profile
@@ -66,8 +71,9 @@ def replay(
         raise OdmaError("--profile and --scale apply to --on-device replays only")
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, config=config,
                       load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit, seed=seed),
-                      max_model_len=max_model_len, max_num_seqs=max_num_seqs, fast_forward=not stepping,
-                      kv_pool_bytes=pool_bytes)
+                      max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens, fast_forward=not stepping,
+                      kv_pool_bytes=pool_bytes, tp=tp)
     frame = read_trace(trace_path)
     with progress_for(json_out) as progress:
         if device_spec is None:

@@ -13,6 +13,7 @@ MAX_TOKENS = 1 << 24  # KV tokens of one request or block: max_model_len, block 
 MAX_NUM_SEQS = 1 << 16  # requests in one batch
 MAX_BUCKETS = 4_096  # ODMA's quantile buckets, S3's equal-width buckets, fit's --buckets
 MAX_WINDOW_REQUESTS = 10_000_000  # ODMA's refit window and interval
+MAX_TP = 64  # devices in one tensor-parallel group
 MAX_WORKERS = 256  # plan's worker processes
 MAX_REPLAYS = 10_000  # plan's full replays
 MAX_EPOCHS = 10_000  # predictor training epochs

@@ -75,6 +75,36 @@ class BandwidthTable:
 
 
 @dataclass(frozen=True)
+class Interconnect:
+    """The link between the devices of one tensor-parallel group, as a ring all-reduce sees it.
+
+    Invariant: `bandwidth_bytes_per_s` (one direction of one device's link) > 0, latencies >= 0.
+    A ring all-reduce of S bytes over N devices takes 2 (N - 1) steps, each sending S / N bytes:
+    base_latency_s + 2 (N - 1) * step_latency_s + 2 (N - 1) / N * S / bandwidth_bytes_per_s (the
+    formula NCCL's tuning model uses for its ring algorithm; sources in DeviceProfile.sources).
+    """
+
+    kind: str
+    bandwidth_bytes_per_s: float
+    step_latency_s: float
+    base_latency_s: float
+
+    def allreduce_latency_s(self, ranks: int) -> float:
+        """The size-independent part of one all-reduce over `ranks` devices."""
+        return self.base_latency_s + 2 * (ranks - 1) * self.step_latency_s
+
+    def allreduce_s_per_byte(self, ranks: int) -> float:
+        """Seconds each all-reduced byte adds."""
+        return 2 * (ranks - 1) / ranks / self.bandwidth_bytes_per_s
+
+    def allreduce_s(self, num_bytes: float, ranks: int) -> float:
+        """One ring all-reduce of `num_bytes` over `ranks` devices (0 on one device)."""
+        if ranks == 1:
+            return 0.0
+        return self.allreduce_latency_s(ranks) + self.allreduce_s_per_byte(ranks) * num_bytes
+
+
+@dataclass(frozen=True)
 class DeviceProfile:
     """One accelerator (or host) as the cost model sees it.
 
@@ -99,6 +129,17 @@ class DeviceProfile:
     sources: Mapping[str, str]
     measurement: Mapping[str, object] | None = None
     calibration: Mapping[str, object] | None = None
+    interconnect: Interconnect | None = None  # None: the profile knows no link, so tp is 1
+
+    def interconnect_for(self, tp: int) -> Interconnect | None:
+        """The link a tensor-parallel group of `tp` of these devices uses (None for tp 1)."""
+        if tp == 1:
+            return None
+        if self.interconnect is None:
+            raise ProfileError(f"tensor parallelism over {tp} devices needs the device's interconnect, and this "
+                               "profile has no [interconnect] table", file=self.path,
+                               hint="add [interconnect] (kind, bandwidth, step_latency, base_latency) or use --tp 1")
+        return self.interconnect
 
     @property
     def sequential_bandwidth_bytes_per_s(self) -> float:
@@ -169,6 +210,17 @@ def _bandwidth(table: TomlTable, sources: dict[str, str]) -> BandwidthTable:
     return BandwidthTable(tuple(chunks), tuple(effs), seq_eff)
 
 
+def _interconnect(table: TomlTable | None, sources: dict[str, str]) -> Interconnect | None:
+    if table is None:
+        return None
+    kind = _figure(table, "kind", "text", sources)
+    bandwidth = _figure(table, "bandwidth", "bandwidth", sources)
+    step = _figure(table, "step_latency", "seconds", sources, allow_zero=True)
+    base = _figure(table, "base_latency", "seconds", sources, allow_zero=True)
+    table.finish()
+    return Interconnect(kind, bandwidth, step, base)
+
+
 def _read_json(path: Path) -> object:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -222,12 +274,13 @@ def parse_device(data: dict, path: Path) -> DeviceProfile:
             if not isinstance(measurement.get(key), str):
                 raise top.error(f"measurement.{key}", "missing: a measured profile records date, device, torch and command")
     calibration = top.raw("calibration", required=False)
+    interconnect = _interconnect(top.table("interconnect", required=False), sources)
     top.finish()
     return DeviceProfile(name=name, description=description, path=path, measured=measured, memory_type=memory_type,
                          capacity_bytes=capacity, peak_bandwidth_bytes_per_s=peak_bw, peak_fp16_flops=fp16,
                          peak_bf16_flops=bf16, memory_fraction=fraction, activation_reserve_bytes=reserve,
                          step_overhead_s=overhead or 0.0, bandwidth=bandwidth, sources=sources,
-                         measurement=measurement, calibration=calibration)
+                         measurement=measurement, calibration=calibration, interconnect=interconnect)
 
 
 def device_paths() -> list[Path]:
@@ -284,6 +337,7 @@ class ModelProfile:
     max_position_embeddings: int | None
     weight_dtype: str
     kv_dtype: str = "fp16"
+    tp: int = 1  # > 1: this is one device's shard of a model split over tp devices (`shard`)
     total_params: int = field(init=False)
     active_params: int = field(init=False)
 
@@ -318,6 +372,31 @@ class ModelProfile:
 
     def with_kv_dtype(self, kv_dtype: str) -> ModelProfile:
         return replace(self, kv_dtype=kv_dtype)
+
+    def shard(self, tp: int) -> ModelProfile:
+        """What one of `tp` tensor-parallel devices holds, split as vLLM splits it: the attention
+        heads, the MLP's intermediate size and the vocabulary (embedding and head) over the `tp`
+        devices; the KV heads too, or, when there are fewer KV heads than devices, one KV head per
+        device (replicated, so the group stores each KV head tp / num_kv_heads times). Norms stay
+        whole. `tp` must divide the attention heads and the intermediate size, and the KV heads
+        must divide or be divided by it, as vLLM requires."""
+        if tp == 1:
+            return self
+        heads, kv = self.num_attention_heads, self.num_kv_heads
+        problems = []
+        if heads % tp:
+            problems.append(f"num_attention_heads ({heads})")
+        if kv % tp and tp % kv:
+            problems.append(f"num_key_value_heads ({kv}), which must divide or be divided by it")
+        if self.intermediate_size % tp:
+            problems.append(f"intermediate_size ({self.intermediate_size})")
+        if problems:
+            raise ProfileError(f"--tp {tp} does not divide {self.name}'s " + " and ".join(problems),
+                               file=self.path / "config.json" if self.path.is_dir() else self.path,
+                               hint=f"the model has {heads} attention heads and {kv} KV heads")
+        return replace(self, num_attention_heads=heads // tp, num_kv_heads=max(1, kv // tp),
+                       intermediate_size=self.intermediate_size // tp, vocab_size=-(-self.vocab_size // tp),
+                       name=f"{self.name} (1/{tp} shard)", tp=tp)
 
     def scaled(self, scale: float) -> ModelProfile:
         """The model with round(scale * layers) layers, at least one (the parameter count and the

@@ -28,6 +28,9 @@ def device_summary(device: DeviceProfile, models: list[ModelProfile]) -> dict:
         "kv_pool": pools, "sources": dict(device.sources),
         "measurement": dict(device.measurement) if device.measurement else None,
         "calibration": device.calibration,
+        "interconnect": None if device.interconnect is None else {
+            "kind": device.interconnect.kind, "bandwidth_bytes_per_s": device.interconnect.bandwidth_bytes_per_s,
+            "step_latency_s": device.interconnect.step_latency_s, "base_latency_s": device.interconnect.base_latency_s},
     }
 
 

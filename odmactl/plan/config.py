@@ -24,7 +24,7 @@ def config_document(doc: dict, command: str, predictor: str) -> dict:
     baselines = {name: {k: v["metrics"][k] for k in EXPECTED_KEYS} for name, v in doc["validation"].items()
                  if name != "odma"}
     return {
-        "meta": {"generated_by": command, "policy": "odma", "device": doc["device"], "model": doc["model"],
+        "meta": {"generated_by": command, "policy": "odma", "device": doc["device"], "tp": doc["tp"], "model": doc["model"],
                  "predictor": predictor, "objective": doc["objective"], "trace_digest": doc["trace"]["digest"],
                  "search_requests": doc["trace"]["search_requests"],
                  "holdout_requests": doc["trace"]["holdout_requests"],
@@ -32,7 +32,7 @@ def config_document(doc: dict, command: str, predictor: str) -> dict:
                  "constraints_met_on_search": doc["constraints_met_on_search"],
                  "expected": {k: odma[k] for k in EXPECTED_KEYS}, "baselines": baselines},
         "allocator": allocator,
-        "scheduler": {"max_num_seqs": doc["max_num_seqs"]},
+        "scheduler": {"max_num_seqs": doc["max_num_seqs"], "max_num_batched_tokens": doc["max_num_batched_tokens"]},
         "thresholds": {"min_utilization": math.floor(odma["kv_utilization"] * 0.9 * 1000) / 1000,
                        "max_overflow_rate": doc["max_overflow_rate"], "max_rejection_rate": 0.0},
     }
@@ -45,6 +45,12 @@ def plan_command(trace_path: Path, spec: PlanSpec, out_path: Path) -> str:
             "--replays", spec.replays, "--out", out_path]
     if spec.ttft_p99_s is not None:
         args += ["--ttft-p99", spec.ttft_p99_s]
+    for flag, value, default in (("--tp", spec.tp, 1), ("--max-model-len", spec.max_model_len, None),
+                                 ("--max-num-seqs", spec.max_num_seqs, None),
+                                 ("--max-num-batched-tokens", spec.max_num_batched_tokens, None),
+                                 ("--kv-dtype", spec.kv_dtype, "fp16"), ("--kv-pool", spec.kv_pool_bytes, None)):
+        if value != default:
+            args += [flag, f"{value} B" if flag == "--kv-pool" else value]
     return " ".join(shlex.quote(str(a)) for a in args)
 
 

@@ -75,7 +75,7 @@ def trace_digest(frame: pl.DataFrame) -> str:
 
 def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     """Search, replay, choose and validate; returns the JSON-ready plan document."""
-    setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes)
+    setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes, tp=spec.tp)
     if spec.predictor == "none":
         raise ConfigError("plan sizes ODMA's blocks from predicted lengths: give --predictor P/ (from `odmactl fit`) "
                           "or --predictor oracle (the upper bound)")
@@ -134,9 +134,10 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     return {
         "trace": {"requests": frame.height, "search_requests": split, "holdout_requests": frame.height - split,
                   "digest": trace_digest(frame)},
-        "device": setup.device.name, "model": setup.model.name, "kv_dtype": spec.kv_dtype, "predictor": label,
+        "device": setup.device.name, "tp": setup.tp, "model": setup.model_name, "kv_dtype": spec.kv_dtype,
+        "predictor": label,
         "kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token, "max_model_len": max_len,
-        "max_num_seqs": ctx.scheduler.max_num_seqs,
+        "max_num_seqs": ctx.scheduler.max_num_seqs, "max_num_batched_tokens": ctx.scheduler.batched_tokens(max_len),
         "objective": spec.objective, "max_overflow_rate": spec.max_overflow_rate, "ttft_p99_s": spec.ttft_p99_s,
         "candidates": len(grid), "pruned": pruned, "replayed": len(replayed),
         "constraints_met_on_search": feasible,

@@ -52,6 +52,15 @@ def render_device(console: Console, d: dict) -> None:
             ("activation reserve", format_bytes(d["activation_reserve_bytes"]), src.get("budget.activation_reserve")),
             ("usable memory", format_bytes(d["usable_bytes"], binary=False), "derived: capacity * memory fraction"),
             ("ridge point", f"{d['ridge_flops_per_byte']:.0f} FLOP/byte", "derived: fp16 rate / peak bandwidth")]
+    link = d["interconnect"]
+    if link is None:
+        rows.append(("interconnect", "none (--tp 1 only)", "the profile has no [interconnect] table"))
+    else:
+        rows += [("interconnect", link["kind"], src.get("interconnect.kind")),
+                 ("link bandwidth", format_rate(link["bandwidth_bytes_per_s"], "B/s") + " a direction",
+                  src.get("interconnect.bandwidth")),
+                 ("ring step latency", f"{link['step_latency_s'] * 1e6:g} us", src.get("interconnect.step_latency")),
+                 ("all-reduce latency", f"{link['base_latency_s'] * 1e6:g} us", src.get("interconnect.base_latency"))]
     for name, value, source in rows:
         table.add_row(name, escape(value), escape(source or "-"))
     console.print(table)

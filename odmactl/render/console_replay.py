@@ -8,6 +8,7 @@ from rich.table import Table
 
 from odmactl.core.units import format_bytes
 from odmactl.render.metrics import PLAN_KEYS, REPLAY_KEYS, format_metric, metric_rows
+from odmactl.render.tables import deployment
 
 
 def _policies_table(results: dict, keys: tuple[str, ...], title: str | None = None) -> Table:
@@ -24,7 +25,7 @@ def _policies_table(results: dict, keys: tuple[str, ...], title: str | None = No
 def render_replay(console: Console, doc: dict) -> None:
     t = doc["trace"]
     console.print(f"[bold]{escape(t['path'])}[/]: {t['requests']:,} requests ({t['arrivals']}), "
-                  f"{escape(doc['model'])} on {escape(doc['device'])}; KV pool {format_bytes(doc['kv_pool_bytes'])} = "
+                  f"{escape(deployment(doc))}; KV pool {format_bytes(doc['kv_pool_bytes'])} = "
                   f"{doc['kv_pool_bytes'] // doc['kv_bytes_per_token']:,} tokens; max_model_len {doc['max_model_len']:,}; "
                   f"predictor {escape(doc['predictor'])}; {doc['time_advance']}", highlight=False)
     console.print(_policies_table(doc["results"], REPLAY_KEYS))
@@ -73,7 +74,7 @@ def _render_on_device(console: Console, measured: dict[str, dict]) -> None:
 def render_check(console: Console, doc: dict, policy: str, verdicts: list, passed: bool) -> None:
     """The verdict per threshold, then the replayed policies' metrics."""
     t = doc["trace"]
-    console.print(escape(f"{t['path']}: {t['requests']:,} requests, {doc['model']} on {doc['device']}, "
+    console.print(escape(f"{t['path']}: {t['requests']:,} requests, {deployment(doc)}, "
                          f"policy {policy}, predictor {doc['predictor']}"), highlight=False)
     table = Table(show_header=True, header_style="bold")
     for title in ("check", "metric", "threshold", "value", "result"):
@@ -90,7 +91,7 @@ def render_check(console: Console, doc: dict, policy: str, verdicts: list, passe
 def render_plan(console: Console, doc: dict, out_path: str) -> None:
     """The recommendation, then every policy on the held-out part, side by side."""
     t = doc["trace"]
-    console.print(escape(f"{t['path']}: {t['requests']:,} requests, {doc['model']} on {doc['device']}, predictor "
+    console.print(escape(f"{t['path']}: {t['requests']:,} requests, {deployment(doc)}, predictor "
                          f"{doc['predictor']}; searched on the first {t['search_requests']:,}, validated on the last "
                          f"{t['holdout_requests']:,}"), highlight=False)
     console.print(f"{doc['candidates']:,} candidates: {doc['pruned']:,} pruned by the cheap bounds, {doc['replayed']} "

@@ -17,6 +17,7 @@ import numpy as np
 
 from odmactl.core.units import format_bytes
 from odmactl.render.metrics import PLAN_KEYS, format_metric, metric_rows
+from odmactl.render.tables import deployment
 from odmactl.rules.s3 import s3_capacities
 
 
@@ -119,7 +120,7 @@ def write_plan_report(doc: dict, config: dict, path: Path) -> None:
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child{{text-align:left}}img{{max-width:100%}}</style>
 </head><body>
 <h1>odmactl plan</h1>
-<p><code>{esc(t['path'])}</code>: {t['requests']:,} requests; {esc(doc['model'])} on {esc(doc['device'])}; predictor
+<p><code>{esc(t['path'])}</code>: {t['requests']:,} requests; {esc(deployment(doc))}; predictor
 <code>{esc(doc['predictor'])}</code>; KV pool {format_bytes(doc['kv_pool_bytes'])}; max_model_len {doc['max_model_len']:,}.
 Searched on the first {t['search_requests']:,} requests, validated on the last {t['holdout_requests']:,}.</p>
 <p>{doc['candidates']} candidates, {doc['pruned']} pruned by the cheap bounds, {doc['replayed']} replayed; objective

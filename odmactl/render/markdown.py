@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from odmactl.render.metrics import CHECK_SUMMARY_KEYS, metric_rows
+from odmactl.render.tables import deployment
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -20,7 +21,7 @@ def check_markdown(verdicts: list, doc: dict, policy: str, config: Path | None) 
     passed = all(v.passed for v in verdicts)
     t = doc["trace"]
     lines = [f"### odmactl check: {'PASS' if passed else 'FAIL'}", "",
-             f"`{t['path']}`: {t['requests']:,} requests, {doc['model']} on {doc['device']}, policy `{policy}`"
+             f"`{t['path']}`: {t['requests']:,} requests, {deployment(doc)}, policy `{policy}`"
              + (f", config `{config}`" if config else "") + f", predictor `{doc['predictor']}`", ""]
     lines += markdown_table(["check", "metric", "threshold", "value", "result"],
                             [[v.name, v.metric, f"{v.comparison} {v.threshold_text}", v.value_text,

@@ -21,3 +21,10 @@ def narrow_table(title: str, headers: tuple[str, ...], rows: list[list[str]], ke
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def deployment(doc: dict) -> str:
+    """'MODEL on DEVICE', or with tensor parallelism 'MODEL on 4 x DEVICE (tp 4)': how every
+    report names what was replayed."""
+    tp = doc.get("tp", 1)
+    return f"{doc['model']} on {doc['device']}" if tp == 1 else f"{doc['model']} on {tp} x {doc['device']} (tp {tp})"

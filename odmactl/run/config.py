@@ -35,7 +35,7 @@ def predictor_from_config(named: str, config_path: Path) -> str:
 
 def scheduler_settings(table: dict, source: Path | None = None, **overrides) -> SchedulerSettings:
     """SchedulerSettings from a config's [scheduler] table (the keys a file may set:
-    max_num_seqs, max_prefill_tokens), then `overrides` (a flag's value, fast_forward)."""
+    max_num_seqs, max_num_batched_tokens), then `overrides` (a flag's value, fast_forward)."""
     from_file = TomlTable(dict(table), source, "scheduler").to_dataclass(SchedulerSettings, skip=RUN_ONLY)
     return dataclasses.replace(from_file, **overrides)
 

@@ -113,7 +113,13 @@ def prepare(frame: pl.DataFrame, spec: ServingSpec, setup: Serving, *, load: Loa
     overrides = {"fast_forward": fast_forward}
     if spec.max_num_seqs is not None:
         overrides["max_num_seqs"] = spec.max_num_seqs
+    if spec.max_num_batched_tokens is not None:
+        overrides["max_num_batched_tokens"] = spec.max_num_batched_tokens
     scheduler = scheduler_settings(tables["scheduler"], config, **overrides)
+    if scheduler.batched_tokens(max_len) < max_len:
+        raise ConfigError(f"max_num_batched_tokens ({scheduler.max_num_batched_tokens:,}) is smaller than max_model_len "
+                          f"({max_len:,}): a prompt of max_model_len could never be scheduled (vLLM refuses it too "
+                          "without chunked prefill)", hint="raise --max-num-batched-tokens or lower --max-model-len")
     return ReplayContext(setup, workload, max_len, scheduler), label
 
 
@@ -136,7 +142,7 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
     if tables is None:
         tables = read_config(spec.config)
     if setup is None:
-        setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes)
+        setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes, tp=spec.tp)
     ctx, label = prepare(frame, spec, setup, load=spec.load, tables=tables, config=spec.config,
                          fast_forward=spec.fast_forward and device is None, policies=tuple(policies))
     results = {}
@@ -155,10 +161,10 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
     return {
         "trace": {"requests": workload.size, "arrivals": _arrivals_label(spec.load, workload),
                   "total_output_tokens": int(workload.output_tokens.sum())},
-        "device": setup.device.name, "model": setup.model.name, "kv_dtype": spec.kv_dtype,
+        "device": setup.device.name, "tp": setup.tp, "model": setup.model_name, "kv_dtype": spec.kv_dtype,
         "kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token, "max_model_len": ctx.max_len,
         "predictor": label, "scheduler": {"max_num_seqs": scheduler.max_num_seqs,
-                                          "max_prefill_tokens": scheduler.max_prefill_tokens or ctx.max_len},
+                                          "max_num_batched_tokens": scheduler.batched_tokens(ctx.max_len)},
         "time_advance": advance,
         "results": results,
     }

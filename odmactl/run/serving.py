@@ -15,10 +15,11 @@ from odmactl.sim.workload import Workload
 
 @dataclass(frozen=True)
 class Serving:
-    """`model` is `full_model`, or for an on-device replay `full_model` scaled to a share of its
-    layers with the pool rounded to whole tokens and its size in tokens kept. The cost model
-    computes at `compute_dtype`, the profile's faster 16-bit rate (equal on every shipped
-    accelerator)."""
+    """`model` is `full_model`, one device's shard of it when it is split over `tp` devices
+    (tensor parallelism, ModelProfile.shard), or for an on-device replay `full_model` scaled to a
+    share of its layers with the pool rounded to whole tokens and its size in tokens kept. The pool
+    and a token's KV bytes are the group's: `tp` devices' worth. The cost model computes at
+    `compute_dtype`, the profile's faster 16-bit rate (equal on every shipped accelerator)."""
 
     device: DeviceProfile
     full_model: ModelProfile
@@ -26,10 +27,17 @@ class Serving:
     cost: CostModel
     pool_bytes: int
     compute_dtype: str
+    tp: int = 1
+
+    @property
+    def model_name(self) -> str:
+        """The model as reports name it: the whole model's name under tensor parallelism, the
+        scaled model's on a device."""
+        return self.full_model.name if self.tp > 1 else self.model.name
 
     @property
     def bytes_per_token(self) -> int:
-        return self.model.kv_bytes_per_token
+        return self.model.kv_bytes_per_token * self.tp
 
     @property
     def pool_tokens(self) -> int:
@@ -37,28 +45,34 @@ class Serving:
 
 
 def serving(device_ref: str, model_ref: str, kv_dtype: str = "fp16", kv_pool_bytes: int | None = None,
-            scale: float | None = None) -> Serving:
-    """Load the profiles and size the pool (`kv_pool_bytes`, else what the profile leaves); `scale`
-    (on-device replays only) scales the model as the Serving docstring says."""
+            scale: float | None = None, tp: int = 1) -> Serving:
+    """Load the profiles and size the pool (`kv_pool_bytes`, else what the profile leaves on each
+    of the `tp` devices, summed); `scale` (on-device replays only) scales the model as the Serving
+    docstring says."""
     device = load_device(device_ref)
     full_model = load_model(model_ref, kv_dtype=kv_dtype)
-    room = device.kv_pool_bytes(full_model)  # the most a pool may take: what the profile leaves
+    model = full_model.shard(tp)
+    device.interconnect_for(tp)  # a profile without a link cannot host a tp group: say so first
+    group = f"{tp} x {device.name}" if tp > 1 else device.name
+    room = device.kv_pool_bytes(model) * tp  # the most a pool may take: what the profile leaves
     if kv_pool_bytes is not None and kv_pool_bytes > room:
-        raise ConfigError(f"--kv-pool {format_bytes(kv_pool_bytes)} does not fit {device.name}: its usable memory "
-                          f"({format_bytes(device.usable_bytes)}) less {full_model.name}'s weights "
-                          f"({format_bytes(full_model.weight_bytes)}) and the activation reserve "
-                          f"({format_bytes(device.activation_reserve_bytes)}) leaves {format_bytes(room)}",
+        raise ConfigError(f"--kv-pool {format_bytes(kv_pool_bytes)} does not fit {group}: the usable memory "
+                          f"({format_bytes(device.usable_bytes * tp)}) less {model.name}'s weights "
+                          f"({format_bytes(model.weight_bytes * tp)}) and the activation reserve "
+                          f"({format_bytes(device.activation_reserve_bytes * tp)}) leaves {format_bytes(room)}",
                           hint="give a smaller --kv-pool, or a device profile with more memory")
-    pool_bytes = kv_pool_bytes if kv_pool_bytes is not None else device.kv_pool_bytes(full_model)
-    if pool_bytes < full_model.kv_bytes_per_token:
-        raise ConfigError(f"{full_model.name} leaves no KV pool on {device.name} "
-                          f"(weights {full_model.weight_bytes:,} bytes, usable {int(device.usable_bytes):,})")
-    model = full_model
+    pool_bytes = kv_pool_bytes if kv_pool_bytes is not None else room
+    if pool_bytes < model.kv_bytes_per_token * tp:
+        raise ConfigError(f"{model.name} leaves no KV pool on {group} "
+                          f"(weights {model.weight_bytes:,} bytes a device, usable {int(device.usable_bytes):,})",
+                          hint="a larger --tp splits the weights over more devices" if tp == 1 else None)
     if scale is not None:  # whole tokens, so every block starts on a token row of the arena
-        model = full_model.scaled(scale)
-        pool_bytes = pool_bytes // full_model.kv_bytes_per_token * model.kv_bytes_per_token
+        scaled = model.scaled(scale)
+        pool_bytes = pool_bytes // model.kv_bytes_per_token * scaled.kv_bytes_per_token
+        model = scaled
     dtype = device.compute_dtype
-    return Serving(device, full_model, model, CostModel(device, model, compute_dtype=dtype), pool_bytes, dtype)
+    cost = CostModel(device, model, compute_dtype=dtype, tp=tp)
+    return Serving(device, full_model, model, cost, pool_bytes, dtype, tp)
 
 
 def default_max_model_len(workload: Workload, model: ModelProfile, pool_tokens: int) -> int:

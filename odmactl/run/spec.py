@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from odmactl.core.errors import ConfigError
-from odmactl.core.limits import MAX_NUM_SEQS, MAX_TOKENS, check_seed, check_whole
+from odmactl.core.limits import MAX_NUM_SEQS, MAX_TOKENS, MAX_TP, check_seed, check_whole
 
 
 def _positive_int(value: object, flag: str, high: int | None) -> None:
@@ -40,8 +40,9 @@ class LoadOptions:
 
 @dataclass(frozen=True)
 class ServingSpec:
-    """The deployment a replay models: a model on a device profile at a KV precision, its KV pool
-    (None: what the profile leaves), max_model_len and the batch cap (None: derived or the
+    """The deployment a replay models: a model on a device profile (on `tp` of them, tensor
+    parallel) at a KV precision, its KV pool (None: what the profile leaves), max_model_len and the
+    batch caps (None: derived or the
     config's), and where predicted lengths come from (a fit artifact, `oracle` or `none`; None:
     the config's [meta] predictor where the command reads a config)."""
 
@@ -51,11 +52,15 @@ class ServingSpec:
     predictor: str | None = None
     max_model_len: int | None = None
     max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     kv_pool_bytes: int | None = None
+    tp: int = 1  # tensor parallelism: the model split over this many devices of the profile
 
     def __post_init__(self) -> None:
         _positive_int(self.max_model_len, "--max-model-len", MAX_TOKENS)
         _positive_int(self.max_num_seqs, "--max-num-seqs", MAX_NUM_SEQS)
+        _positive_int(self.max_num_batched_tokens, "--max-num-batched-tokens", MAX_TOKENS)
+        check_whole(self.tp, 1, MAX_TP, "--tp")
         _positive_int(self.kv_pool_bytes, "--kv-pool (in bytes)", None)  # the profile bounds it
 
 

@@ -90,19 +90,35 @@ def _seconds(t_ps) -> float:
     return t_ps / PS
 
 
+VLLM_MIN_BATCHED_TOKENS = 2048  # vLLM's default budget is max(max_model_len, this) without chunked prefill
+
+
 @dataclass(frozen=True)
 class SchedulerSettings:
-    """The batch caps and how time advances. Invariant (checked): `max_num_seqs` and
-    `max_prefill_tokens` (None: max_model_len) are whole numbers >= 1, so every iteration admits or
-    runs at least one request; `series_points` >= 2."""
+    """The batch caps, in vLLM's terms, and how time advances.
+
+    Admission follows vLLM 0.6's default scheduler (vllm/core/scheduler.py, `_schedule_default` and
+    `_schedule_prefills`; Cambricon-vLLM 0.6.2 is built on it): at every iteration, while requests
+    wait, prefills are scheduled from the head of the queue in arrival order as long as KV space,
+    `max_num_seqs` and the iteration's token budget `max_num_batched_tokens` allow; an iteration
+    that schedules prefills runs only them, otherwise it decodes the batch. The budget defaults as
+    vLLM's does without chunked prefill (vllm/config.py, SchedulerConfig): max(max_model_len, 2048).
+
+    Invariant (checked): `max_num_seqs` and `max_num_batched_tokens` (None: the default above) are
+    whole numbers >= 1, so every iteration admits or runs at least one request; `series_points` >= 2.
+    """
 
     max_num_seqs: int = 256
-    max_prefill_tokens: int | None = None  # None: max_model_len
+    max_num_batched_tokens: int | None = None  # None: max(max_model_len, VLLM_MIN_BATCHED_TOKENS)
     fast_forward: bool = True
     series_points: int = 512
 
+    def batched_tokens(self, max_model_len: int) -> int:
+        """The prefill token budget of one iteration."""
+        return self.max_num_batched_tokens or max(max_model_len, VLLM_MIN_BATCHED_TOKENS)
+
     def __post_init__(self) -> None:
-        for key, low, high in (("max_num_seqs", 1, MAX_NUM_SEQS), ("max_prefill_tokens", 1, MAX_TOKENS),
+        for key, low, high in (("max_num_seqs", 1, MAX_NUM_SEQS), ("max_num_batched_tokens", 1, MAX_TOKENS),
                                ("series_points", 2, 1 << 20)):
             value = getattr(self, key)
             problem = None if value is None else whole_number_problem(value, low, high)
@@ -221,7 +237,7 @@ class Replay:
         self.unc = None if w.uncertainty is None else w.uncertainty.tolist()
         self.ids = w.request_ids
         self.max_seqs = settings.max_num_seqs
-        self.max_prefill = settings.max_prefill_tokens or self.max_len
+        self.max_prefill = settings.batched_tokens(self.max_len)
         self.num_blocks = alloc.num_blocks if self.paged else 0
         self.block_bytes = alloc.block_bytes if self.paged else 0
         self.segment = Segment(self.coeff)  # the batch between two events, reset at each
@@ -351,7 +367,10 @@ class Replay:
     # ------------------------------------------------------------------------------ admission
 
     def _admit(self) -> list:
-        """Admit from the head while it fits; returns the admitted (not yet prefilled)."""
+        """Admit from the head while it fits (SchedulerSettings: KV space, max_num_seqs, the token
+        budget); returns the admitted (not yet prefilled). Stopped by the budget alone, admission is
+        retried at the next iteration (`dirty`), as vLLM schedules prefills at every step; stopped by
+        space or the batch cap, it waits for a release."""
         a: Allocation
         i: cython.longlong
         g: cython.longlong
@@ -370,6 +389,7 @@ class Replay:
             g = self.gen[i]
             kv = self.prompt[i] + g
             if admitted and tokens + kv > self.max_prefill:
+                self.dirty = True
                 break
             if self.paged:
                 if -(-(kv + 1) // B) > free_blocks:

@@ -22,7 +22,7 @@ class PrefillClock:
     """PrefillCoefficients as floats, read once; `ps(total, squares)` per prefill."""
 
     __slots__ = ("flops_per_token", "flops_per_square", "weight_bytes", "kv_bytes_per_token", "peak_flops",
-                 "seq_bw", "overhead_s")
+                 "seq_bw", "overhead_s", "comm_fixed_s", "comm_per_token_s")
 
     def __init__(self, coeff: PrefillCoefficients) -> None:
         self.flops_per_token = float(coeff.flops_per_token)
@@ -33,6 +33,8 @@ class PrefillClock:
         self.peak_flops = float(coeff.peak_flops)
         self.seq_bw = float(coeff.seq_bw)
         self.overhead_s = float(coeff.overhead_s)
+        self.comm_fixed_s = float(coeff.comm_fixed_s)
+        self.comm_per_token_s = float(coeff.comm_per_token_s)
 
     def ps(self, total_tokens: cython.longlong, squared_tokens: cython.longlong) -> cython.longlong:
         """One prefill over prompts whose tokens sum to `total_tokens` and whose squared tokens sum
@@ -44,6 +46,7 @@ class PrefillClock:
         compute_s: cython.double = flops / self.peak_flops
         memory_s: cython.double = memory_bytes / self.seq_bw
         seconds: cython.double = (memory_s if memory_s > compute_s else compute_s) + self.overhead_s  # max()
+        seconds = seconds + (self.comm_fixed_s + self.comm_per_token_s * total)
         return _round_half_even(seconds * 1e12)
 
 

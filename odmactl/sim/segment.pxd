@@ -4,6 +4,7 @@
 # The cpdef methods are C calls from the replay (sim/loop.pxd cimports Segment).
 cdef class Segment:
     cdef public long long weights_ps, per_token_ps, per_run_ps, compute_per_seq_ps, overhead_ps
+    cdef public long long comm_fixed_ps, comm_per_seq_ps, batch_overhead_ps
     cdef public long long period, compute_ps, dm, d_held
     cdef public bint paged
     cdef public object runs

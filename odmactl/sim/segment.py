@@ -3,7 +3,10 @@
 Between two events every running request grows by one token per iteration, so iteration j (0-based)
 reads `kv_tokens_sum + n * j` tokens and `runs[j]` runs, and with `StepCoefficients`
 
-    step_j = max(weights + per_token * (S + n j) + per_run * runs[j], compute_per_seq * n) + overhead.
+    step_j = max(weights + per_token * (S + n j) + per_run * runs[j], compute_per_seq * n) + overhead(n),
+
+overhead(n) being the step overhead and tensor parallelism's all-reduces (StepCoefficients.batch_overhead_ps),
+constant while n is.
 
 A contiguous request is one run whatever its length (period 1, runs constant); a paged request
 starts a new block every `block` tokens, so along each residue class j = rho + m * block the run
@@ -71,7 +74,7 @@ class Segment:
     Python integers made); compiled, it is an extension type with C fields (segment.pxd)."""
 
     __slots__ = ("weights_ps", "per_token_ps", "per_run_ps", "compute_per_seq_ps", "overhead_ps",
-                 "period", "paged", "compute_ps", "runs", "_runs", "m0", "dm", "held", "d_held")
+                 "comm_fixed_ps", "comm_per_seq_ps", "batch_overhead_ps", "period", "paged", "compute_ps", "runs", "_runs", "m0", "dm", "held", "d_held")
 
     def __init__(self, coeff: StepCoefficients) -> None:
         """An empty batch of the layout `coeff` describes (paged: period = its block size); fill
@@ -81,6 +84,8 @@ class Segment:
         self.per_run_ps = coeff.per_run_ps
         self.compute_per_seq_ps = coeff.compute_per_seq_ps
         self.overhead_ps = coeff.overhead_ps
+        self.comm_fixed_ps = coeff.comm_fixed_ps
+        self.comm_per_seq_ps = coeff.comm_per_seq_ps
         self.paged = coeff.block_tokens is not None
         self.period = coeff.block_tokens if self.paged else 1
         self.runs = array("q", bytes(8 * (self.period + 1)))  # the caller's input, read by reset
@@ -102,6 +107,7 @@ class Segment:
         m0: cython.longlong[:] = self.m0
         held: cython.longlong[:] = self.held
         self.compute_ps = self.compute_per_seq_ps * n
+        self.batch_overhead_ps = self.overhead_ps + self.comm_fixed_ps + self.comm_per_seq_ps * n
         for rho in range(period):
             m0[rho] = base + step_tokens * rho + per_run * runs[rho]
             held[rho] = runs[rho + 1]
@@ -127,7 +133,7 @@ class Segment:
         r: cython.longlong = kk % p
         c: cython.longlong = self.compute_ps
         dm: cython.longlong = self.dm
-        ov: cython.longlong = self.overhead_ps
+        ov: cython.longlong = self.batch_overhead_ps
         g: cython.longlong = self.d_held
         total: cython.longlong = kk * ov
         rho: cython.longlong

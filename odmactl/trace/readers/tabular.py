@@ -15,9 +15,9 @@ from odmactl.trace.readers.common import (
     numeric,
     require_columns,
     require_file,
+    require_scalar_columns,
     scan_csv,
     scan_jsonl,
-    require_scalar_columns,
     timestamp_seconds,
 )
 from odmactl.trace.readers.options import ReadOptions
