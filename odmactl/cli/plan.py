@@ -67,4 +67,4 @@ def plan(
     if json_out:
         print(to_json({"out": str(out_path), **doc}))
     else:
-        render_plan(out, doc, str(out_path))
+        render_plan(out, doc, [str(p) for p in (out_path, report) if p is not None])

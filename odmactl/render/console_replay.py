@@ -88,7 +88,7 @@ def render_check(console: Console, doc: dict, policy: str, verdicts: list, passe
                   f"[bold red]FAIL[/]: {sum(not v.passed for v in verdicts)} of {len(verdicts)} thresholds violated")
 
 
-def render_plan(console: Console, doc: dict, out_path: str) -> None:
+def render_plan(console: Console, doc: dict, written: list[str]) -> None:
     """The recommendation, then every policy on the held-out part, side by side."""
     t = doc["trace"]
     console.print(escape(f"{t['path']}: {t['requests']:,} requests, {deployment(doc)}, predictor "
@@ -98,10 +98,10 @@ def render_plan(console: Console, doc: dict, out_path: str) -> None:
                   f"replayed; objective {doc['objective']}, overflow rate + 1 s.e. <= {doc['max_overflow_rate']:.2%}"
                   + (f", TTFT p99 <= {doc['ttft_p99_s']:g} s" if doc["ttft_p99_s"] else ""), highlight=False)
     a = doc["chosen"]["allocator"]
-    console.print(f"[bold]recommended[/]: {doc['chosen']['label']}; boundaries {escape(str(a['boundaries_tokens']))} "
-                  f"tokens, max_model_len {doc['max_model_len']:,}" + ("" if doc["constraints_met_on_search"] else
-                  " [bold red](no replayed candidate met every constraint on the search part: the closest is shown)[/]"),
-                  highlight=False)
+    bounds = a["boundaries_tokens"]
+    shown = str(bounds) if len(bounds) <= 16 else f"{len(bounds)} from {bounds[0]:,} to {bounds[-1]:,} (all in the config)"
+    console.print(f"[bold]recommended[/]: {doc['chosen']['label']}; boundaries {escape(shown)} "
+                  f"tokens, max_model_len {doc['max_model_len']:,}", highlight=False)
     console.print(_policies_table(doc["validation"], PLAN_KEYS, title="held-out later part"))
     lines = [f"{name}: KV utilization {d['kv_utilization_points']:+.1f} points, TPS {format_metric('tps_gain', d['tps_gain'])}"
              for name, d in doc["against_baselines"].items()]
@@ -110,4 +110,7 @@ def render_plan(console: Console, doc: dict, out_path: str) -> None:
     if faster:
         console.print(f"[yellow]note:[/] {escape(', '.join(faster))} served more tokens per second than the recommended "
                       "odma on the held-out part", highlight=False)
-    console.print(escape(f"wrote {out_path}"), highlight=False)
+    if not doc["constraints_met_on_search"]:
+        console.print("[bold red]warning:[/] no replayed candidate met every constraint on the search part; the "
+                      "closest is recommended (the config says constraints_met_on_search = false)", highlight=False)
+    console.print(escape(f"wrote {', '.join(written)}"), highlight=False)

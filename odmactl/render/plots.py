@@ -3,6 +3,8 @@ an on-device replay's measured against modelled decode steps."""
 
 from __future__ import annotations
 
+from odmactl.render.tables import deployment
+
 
 def write_replay_plot(doc: dict, path) -> None:
     """Pool occupancy, batch size and queue length over time per policy, ODMA's boundaries, and for
@@ -25,20 +27,23 @@ def write_replay_plot(doc: dict, path) -> None:
         axes.append(fig.add_subplot(len(labels), 1, j + 1, sharex=axes[0] if j < over_time else None))
     for policy, r in results.items():
         s = r["series"]
-        axes[0].step(s["time_s"], s["pool_occupancy"], where="post", label=policy)
-        axes[1].step(s["time_s"], s["batch_size"], where="post", label=policy)
-        axes[2].step(s["time_s"], s["queue_length"], where="post", label=policy)
+        first, = axes[0].step(s["time_s"], s["pool_occupancy"], where="post", label=policy)
+        color = first.get_color()  # a policy keeps its color in every panel
+        axes[1].step(s["time_s"], s["batch_size"], where="post", label=policy, color=color)
+        axes[2].step(s["time_s"], s["queue_length"], where="post", label=policy, color=color)
         if has_bounds and s["bucket_boundaries"]:
             bounds = s["bucket_boundaries"]
             times = [b["time_s"] for b in bounds] + [max(s["time_s"][-1], bounds[-1]["time_s"])]
             rows = [b["boundaries_tokens"] for b in bounds] + [bounds[-1]["boundaries_tokens"]]  # held to the end
-            for j in range(max(len(row) for row in rows)):
+            count = max(len(row) for row in rows)
+            for j in range(count):  # one legend entry a policy, however many boundaries
                 values = [row[j] if j < len(row) else float("nan") for row in rows]
-                axes[3].step(times, values, where="post", label=f"{policy} b{j + 1}")
+                axes[3].step(times, values, where="post", color=color, linewidth=0.8 if count > 8 else 1.2,
+                             label=f"{policy} ({count} boundaries)" if j == 0 else None)
         if "on_device" in r:
             d = r["on_device"]["series"]
-            line, = axes[-1].plot(d["step"], d["measured_s"], linewidth=0.8, label=policy)
-            axes[-1].plot(d["step"], d["modelled_s"], linewidth=0.8, linestyle="--", color=line.get_color())
+            axes[-1].plot(d["step"], d["measured_s"], linewidth=0.8, label=policy, color=color)
+            axes[-1].plot(d["step"], d["modelled_s"], linewidth=0.8, linestyle="--", color=color)
     for j, (ax, label) in enumerate(zip(axes, labels)):
         ax.set_ylabel(label, fontsize=8)
         ax.legend(fontsize=7, loc="upper right")
@@ -48,7 +53,7 @@ def write_replay_plot(doc: dict, path) -> None:
     axes[over_time - 1].set_xlabel("time (s)")
     if has_device:
         axes[-1].set_xlabel("decode iteration")
-    fig.suptitle(f"{doc['model']} on {doc['device']}: {doc['trace']['path']}", fontsize=9)
+    fig.suptitle(f"{deployment(doc)}: {doc['trace']['path']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=110)
     plt.close(fig)
