@@ -207,6 +207,18 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     "check_unknown_baseline": ([*CHECK, "--min-tps-gain", "0.1", "--baseline", "buddy"], 1, ("unknown policy",)),
     "check_junit_is_trace": ([*CHECK, "--junit", "{trace}", "--force"], 1, ("is also an input",)),
     "check_max_num_seqs_zero": (["check", "{trace}", "--config", "seqs0.toml", *DEVICE], 1, ("max_num_seqs",)),
+    # capacity
+    "capacity_unknown_slo_metric": (["capacity", "{trace}", *DEVICE, "--slo", "p99=2s", "--predictor", "oracle"], 1,
+                                    ("unknown metric 'p99'",)),
+    "capacity_slo_unit": (["capacity", "{trace}", *DEVICE, "--slo", "ttft_p99=2 GB/s", "--predictor", "oracle"], 1,
+                          ("--slo ttft_p99", "bandwidth")),
+    "capacity_tp_zero": (["capacity", "{trace}", *DEVICE, "--slo", "ttft_p99=2s", "--tp", "0", "--predictor",
+                          "oracle"], 1, ("--tp",)),
+    "capacity_odma_without_predictor": (["capacity", "{trace}", *DEVICE, "--slo", "ttft_p99=2s"], 1,
+                                        ("--predictor none",)),
+    "capacity_out_is_trace": (["capacity", "{trace}", *DEVICE, "--slo", "ttft_p99=2s", "--predictor", "oracle",
+                               "--out", "{trace}", "--force"], 1, ("is also an input",)),
+    "capacity_missing_slo": (["capacity", "{trace}", *DEVICE], 2, ("Missing option '--slo'",)),
     # profiles and calibrate
     "profiles_unknown": (["profiles", "show", "tpu9"], 1, ("neither a device nor a model",)),
     "profiles_broken_device": (["profiles", "show", "broken.toml"], 1, ("broken.toml", "not valid TOML")),
@@ -279,7 +291,7 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 def test_the_corpus_covers_every_command():
     assert len(CASES) >= 60
     commands = {args[0] for args, _, _ in CASES.values() if args and not args[0].startswith("-")}
-    assert {"ingest", "stats", "fit", "replay", "plan", "check", "profiles", "calibrate"} <= commands
+    assert {"ingest", "stats", "fit", "replay", "plan", "check", "capacity", "profiles", "calibrate"} <= commands
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -18,7 +18,7 @@ from odmactl.cli.app import app, print_error
 from odmactl.core.errors import OdmaError
 
 # the command modules, each registering its command on `app`, in the order `odmactl --help` lists them
-COMMANDS = ("ingest", "stats", "fit", "replay", "plan", "check", "profiles", "calibrate", "version")
+COMMANDS = ("ingest", "stats", "fit", "replay", "plan", "check", "capacity", "profiles", "calibrate", "version")
 for _name in COMMANDS:
     importlib.import_module(f"odmactl.cli.{_name}")
 

@@ -1,4 +1,4 @@
-"""Console output of replay, check and plan: the policies side by side, a metric per row."""
+"""Console output of replay, check, plan and capacity: the policies side by side, a metric per row."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from odmactl.core.units import format_bytes
-from odmactl.render.metrics import PLAN_KEYS, REPLAY_KEYS, format_metric, metric_rows
-from odmactl.render.tables import deployment
+from odmactl.render.metrics import CAPACITY_KEYS, METRICS, PLAN_KEYS, REPLAY_KEYS, format_metric, metric_rows
+from odmactl.render.tables import deployment, narrow_table
 
 
 def _policies_table(results: dict, keys: tuple[str, ...], title: str | None = None) -> Table:
@@ -114,3 +114,39 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
         console.print("[bold red]warning:[/] no replayed candidate met every constraint on the search part; the "
                       "closest is recommended (the config says constraints_met_on_search = false)", highlight=False)
     console.print(escape(f"wrote {', '.join(written)}"), highlight=False)
+
+
+def capacity_value(row: dict, key: str) -> str:
+    """A capacity row's value for `key`: the row's own figure, or a latency at the capacity."""
+    if row["rate_scale"] is None and key != "rejected_never_fit":
+        return "none" if key in ("max_rate_per_replica", "devices_for_target") else "-"
+    value = row["metrics_at_capacity"][key] if key in ("ttft_p99", "tpot_p99") else row[key]
+    if value is None:
+        return "none" if key == "devices_for_target" else "n/a"
+    return format_metric(key, value)
+
+
+def render_capacity(console: Console, doc: dict) -> None:
+    """One row per policy and tp: the rate at the SLO per engine and per device, the latencies
+    there, and the devices the target rate needs (found by replay)."""
+    t = doc["trace"]
+    console.print(escape(f"{t['path']}: {t['requests']:,} requests at {t['mean_rate_per_s']:,.3f} req/s "
+                         f"(peak 10 min {t['peak_10min_rate_per_s']:,.3f}), {doc['model']} on {doc['device']}, "
+                         f"predictor {doc['predictor']}; SLO {doc['slo_label']}"
+                         f"{', migration rate <= ' + format_metric('migration_rate', doc['max_migration_rate'])}"),
+                  highlight=False)
+    rows = [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k) for k in CAPACITY_KEYS)] for r in doc["rows"]]
+    target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the peak 10 min)" if doc["target_is_peak"] else "")
+    console.print(narrow_table(f"capacity at the SLO; devices for {target}",
+                               tuple(METRICS[k].header for k in CAPACITY_KEYS), rows, key="policy"))
+    for r in doc["rows"]:
+        if r["infeasible"]:
+            console.print(escape(f"{r['policy']} tp {r['tp']}: no rate meets the SLO: {r['infeasible']}"), highlight=False)
+    odd = [f"{r['policy']} tp {r['tp']}" for r in doc["rows"] if not r["monotone"]]
+    if odd:
+        console.print(escape(f"warning: the SLO failed below the reported rate for {', '.join(odd)} (not monotone): "
+                             "see failed_below_at_scale in --json"), highlight=False)
+    console.print(escape(f"rates bracketed to {doc['tolerance']:.0%}: the SLO holds at the rate shown and fails "
+                         "at the next one tried; rejected requests (never fit) do not count against it"),
+                  highlight=False)
+

@@ -54,7 +54,17 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
     Metric("peak_concurrency", "peak conc.", "", COUNT),
     Metric("completed", "completed", "", COUNT),
     Metric("tps_gain", "TPS gain", "%", GAIN),
+    # odmactl capacity: per engine (a replica of tp devices) and per device, at the SLO
+    Metric("max_rate_per_replica", "req/s per engine", "", ",.2f"),
+    Metric("max_rate_per_device", "req/s per device", "", ",.2f"),
+    Metric("output_tps_per_device", "tok/s per device", "", ",.1f"),
+    Metric("devices_for_target", "devices for target", "", COUNT),
+    Metric("devices_saved_vs_static", "saved vs static", "", "+,d"),
+    Metric("rejected_never_fit", "never fit", "", COUNT),
 )}
+
+CAPACITY_KEYS = ("max_rate_per_replica", "max_rate_per_device", "output_tps_per_device", "ttft_p99", "tpot_p99",
+                 "devices_for_target", "devices_saved_vs_static", "rejected_never_fit")
 
 REPLAY_KEYS = ("kv_utilization", "pool_occupancy", "tps", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
                "migration_rate", "overflow_rate", "preemptions", "rejections", "peak_concurrency", "completed")

@@ -57,3 +57,39 @@ def write_replay_plot(doc: dict, path) -> None:
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=110)
     plt.close(fig)
+
+
+def write_capacity_plot(doc: dict, path) -> None:
+    """TTFT p99 and TPOT p99 against the offered rate per engine, one line per policy and tp (the
+    bisection's probes), with the SLO's limits dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mean_rate = doc["trace"]["mean_rate_per_s"]
+    fig, axes = plt.subplots(2, 1, figsize=(10, 7.5), sharex=True)
+    policies = list(dict.fromkeys(row["policy"] for row in doc["rows"]))
+    sizes = list(dict.fromkeys(row["tp"] for row in doc["rows"]))
+    colors = plt.get_cmap("tab10")
+    for row in doc["rows"]:  # a color per policy, a line style per tp
+        probes = row["probes"]
+        rates = [p["rate_scale"] * mean_rate for p in probes]
+        style = ("-", "--", ":", "-.")[sizes.index(row["tp"]) % 4]
+        for ax, key in zip(axes, ("ttft_p99", "tpot_p99")):
+            ax.plot(rates, [p[key] for p in probes], marker=".", linestyle=style,
+                    color=colors(policies.index(row["policy"]) % 10), label=f"{row['policy']} tp {row['tp']}")
+    for ax, key, title in zip(axes, ("ttft_p99", "tpot_p99"), ("TTFT p99 (s)", "TPOT p99 (s)")):
+        if key in doc["slo"]:
+            ax.axhline(doc["slo"][key], color="black", linewidth=0.8, linestyle="--", label=f"SLO {key}")
+        ax.set_yscale("log")
+        ax.set_ylabel(title, fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", ncol=2)
+    axes[1].set_xscale("log")
+    axes[1].set_xlabel("offered rate per engine (requests/s)")
+    fig.suptitle(f"{doc['model']} on {doc['device']}: {doc['trace']['path']} (SLO {doc['slo_label']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110)
+    plt.close(fig)
+

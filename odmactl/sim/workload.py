@@ -38,3 +38,20 @@ class Workload:
 
         return Workload(self.request_ids[start:stop], self.arrival_ps[start:stop], self.prompt_tokens[start:stop],
                         self.output_tokens[start:stop], cut(self.predicted_output_tokens), cut(self.uncertainty))
+
+    def at_rate_scale(self, scale: float) -> Workload:
+        """The same requests arriving `scale` times as fast: every arrival time divided by `scale`
+        (rounded to whole ps, so still nondecreasing)."""
+        arrival = np.round(self.arrival_ps.astype(np.float64) / scale).astype(np.int64)
+        return Workload(self.request_ids, arrival, self.prompt_tokens, self.output_tokens,
+                        self.predicted_output_tokens, self.uncertainty)
+
+    def replica(self, index: int, replicas: int) -> Workload:
+        """The requests a round-robin router sends to replica `index` of `replicas`: rows index,
+        index + replicas, ..., arrival times unchanged."""
+        def every(a):
+            return None if a is None else a[index::replicas]
+
+        return Workload(self.request_ids[index::replicas], self.arrival_ps[index::replicas],
+                        self.prompt_tokens[index::replicas], self.output_tokens[index::replicas],
+                        every(self.predicted_output_tokens), every(self.uncertainty))

@@ -1,0 +1,119 @@
+"""`odmactl capacity`: for each policy and tensor-parallel size, the rate one engine sustains at
+the SLO and the devices a target rate needs (capacity/search.py says how each is found)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from odmactl.capacity.search import CapacityTarget, capacity_job
+from odmactl.capacity.slo import Slo
+from odmactl.core.errors import ConfigError
+from odmactl.core.limits import MAX_TP, MAX_WORKERS, check_whole
+from odmactl.plan.executors import run_jobs
+from odmactl.run.config import read_config
+from odmactl.run.replay import prepare
+from odmactl.run.serving import serving
+from odmactl.run.spec import ServingSpec
+
+PEAK_WINDOW_S = 600.0  # the default target: the trace's busiest 10 minutes
+
+
+@dataclass(frozen=True)
+class CapacitySpec(ServingSpec):
+    """The serving spec (its `tp` unused: `tps` lists the sizes tried), the policies, the SLO, the
+    migration limit, the target rate (None: the trace's peak 10-minute rate) and the workers."""
+
+    policies: tuple[str, ...] = ("static", "paged", "s3", "odma")
+    tps: tuple[int, ...] = (1,)
+    slo: Slo | None = None
+    max_migration_rate: float = 0.005
+    target_rate_per_s: float | None = None
+    config: Path | None = None
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.tps or len(set(self.tps)) != len(self.tps):
+            raise ConfigError(f"--tp expects distinct sizes such as 1,2,4, got {list(self.tps)}")
+        for tp in self.tps:
+            check_whole(tp, 1, MAX_TP, "--tp")
+        if not (0.0 <= self.max_migration_rate <= 1.0):
+            raise ConfigError(f"--max-migration-rate must be in [0, 1], got {self.max_migration_rate}")
+        if self.target_rate_per_s is not None and not (math.isfinite(self.target_rate_per_s) and self.target_rate_per_s > 0):
+            raise ConfigError(f"--target-rate must be > 0 requests/s, got {self.target_rate_per_s}")
+        check_whole(self.workers, 1, MAX_WORKERS, "--workers")
+
+
+def trace_rates(arrival_s: np.ndarray) -> tuple[float, float]:
+    """(the mean arrival rate, the peak PEAK_WINDOW_S rate) in requests/s; the peak is the mean
+    when the trace is shorter than the window."""
+    span = float(arrival_s[-1] - arrival_s[0])
+    if arrival_s.size < 2 or span <= 0:
+        raise ConfigError("capacity scales the trace's arrival times, and all of its requests arrive at once",
+                          hint="ingest it with --rate R (Poisson arrivals) instead of --offline")
+    mean = (arrival_s.size - 1) / span
+    if span < PEAK_WINDOW_S:
+        return mean, mean
+    counts = np.bincount(((arrival_s - arrival_s[0]) // PEAK_WINDOW_S).astype(np.int64))
+    return mean, float(counts.max()) / PEAK_WINDOW_S
+
+
+def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
+    """The JSON-ready capacity document (one row per policy and tp)."""
+    tables = read_config(spec.config)
+    arrival_s = frame["arrival_s"].to_numpy().astype(np.float64)
+    mean_rate, peak_rate = trace_rates(arrival_s)
+    target_rate = spec.target_rate_per_s or peak_rate
+    target = CapacityTarget(spec.slo, spec.max_migration_rate)
+    jobs, contexts, label = [], {}, None
+    for tp in spec.tps:
+        setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes, tp=tp)
+        ctx, label = prepare(frame, dataclasses.replace(spec, tp=tp), setup, tables=tables, config=spec.config,
+                             policies=spec.policies)
+        contexts[tp] = ctx
+        jobs += [(ctx, policy, tables["allocator"], target, target_rate / mean_rate) for policy in spec.policies]
+    found = run_jobs(jobs, spec.workers, "capacity", progress, fn=capacity_job)
+    if all(result["rate_scale"] is None for result in found):
+        (_, policy, *_), result = jobs[0], found[0]
+        raise ConfigError(f"no policy meets the SLO at any tensor-parallel size tried; {policy} at tp "
+                          f"{spec.tps[0]}: {result['infeasible']}", hint="a larger --tp, another device, or a looser --slo")
+    rows = []
+    for (ctx, policy, *_), result in zip(jobs, found):
+        tp = ctx.serving.tp
+        m = result["metrics"]
+        replicas = result["target"]["replicas"]
+        scale = result["rate_scale"]
+        rows.append({
+            "policy": policy, "tp": tp, "max_model_len": ctx.max_len, "kv_pool_tokens": ctx.serving.pool_tokens,
+            "rate_scale": scale, "next_rate_scale": result["next_rate_scale"], "infeasible": result["infeasible"],
+            "max_rate_per_replica": None if scale is None else scale * mean_rate,
+            "max_rate_per_device": None if scale is None else scale * mean_rate / tp,
+            "output_tps_per_replica": None if scale is None else m["tps"],
+            "output_tps_per_device": None if scale is None else m["tps"] / tp,
+            "rejected_never_fit": m["rejections"], "metrics_at_capacity": m,
+            "monotone": result["monotone"], "failed_below_at_scale": result["failed_below_at_scale"],
+            "replicas_for_target": replicas, "devices_for_target": None if replicas is None else replicas * tp,
+            "metrics_at_target": result["target"]["metrics"], "probes": result["probes"]})
+    for row in rows:  # the saving against static at the same tp, in devices
+        static = next((r for r in rows if r["policy"] == "static" and r["tp"] == row["tp"]), None)
+        row["devices_saved_vs_static"] = (None if static is None or None in (static["devices_for_target"],
+                                                                              row["devices_for_target"])
+                                          else static["devices_for_target"] - row["devices_for_target"])
+    first = contexts[spec.tps[0]]
+    return {
+        "trace": {"requests": frame.height, "mean_rate_per_s": mean_rate, "peak_10min_rate_per_s": peak_rate,
+                  "span_s": float(arrival_s[-1] - arrival_s[0])},
+        "device": first.serving.device.name, "model": first.serving.full_model.name, "kv_dtype": spec.kv_dtype,
+        "predictor": label, "slo": {m: s for m, s in spec.slo.limits_s}, "slo_label": spec.slo.label,
+        "max_migration_rate": spec.max_migration_rate, "target_rate_per_s": target_rate,
+        "target_is_peak": spec.target_rate_per_s is None, "tolerance": target.tolerance,
+        "scheduler": {"max_num_seqs": first.scheduler.max_num_seqs,
+                      "max_num_batched_tokens": first.scheduler.batched_tokens(first.max_len)},
+        "rows": rows,
+    }

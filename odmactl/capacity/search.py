@@ -1,0 +1,166 @@
+"""Capacity at a latency SLO: the highest request rate one engine (a replica of `tp` devices)
+sustains, and the devices a target rate needs.
+
+Every figure comes from replays, none from division:
+- `served` replays the trace's requests with their inter-arrival times divided by a rate scale,
+  routed round-robin over R replicas (each a full engine with its own pool), and combines the
+  metrics over all requests (latency percentiles over the pooled per-request values);
+- `find_capacity` brackets the largest scale at which the SLO holds (doubling or halving from the
+  trace's own rate), then bisects in log space until the bracket is within `tolerance` (2%):
+  at the reported scale the SLO holds, at the next one tried it does not. When even the slowest
+  rate the replay's clock can hold (the trace stretched to ~100 days) fails, the policy has no
+  capacity at this size, and the limit that failed there is reported. Rejections do not count
+  against the SLO: the scheduler rejects only requests no empty engine could hold (a prompt at or
+  past max_model_len, or a block larger than the pool), whatever the load, and they are reported.
+  ODMA and S3 must also keep their migration rate within the limit.
+- Monotonicity is checked, not assumed: the SLO must also hold at 1/2 and 1/4 of the reported
+  scale; a failure there is reported (`monotone: false`) with the scale that failed.
+- `replicas_for` starts from the division's guess and replays: up while the SLO fails, down while
+  one replica fewer still meets it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from odmactl.allocator import ALLOCATORS
+from odmactl.capacity.slo import Slo
+from odmactl.run.replay import ReplayContext, replay_policy
+from odmactl.sim.workload import CLOCK_LIMIT_PS, PS
+
+MAX_SCALE_STEPS = 20  # doubling or halving from the trace's own rate: scales 2**-20 .. 2**20
+MONOTONE_FACTORS = (0.5, 0.25)
+
+
+@dataclass(frozen=True)
+class CapacityTarget:
+    """What `find_capacity` holds a replay to. Invariant: 0 < tolerance; max_replicas >= 1."""
+
+    slo: Slo
+    max_migration_rate: float
+    tolerance: float = 0.02
+    max_replicas: int = 256
+
+
+def served(ctx: ReplayContext, policy: str, table: dict, scale: float, replicas: int = 1) -> dict:
+    """The metrics of the trace at `scale` times its arrival rate over `replicas` round-robin
+    engines, combined over all requests."""
+    workload = ctx.workload.at_rate_scale(scale)
+    ttft, tpot = [], []
+    totals = dict.fromkeys(("requests", "completed", "rejections", "rejected_prompt_too_long", "migrations",
+                            "preemptions", "generated_tokens"), 0)
+    end_s = 0.0
+    start_ps = int(workload.arrival_ps[0])
+    for r in range(replicas):
+        part = workload.replica(r, replicas)
+        result, _, _, _ = replay_policy(dataclasses.replace(ctx, workload=part), policy, table)
+        m = result.metrics
+        for key in totals:
+            totals[key] += m[key]
+        ttft.append(result.ttft_s)
+        tpot.append(result.tpot_s)
+        end_s = max(end_s, (int(part.arrival_ps[0]) - start_ps) / PS + m["makespan_s"])
+    ttft_all, tpot_all = np.concatenate(ttft), np.concatenate(tpot)
+    n = totals["requests"]
+    pct = (lambda a, q: float(np.percentile(a, q)) if a.size else 0.0)
+    return {**totals, "replicas": replicas, "rate_scale": scale,
+            "ttft_p50": pct(ttft_all, 50), "ttft_p99": pct(ttft_all, 99),
+            "tpot_p50": pct(tpot_all, 50), "tpot_p99": pct(tpot_all, 99),
+            "migration_rate": totals["migrations"] / n, "overflow_rate": (totals["migrations"] + totals["preemptions"]) / n,
+            "tps": totals["generated_tokens"] / max(end_s, 1e-12), "makespan_s": end_s}
+
+
+def failures(metrics: dict, policy: str, target: CapacityTarget) -> list[tuple[str, float, float]]:
+    """(metric, value, limit) for every limit the metrics break."""
+    broken = target.slo.failures(metrics)
+    if ALLOCATORS[policy].uses_predictions and metrics["migration_rate"] > target.max_migration_rate:
+        broken.append(("migration_rate", metrics["migration_rate"], target.max_migration_rate))
+    return broken
+
+
+def _lowest_scale(ctx: ReplayContext) -> float:
+    """The slowest rate the replay's clock can hold: the trace's span stretched below ~100 days."""
+    span_ps = float(ctx.workload.arrival_ps[-1] - ctx.workload.arrival_ps[0])
+    return max(2.0 ** -MAX_SCALE_STEPS, 4 * span_ps / CLOCK_LIMIT_PS)
+
+
+def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget) -> dict:
+    """The largest rate scale at which the SLO holds (see the module docstring), with every probe."""
+    probes: list[dict] = []
+
+    def probe(scale: float) -> bool:
+        m = served(ctx, policy, table, scale)
+        broken = failures(m, policy, target)
+        probes.append({"rate_scale": scale, "holds": not broken, "failures": [list(f) for f in broken],
+                       "ttft_p99": m["ttft_p99"], "tpot_p99": m["tpot_p99"], "metrics": m})
+        return not broken
+
+    lo = hi = None
+    if probe(1.0):
+        lo, scale = 1.0, 2.0
+        for _ in range(MAX_SCALE_STEPS):
+            if not probe(scale):
+                hi = scale
+                break
+            lo, scale = scale, scale * 2
+    else:
+        hi, scale = 1.0, 0.5
+        while scale >= _lowest_scale(ctx):
+            if probe(scale):
+                lo = scale
+                break
+            hi, scale = scale, scale / 2
+    if lo is None:  # no rate the replay's clock can hold meets it: say which limit fails at the lowest
+        last = probes[-1]
+        metric, value, limit = last["failures"][0]
+        return {"rate_scale": None, "next_rate_scale": last["rate_scale"], "metrics": last["metrics"], "monotone": True,
+                "failed_below_at_scale": None,
+                "infeasible": f"{metric} = {value:.4g} > {limit:.4g} even at {last['rate_scale']:.3g}x the trace's rate",
+                "probes": sorted(({k: v for k, v in p.items() if k != "metrics"} for p in probes),
+                                 key=lambda p: p["rate_scale"])}
+    while hi is not None and hi / lo > 1 + target.tolerance:
+        mid = math.sqrt(lo * hi)
+        if probe(mid):
+            lo = mid
+        else:
+            hi = mid
+    at = next(p for p in probes if p["rate_scale"] == lo)
+    broken_below = next((lo * f for f in MONOTONE_FACTORS if not probe(lo * f)), None)
+    return {"rate_scale": lo, "next_rate_scale": hi, "metrics": at["metrics"], "monotone": broken_below is None,
+            "failed_below_at_scale": broken_below, "infeasible": None,
+            "probes": sorted(({k: v for k, v in p.items() if k != "metrics"} for p in probes),
+                             key=lambda p: p["rate_scale"])}
+
+
+def replicas_for(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, target_scale: float,
+                 per_replica_scale: float) -> dict:
+    """The fewest round-robin replicas that serve the trace at `target_scale` within the SLO,
+    found by replaying from the division's guess; {"replicas": None} past `max_replicas`."""
+    replicas = min(max(1, math.ceil(target_scale / per_replica_scale)), target.max_replicas)
+    m = served(ctx, policy, table, target_scale, replicas)
+    if failures(m, policy, target):
+        while failures(m, policy, target):
+            if replicas == target.max_replicas:
+                return {"replicas": None, "metrics": m}
+            replicas += 1
+            m = served(ctx, policy, table, target_scale, replicas)
+    else:
+        while replicas > 1:
+            fewer = served(ctx, policy, table, target_scale, replicas - 1)
+            if failures(fewer, policy, target):
+                break
+            replicas, m = replicas - 1, fewer
+    return {"replicas": replicas, "metrics": m}
+
+
+def capacity_job(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, target_scale: float) -> dict:
+    """One policy at one tensor-parallel size: its capacity, then the replicas the target needs."""
+    found = find_capacity(ctx, policy, table, target)
+    if found["rate_scale"] is None:
+        return {**found, "target": {"replicas": None, "metrics": None}}
+    need = replicas_for(ctx, policy, table, target, target_scale, found["rate_scale"])
+    return {**found, "target": need}

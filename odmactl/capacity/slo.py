@@ -1,0 +1,56 @@
+"""A latency SLO as `odmactl capacity --slo` takes it: `ttft_p99=2s,tpot_p99=100ms`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from odmactl.core.errors import ConfigError
+from odmactl.core.units import parse_quantity
+
+METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")  # the replay's latency metrics, in seconds
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Upper limits in seconds on latency metrics of a replay. Invariant: at least one limit, each
+    metric one of METRICS, each limit finite and > 0."""
+
+    limits_s: tuple[tuple[str, float], ...]
+
+    @classmethod
+    def parse(cls, text: str) -> Slo:
+        limits: dict[str, float] = {}
+        for item in (part.strip() for part in text.split(",")):
+            if not item:
+                continue
+            metric, sep, value = item.partition("=")
+            metric = metric.strip()
+            if not sep:
+                raise ConfigError(f"--slo expects METRIC=TIME pairs such as ttft_p99=2s, got '{item}'")
+            if metric not in METRICS:
+                raise ConfigError(f"--slo: unknown metric '{metric}' (one of {', '.join(METRICS)})")
+            if metric in limits:
+                raise ConfigError(f"--slo names {metric} twice")
+            try:
+                seconds = parse_quantity(value.strip(), "seconds")
+            except ValueError as exc:
+                raise ConfigError(f"--slo {metric}: {exc}") from None
+            if not (math.isfinite(seconds) and seconds > 0):
+                raise ConfigError(f"--slo {metric} must be a time > 0, got '{value.strip()}'")
+            limits[metric] = seconds
+        if not limits:
+            raise ConfigError("--slo names no limit", hint="e.g. --slo ttft_p99=2s,tpot_p99=100ms")
+        return cls(tuple(limits.items()))
+
+    def failures(self, metrics: dict) -> list[tuple[str, float, float]]:
+        """(metric, value, limit) for every limit `metrics` exceeds."""
+        return [(m, float(metrics[m]), limit) for m, limit in self.limits_s if metrics[m] > limit]
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{m} <= {_seconds(limit)}" for m, limit in self.limits_s)
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:g} ms" if value < 1 else f"{value:g} s"

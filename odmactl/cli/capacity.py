@@ -1,0 +1,82 @@
+"""`odmactl capacity`: the request rate each policy sustains at a latency SLO, and the devices a
+target rate needs, per tensor-parallel size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from odmactl.cli.app import app, out, progress_for
+from odmactl.cli.inputs import check_outputs, input_paths, parse_kv_pool, parse_policies
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    from odmactl.core.errors import ConfigError
+
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"--tp expects comma-separated whole numbers such as 1,2,4, got '{text}'") from None
+
+
+@app.command()
+def capacity(
+    trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest` (with arrival times)")],
+    device: Annotated[str, typer.Option(help="device profile name or TOML path")],
+    model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
+    slo: Annotated[str, typer.Option(help="latency limits, e.g. ttft_p99=2s,tpot_p99=100ms (ttft_p50, ttft_p99, tpot_p50, tpot_p99)")],
+    policies: Annotated[str, typer.Option(help="comma-separated policies")] = "static,paged,s3,odma",
+    config: Annotated[Optional[Path], typer.Option(help="config TOML (plan's output): its [allocator] and [scheduler] apply")] = None,
+    predictor: Annotated[Optional[str], typer.Option(help="`odmactl fit` artifact folder, `oracle` or `none` "
+                                                          "(default: the --config's [meta] predictor; odma and s3 need one)")] = None,
+    tp: Annotated[str, typer.Option(help="tensor-parallel sizes to try, comma-separated")] = "1",
+    max_migration_rate: Annotated[float, typer.Option(help="most migrations per request odma and s3 may cause")] = 0.005,
+    target_rate: Annotated[Optional[float], typer.Option(help="requests/s to size the deployment for (default: the trace's peak 10-minute rate)")] = None,
+    workers: Annotated[int, typer.Option(help="worker processes, one policy and size each")] = 1,
+    max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's longest)")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="prefill token budget of one iteration (default max(max_model_len, 2048))")] = None,
+    kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
+    kv_pool: Annotated[Optional[str], typer.Option(help="KV pool per engine, e.g. '8 GiB' (default: the profile's)")] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the result (every probe included) as JSON")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="write a PNG of TTFT p99 and TPOT p99 against the offered rate")] = None,
+    force: Annotated[bool, typer.Option(help="replace --out / --plot if they exist")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Find, by replay and bisection, the highest request rate each policy serves within the SLO, and the devices a target rate needs."""
+    from odmactl.capacity.run import CapacitySpec
+    from odmactl.capacity.run import capacity as run_capacity
+    from odmactl.capacity.slo import Slo
+    from odmactl.core.atomic import atomic_output
+    from odmactl.core.errors import OdmaError
+    from odmactl.render.console_replay import render_capacity
+    from odmactl.render.json import to_json
+    from odmactl.render.plots import write_capacity_plot
+    from odmactl.trace.schema import read_trace
+
+    chosen = parse_policies(policies, None)
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
+    check_outputs([out_path, plot], force, input_paths(trace_path, config, predictor, device, model))
+    spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor,
+                        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                        max_num_batched_tokens=max_num_batched_tokens, kv_pool_bytes=parse_kv_pool(kv_pool),
+                        policies=tuple(chosen), tps=_sizes(tp), slo=Slo.parse(slo),
+                        max_migration_rate=max_migration_rate, target_rate_per_s=target_rate, config=config,
+                        workers=workers)
+    frame = read_trace(trace_path)
+    with progress_for(json_out) as progress:
+        doc = run_capacity(frame, spec, progress=progress)
+    doc = {"trace": {"path": str(trace_path), **doc["trace"]}, **{k: v for k, v in doc.items() if k != "trace"}}
+    if plot is not None:  # the plot first, the JSON last: a stopped run leaves no JSON without its plot
+        with atomic_output(plot, force=force) as tmp:
+            write_capacity_plot(doc, tmp)
+    if out_path is not None:
+        with atomic_output(out_path, force=force) as tmp:
+            tmp.write_text(to_json(doc) + "\n", encoding="utf-8")
+    if json_out:
+        print(to_json(doc))
+    else:
+        render_capacity(out, doc)

@@ -1,0 +1,129 @@
+"""`odmactl capacity` (issue 27): the bracket holds, replicas are found by replay, the result is
+deterministic and independent of the workers, and bad input is a message."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from odmactl.capacity.run import CapacitySpec, capacity
+from odmactl.capacity.search import CapacityTarget, failures, served
+from odmactl.capacity.slo import Slo
+from odmactl.core.errors import ConfigError
+from odmactl.run.replay import prepare
+from odmactl.run.serving import serving
+from odmactl.trace.schema import read_trace
+
+DEVICE = ["--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B"]
+SLO = "ttft_p99=2s,tpot_p99=100ms"
+
+
+@pytest.fixture(scope="module")
+def small(conv_sample_head):
+    return conv_sample_head(400)
+
+
+def _spec(**kw) -> CapacitySpec:
+    base = dict(device="mlu370-x4", model="DeepSeek-R1-Distill-Qwen-7B", predictor="oracle",
+                policies=("static", "paged", "odma"), tps=(1, 2), slo=Slo.parse(SLO))
+    return CapacitySpec(**{**base, **kw})
+
+
+def test_the_reported_rate_meets_the_slo_and_a_higher_one_does_not(small):
+    """Acceptance 1's bracket: at the reported scale the SLO holds, at 1.05x it does not."""
+    frame = read_trace(small)
+    spec = _spec()
+    doc = capacity(frame, spec)
+    target = CapacityTarget(spec.slo, spec.max_migration_rate)
+    for row in doc["rows"]:
+        setup = serving(spec.device, spec.model, tp=row["tp"])
+        ctx, _ = prepare(frame, dataclasses.replace(spec, tp=row["tp"]), setup, policies=spec.policies)
+        at = served(ctx, row["policy"], {}, row["rate_scale"])
+        above = served(ctx, row["policy"], {}, row["rate_scale"] * 1.05)
+        assert not failures(at, row["policy"], target), row
+        assert failures(above, row["policy"], target), row
+        assert row["next_rate_scale"] / row["rate_scale"] <= 1.02 and row["monotone"]
+        # devices for the target: found by replaying with that many replicas, and one fewer fails
+        replicas = row["replicas_for_target"]
+        scale = doc["target_rate_per_s"] / doc["trace"]["mean_rate_per_s"]
+        assert not failures(served(ctx, row["policy"], {}, scale, replicas), row["policy"], target)
+        if replicas > 1:
+            assert failures(served(ctx, row["policy"], {}, scale, replicas - 1), row["policy"], target)
+        assert row["devices_for_target"] == replicas * row["tp"]
+
+
+def test_replicas_split_the_requests_round_robin_and_pool_the_percentiles(small):
+    frame = read_trace(small)
+    spec = _spec()
+    ctx, _ = prepare(frame, spec, serving(spec.device, spec.model), policies=("paged",))
+    one, three = served(ctx, "paged", {}, 2.0, 1), served(ctx, "paged", {}, 2.0, 3)
+    assert one["requests"] == three["requests"] == frame.height
+    assert three["ttft_p99"] <= one["ttft_p99"]  # a third of the load per engine queues less
+    parts = [ctx.workload.replica(r, 3) for r in range(3)]
+    assert sorted(sum((p.request_ids for p in parts), [])) == sorted(ctx.workload.request_ids)
+    assert np.array_equal(ctx.workload.at_rate_scale(2.0).arrival_ps, np.round(ctx.workload.arrival_ps / 2.0))
+
+
+def test_the_result_is_byte_identical_and_independent_of_workers(cli, small, tmp_path):
+    args = ["capacity", small, *DEVICE, "--slo", SLO, "--predictor", "oracle", "--tp", "1,2", "--json"]
+    one = cli(*args)
+    again = cli(*args)
+    two = cli(*args, "--workers", "2")
+    assert one.code == 0, one.err
+    assert one.out == again.out == two.out
+    doc = json.loads(one.out)
+    assert {(r["policy"], r["tp"]) for r in doc["rows"]} == {(p, t) for p in ("static", "paged", "s3", "odma")
+                                                              for t in (1, 2)}
+
+
+def test_the_console_table_and_the_plot(cli, small, tmp_path):
+    plot = tmp_path / "c.png"
+    r = cli("capacity", small, *DEVICE, "--slo", SLO, "--predictor", "oracle", "--policies", "static,paged",
+            "--plot", plot, "--out", tmp_path / "c.json")
+    assert r.code == 0, r.err
+    assert "engine" in r.out and "target" in r.out and "static tp 1" in r.out and "paged tp 1" in r.out
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "c.json").read_text())["slo"] == {"ttft_p99": 2.0, "tpot_p99": 0.1}
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--slo", "ttft_p95=2s"], ("unknown metric 'ttft_p95'",)),
+    (["--slo", "ttft_p99=2"], ("--slo ttft_p99", "a time such as")),
+    (["--slo", "ttft_p99=2 GB"], ("--slo ttft_p99", "unit of bytes")),
+    (["--slo", "ttft_p99=0s"], ("must be a time > 0",)),
+    (["--slo", "ttft_p99"], ("METRIC=TIME",)),
+    (["--slo", SLO, "--tp", "0"], ("--tp", "from 1")),
+    (["--slo", SLO, "--tp", "1,1"], ("distinct",)),
+    (["--slo", SLO, "--tp", "a"], ("comma-separated whole numbers",)),
+    (["--slo", SLO, "--tp", "8"], ("--tp 8 does not divide",)),
+    (["--slo", SLO, "--target-rate", "0"], ("--target-rate",)),
+    (["--slo", "ttft_p99=1us"], ("no policy meets the SLO", "ttft_p99 =", "even at")),
+])
+def test_bad_input_is_one_message(cli, small, tmp_path, args, words):
+    r = cli("capacity", small, *DEVICE, "--predictor", "oracle", "--policies", "static", *args,
+            "--out", tmp_path / "c.json")
+    assert r.code == 1, r.err
+    assert all(w in " ".join(r.err.split()) for w in words), r.err
+    assert "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_an_offline_trace_has_no_rate_to_scale(cli, tmp_path):
+    import polars as pl
+
+    src = tmp_path / "a.csv"
+    pl.DataFrame({"prompt_tokens": [100] * 5, "output_tokens": [10] * 5}).write_csv(src)
+    assert cli("ingest", src, "--out", tmp_path / "t.parquet", "--offline").code == 0
+    r = cli("capacity", tmp_path / "t.parquet", *DEVICE, "--slo", SLO, "--predictor", "oracle")
+    assert r.code == 1 and "all of its requests arrive at once" in r.err
+
+
+def test_the_slo_parser():
+    slo = Slo.parse("ttft_p99=2s, tpot_p99=100ms")
+    assert slo.limits_s == (("ttft_p99", 2.0), ("tpot_p99", 0.1))
+    assert slo.failures({"ttft_p99": 3.0, "tpot_p99": 0.05}) == [("ttft_p99", 3.0, 2.0)]
+    with pytest.raises(ConfigError, match="twice"):
+        Slo.parse("ttft_p99=1s,ttft_p99=2s")
