@@ -82,10 +82,12 @@ def test_the_result_is_byte_identical_and_independent_of_workers(cli, small, tmp
 def test_the_console_table_and_the_plot(cli, small, tmp_path):
     plot = tmp_path / "c.png"
     r = cli("capacity", small, *DEVICE, "--slo", SLO, "--predictor", "oracle", "--policies", "static,paged",
-            "--plot", plot, "--out", tmp_path / "c.json")
+            "--plot", plot, "--out", tmp_path / "c.json", "--report", tmp_path / "c.html")
     assert r.code == 0, r.err
     assert "engine" in r.out and "target" in r.out and "static tp 1" in r.out and "paged tp 1" in r.out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = (tmp_path / "c.html").read_text()
+    assert "static tp 1" in report and "data:image/png;base64," in report and "req/s per engine" in report
     assert json.loads((tmp_path / "c.json").read_text())["slo"] == {"ttft_p99": 2.0, "tpot_p99": 0.1}
 
 
@@ -127,3 +129,15 @@ def test_the_slo_parser():
     assert slo.failures({"ttft_p99": 3.0, "tpot_p99": 0.05}) == [("ttft_p99", 3.0, 2.0)]
     with pytest.raises(ConfigError, match="twice"):
         Slo.parse("ttft_p99=1s,ttft_p99=2s")
+
+
+def test_ray_gives_the_same_result(cli, small):
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+    args = ["capacity", small, *DEVICE, "--slo", SLO, "--predictor", "oracle", "--policies", "static,paged", "--json"]
+    try:
+        local = cli(*args)
+        remote = cli(*args, "--executor", "ray")
+    finally:
+        ray.shutdown()
+    assert local.code == remote.code == 0, remote.err
+    assert local.out == remote.out

@@ -16,6 +16,7 @@ from odmactl.capacity.slo import Slo
 from odmactl.core.errors import ConfigError
 from odmactl.core.limits import MAX_TP, MAX_WORKERS, check_whole
 from odmactl.plan.executors import run_jobs
+from odmactl.plan.spec import EXECUTORS
 from odmactl.run.config import read_config
 from odmactl.run.replay import prepare
 from odmactl.run.serving import serving
@@ -36,6 +37,7 @@ class CapacitySpec(ServingSpec):
     target_rate_per_s: float | None = None
     config: Path | None = None
     workers: int = 1
+    executor: str = "process"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -48,6 +50,8 @@ class CapacitySpec(ServingSpec):
         if self.target_rate_per_s is not None and not (math.isfinite(self.target_rate_per_s) and self.target_rate_per_s > 0):
             raise ConfigError(f"--target-rate must be > 0 requests/s, got {self.target_rate_per_s}")
         check_whole(self.workers, 1, MAX_WORKERS, "--workers")
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"--executor expects one of {', '.join(EXECUTORS)}, got '{self.executor}'")
 
 
 def trace_rates(arrival_s: np.ndarray) -> tuple[float, float]:
@@ -78,7 +82,7 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
                              policies=spec.policies)
         contexts[tp] = ctx
         jobs += [(ctx, policy, tables["allocator"], target, target_rate / mean_rate) for policy in spec.policies]
-    found = run_jobs(jobs, spec.workers, "capacity", progress, fn=capacity_job)
+    found = run_jobs(jobs, spec.workers, "capacity", progress, fn=capacity_job, executor=spec.executor)
     if all(result["rate_scale"] is None for result in found):
         (_, policy, *_), result = jobs[0], found[0]
         raise ConfigError(f"no policy meets the SLO at any tensor-parallel size tried; {policy} at tp "

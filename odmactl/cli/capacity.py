@@ -35,6 +35,7 @@ def capacity(
     max_migration_rate: Annotated[float, typer.Option(help="most migrations per request odma and s3 may cause")] = 0.005,
     target_rate: Annotated[Optional[float], typer.Option(help="requests/s to size the deployment for (default: the trace's peak 10-minute rate)")] = None,
     workers: Annotated[int, typer.Option(help="worker processes, one policy and size each")] = 1,
+    executor: Annotated[str, typer.Option(help="process (local workers) or ray (a Ray cluster; the ray extra)")] = "process",
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's longest)")] = None,
     max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,
     max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="prefill token budget of one iteration (default max(max_model_len, 2048))")] = None,
@@ -42,7 +43,8 @@ def capacity(
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool per engine, e.g. '8 GiB' (default: the profile's)")] = None,
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the result (every probe included) as JSON")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="write a PNG of TTFT p99 and TPOT p99 against the offered rate")] = None,
-    force: Annotated[bool, typer.Option(help="replace --out / --plot if they exist")] = False,
+    report: Annotated[Optional[Path], typer.Option(help="write an HTML report: the table and the curves")] = None,
+    force: Annotated[bool, typer.Option(help="replace --out / --plot / --report if they exist")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Find, by replay and bisection, the highest request rate each policy serves within the SLO, and the devices a target rate needs."""
@@ -52,6 +54,7 @@ def capacity(
     from odmactl.core.atomic import atomic_output
     from odmactl.core.errors import OdmaError
     from odmactl.render.console_replay import render_capacity
+    from odmactl.render.html import write_capacity_report
     from odmactl.render.json import to_json
     from odmactl.render.plots import write_capacity_plot
     from odmactl.trace.schema import read_trace
@@ -59,20 +62,23 @@ def capacity(
     chosen = parse_policies(policies, None)
     if plot is not None and plot.suffix.lower() != ".png":
         raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
-    check_outputs([out_path, plot], force, input_paths(trace_path, config, predictor, device, model))
+    check_outputs([out_path, plot, report], force, input_paths(trace_path, config, predictor, device, model))
     spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor,
                         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens, kv_pool_bytes=parse_kv_pool(kv_pool),
                         policies=tuple(chosen), tps=_sizes(tp), slo=Slo.parse(slo),
                         max_migration_rate=max_migration_rate, target_rate_per_s=target_rate, config=config,
-                        workers=workers)
+                        workers=workers, executor=executor)
     frame = read_trace(trace_path)
     with progress_for(json_out) as progress:
         doc = run_capacity(frame, spec, progress=progress)
     doc = {"trace": {"path": str(trace_path), **doc["trace"]}, **{k: v for k, v in doc.items() if k != "trace"}}
-    if plot is not None:  # the plot first, the JSON last: a stopped run leaves no JSON without its plot
+    if plot is not None:  # the plot and report first, the JSON last: a stopped run leaves no JSON without them
         with atomic_output(plot, force=force) as tmp:
             write_capacity_plot(doc, tmp)
+    if report is not None:
+        with atomic_output(report, force=force) as tmp:
+            write_capacity_report(doc, tmp)
     if out_path is not None:
         with atomic_output(out_path, force=force) as tmp:
             tmp.write_text(to_json(doc) + "\n", encoding="utf-8")

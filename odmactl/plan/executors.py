@@ -22,10 +22,13 @@ def replay_candidate(ctx: ReplayContext, table: dict, policy: str = "odma", seri
             "config": config.to_mapping()}
 
 
-def run_jobs(jobs: list[tuple], workers: int, label: str, progress=None, fn=None) -> list:
-    """`fn(*job)` (default `replay_candidate`) for every job, in `workers` processes; results in the
-    jobs' order (whichever finishes first), so the outcome does not depend on the number of workers."""
+def run_jobs(jobs: list[tuple], workers: int, label: str, progress=None, fn=None, executor: str = "process") -> list:
+    """`fn(*job)` (default `replay_candidate`) for every job, in `workers` processes or as Ray tasks
+    (`executor`); results in the jobs' order (whichever finishes first), so the outcome does not
+    depend on the executor or the number of workers."""
     fn = fn or replay_candidate
+    if executor == "ray":
+        return run_on_ray(jobs, fn, label, progress)
     results: list = [None] * len(jobs)
     if workers == 1 or len(jobs) == 1:
         for i, job in enumerate(jobs):
@@ -43,23 +46,24 @@ def run_jobs(jobs: list[tuple], workers: int, label: str, progress=None, fn=None
     return results
 
 
-def replay_on_ray(jobs: list[tuple[ReplayContext, dict]], progress=None) -> list[dict]:
-    """The same replays as Ray tasks (each context is put in the object store once)."""
+def run_on_ray(jobs: list[tuple], fn, label: str, progress=None) -> list:
+    """The same jobs as Ray tasks; a job's first item (its ReplayContext) is put in the object store
+    once however many jobs share it."""
     try:
         import ray
     except ImportError:
         raise ConfigError("--executor ray needs Ray installed", hint="pip install 'odmactl[ray]'") from None
     ray.init(ignore_reinit_error=True)
-    remote = ray.remote(replay_candidate)
+    remote = ray.remote(fn)
     shared: dict[int, object] = {}
     refs = []
-    for ctx, table in jobs:
+    for ctx, *rest in jobs:
         if id(ctx) not in shared:
             shared[id(ctx)] = ray.put(ctx)
-        refs.append(remote.remote(shared[id(ctx)], table))
+        refs.append(remote.remote(shared[id(ctx)], *rest))
     results = []
     for i, ref in enumerate(refs):
         results.append(ray.get(ref))
         if progress is not None:
-            progress("plan: replay candidates", i + 1, len(jobs))
+            progress(label, i + 1, len(jobs))
     return results

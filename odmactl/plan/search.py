@@ -57,7 +57,7 @@ import polars as pl
 from odmactl.core.errors import ConfigError
 from odmactl.plan.bounds import distinct, estimate_all, rank
 from odmactl.plan.choose import choose
-from odmactl.plan.executors import replay_on_ray, run_jobs
+from odmactl.plan.executors import run_jobs
 from odmactl.plan.grid import HEDGE_FIT_SHARE, Candidate, candidate_grid, coverage_gamma, fit_hedges, with_hedge
 from odmactl.plan.spec import PlanSpec
 from odmactl.rules.buckets import quantile_boundaries
@@ -111,10 +111,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     later_ctx = dataclasses.replace(ctx, workload=later_w)
     search_jobs = [(later_ctx, with_hedge(e["candidate"], hedges)) if e["candidate"].hedge_groups
                    else (search_ctx, e["candidate"].allocator_table()) for e in shortlist]
-    if spec.executor == "ray":
-        metrics = replay_on_ray(search_jobs, progress)
-    else:
-        metrics = run_jobs(search_jobs, spec.workers, "plan: replay candidates", progress)
+    metrics = run_jobs(search_jobs, spec.workers, "plan: replay candidates", progress, executor=spec.executor)
     replayed = list(zip(shortlist, metrics))
     best, feasible = choose(replayed, spec)
     chosen = shortlist[best]["candidate"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from odmactl.core.units import format_bytes
-from odmactl.render.metrics import PLAN_KEYS, format_metric, metric_rows
+from odmactl.render.metrics import CAPACITY_KEYS, METRICS, PLAN_KEYS, format_metric, metric_rows
 from odmactl.render.tables import deployment
 from odmactl.rules.s3 import s3_capacities
 
@@ -139,3 +139,39 @@ Recommended: <b>{esc(doc['chosen']['label'])}</b>{'' if doc['constraints_met_on_
 </body></html>
 """
     path.write_text(text, encoding="utf-8")
+
+
+def write_capacity_report(doc: dict, path: Path) -> None:
+    """`odmactl capacity`'s report: the table of rates and devices, and the latency-throughput curves."""
+    from odmactl.render.console_replay import capacity_value
+    from odmactl.render.plots import capacity_figure
+
+    esc = html.escape
+    t = doc["trace"]
+    head = "".join(f"<th>{esc(METRICS[k].header)}</th>" for k in CAPACITY_KEYS)
+    body = "".join(f"<tr><td>{esc(r['policy'])} tp {r['tp']}</td>"
+                   + "".join(f"<td>{esc(capacity_value(r, k))}</td>" for k in CAPACITY_KEYS) + "</tr>"
+                   for r in doc["rows"])
+    notes = "".join(f"<li>{esc(r['policy'])} tp {r['tp']}: no rate meets the SLO: {esc(r['infeasible'])}</li>"
+                    for r in doc["rows"] if r["infeasible"])
+    notes += "".join(f"<li>{esc(r['policy'])} tp {r['tp']}: the SLO failed below the reported rate (not monotone)</li>"
+                     for r in doc["rows"] if not r["monotone"])
+    target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the trace's busiest 10 minutes)" if doc["target_is_peak"] else "")
+    text = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>odmactl capacity: {esc(t['path'])}</title>
+<style>body{{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child{{text-align:left;white-space:nowrap}}img{{max-width:100%}}</style>
+</head><body>
+<h1>odmactl capacity</h1>
+<p><code>{esc(t['path'])}</code>: {t['requests']:,} requests at {t['mean_rate_per_s']:,.3f} req/s; {esc(doc['model'])} on
+{esc(doc['device'])}; predictor <code>{esc(doc['predictor'])}</code>. SLO: <b>{esc(doc['slo_label'])}</b>; odma and s3 at most
+{format_metric('migration_rate', doc['max_migration_rate'])} migrations. Rates bracketed to {doc['tolerance']:.0%} by replay;
+devices for {esc(target)} found by replaying round-robin replicas.</p>
+<table><tr><th>policy</th>{head}</tr>{body}</table>
+{f'<ul>{notes}</ul>' if notes else ''}
+<h2>Latency against offered rate per engine (every probe of the bisection)</h2>
+<img src="data:image/png;base64,{_png(capacity_figure(doc))}">
+</body></html>
+"""
+    path.write_text(text, encoding="utf-8")
+

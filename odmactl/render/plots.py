@@ -60,8 +60,17 @@ def write_replay_plot(doc: dict, path) -> None:
 
 
 def write_capacity_plot(doc: dict, path) -> None:
+    """`capacity_figure` as a PNG file."""
+    import matplotlib.pyplot as plt
+
+    fig = capacity_figure(doc)
+    fig.savefig(path, format="png", dpi=110)
+    plt.close(fig)
+
+
+def capacity_figure(doc: dict):
     """TTFT p99 and TPOT p99 against the offered rate per engine, one line per policy and tp (the
-    bisection's probes), with the SLO's limits dashed."""
+    bisection's probes), with the SLO's limits dashed (a matplotlib figure; the caller closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -90,6 +99,5 @@ def write_capacity_plot(doc: dict, path) -> None:
     axes[1].set_xlabel("offered rate per engine (requests/s)")
     fig.suptitle(f"{doc['model']} on {doc['device']}: {doc['trace']['path']} (SLO {doc['slo_label']})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, format="png", dpi=110)
-    plt.close(fig)
+    return fig
 
