@@ -111,8 +111,8 @@ def test_plan_bounds_for_a_hedge_candidate_agree_with_its_replay(conv_sample_hea
     import polars as pl
 
     from odmactl.plan.bounds import estimate
-    from odmactl.plan.executors import replay_candidate
     from odmactl.plan.grid import Candidate, fit_hedges, with_hedge
+    from odmactl.run.executors import replay_candidate
     from odmactl.run.replay import ReplayContext
     from odmactl.run.serving import serving
     from odmactl.run.spec import LoadOptions

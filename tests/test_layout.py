@@ -15,7 +15,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "odmactl"
 
 # top to bottom: a module may import from its own layer and the layers below it
-LAYERS = ("cli", "capacity", "plan", "gate", "render", "device", "run", "sim", "predict", "allocator", "hw", "rules", "trace",
+LAYERS = ("cli", "plan", "capacity", "gate", "render", "device", "run", "sim", "predict", "allocator", "hw", "rules", "trace",
           "core")
 # torch (and what pulls it in) only where a layer needs a tensor: the predictor, the device
 # measurements, and the allocator library's real-buffer arena (TorchArena, a public API)

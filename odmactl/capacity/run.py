@@ -15,9 +15,8 @@ from odmactl.capacity.search import CapacityTarget, capacity_job
 from odmactl.capacity.slo import Slo
 from odmactl.core.errors import ConfigError
 from odmactl.core.limits import MAX_TP, MAX_WORKERS, check_whole
-from odmactl.plan.executors import run_jobs
-from odmactl.plan.spec import EXECUTORS
 from odmactl.run.config import read_config
+from odmactl.run.executors import EXECUTORS, run_jobs
 from odmactl.run.replay import prepare
 from odmactl.run.serving import serving
 from odmactl.run.spec import ServingSpec

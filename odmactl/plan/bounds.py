@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from odmactl.plan.executors import run_jobs
 from odmactl.plan.grid import Candidate, workload_lengths
 from odmactl.rules.buckets import rounded_quantiles
 from odmactl.rules.odma import need_tokens_array
+from odmactl.run.executors import run_jobs
 from odmactl.sim.workload import Workload
 
 PRUNE_SLACK = 1.5  # keep candidates whose estimated overflow rate is within 1.5 x the limit

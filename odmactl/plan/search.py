@@ -57,10 +57,10 @@ import polars as pl
 from odmactl.core.errors import ConfigError
 from odmactl.plan.bounds import distinct, estimate_all, rank
 from odmactl.plan.choose import choose
-from odmactl.plan.executors import run_jobs
 from odmactl.plan.grid import HEDGE_FIT_SHARE, Candidate, candidate_grid, coverage_gamma, fit_hedges, with_hedge
 from odmactl.plan.spec import PlanSpec
 from odmactl.rules.buckets import quantile_boundaries
+from odmactl.run.executors import run_jobs
 from odmactl.run.replay import prepare
 from odmactl.run.serving import serving
 from odmactl.sim.workload import Workload

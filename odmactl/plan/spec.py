@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from odmactl.core.errors import ConfigError
 from odmactl.core.limits import HOLDOUT_RANGE, MAX_REPLAYS, MAX_WORKERS, check_whole
+from odmactl.run.executors import EXECUTORS
 from odmactl.run.spec import ServingSpec
 
 OBJECTIVES = ("tps", "utilization")
-EXECUTORS = ("process", "ray")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""Where plan's replays and bounds run: in this process, in worker processes, or as Ray tasks. Jobs
-come back in their own order whichever finishes first, so results never depend on the executor or
-the number of workers."""
+"""Where plan's and capacity's replays and bounds run: in this process, in worker processes, or as
+Ray tasks. Jobs come back in their own order whichever finishes first, so results never depend on
+the executor or the number of workers."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from odmactl.core.errors import ConfigError
 from odmactl.run.replay import ReplayContext, replay_policy
+
+EXECUTORS = ("process", "ray")
 
 
 def replay_candidate(ctx: ReplayContext, table: dict, policy: str = "odma", series: bool = False) -> dict:
