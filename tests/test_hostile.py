@@ -453,3 +453,88 @@ def test_a_profiles_folder_that_is_not_one_is_named(cli, monkeypatch, tmp_path):
     monkeypatch.setenv("ODMACTL_PROFILES", str(tmp_path / "nope"))
     result = cli("profiles", "list")
     assert result.code == 1 and "$ODMACTL_PROFILES=" in result.err and "devices/ and models/" in result.err
+
+
+def _prepare(folder: Path, case: str) -> list[str]:
+    """Inputs for the red-team's second round (issue 25): each returns the arguments."""
+    trace = folder / "trace.parquet"
+    if case == "glob_name":
+        shutil.copy(trace, folder / "tr*.parquet")
+        shutil.copy(trace, folder / "tr_other.parquet")
+        return ["stats", "tr*.parquet", "--json"]
+    if case == "out_symlink":
+        (folder / "real.json").write_text("{}")
+        (folder / "link.json").symlink_to(folder / "real.json")
+        return [*REPLAY, "--out", "link.json", "--force"]
+    if case == "fit_force_foreign_manifest":
+        (folder / "mine").mkdir()
+        (folder / "mine" / "predictor.toml").write_text('model = "my other tool"\n')
+        (folder / "mine" / "thesis.txt").write_text("keep")
+        return [*FIT[:3], "mine", "--force"]
+    if case == "config_predictor_folder":
+        (folder / "cfgp" / "P").mkdir(parents=True)
+        (folder / "cfgp" / "P" / "predictor.toml").write_text('format = "odmactl-predictor"\n')
+        (folder / "cfgp" / "c.toml").write_text('[meta]\npredictor = "P"\n')
+        return ["replay", "{trace}", *DEVICE, "--config", "cfgp/c.toml", "--out", "cfgp/P/predictor.toml", "--force"]
+    if case == "duplicate_header":
+        (folder / "dup.csv").write_text("TIMESTAMP,ContextTokens,ContextTokens,GeneratedTokens\n"
+                                        "2023-01-01 00:00:00,1,2,3\n")
+        return ["ingest", "dup.csv", "--out", "o.parquet"]
+    if case == "map_twice":
+        return ["ingest", "{csv}", "--out", "o.parquet", "--format", "csv", "--map", "arrival_s=a", "--map", "arrival_s=b"]
+    if case == "deep_json":
+        (folder / "deep.jsonl").write_text('{"input_length": 5, "output_length": 3, "hash_ids": '
+                                           + "[" * 100_000 + "]" * 100_000 + "}\n")
+        return ["ingest", "deep.jsonl", "--format", "mooncake", "--out", "o.parquet", "--offline"]
+    if case == "servegen_tiny_shape":
+        (folder / "sgt").mkdir()
+        (folder / "sgt" / "chunk-0-trace.csv").write_text("0,2.0,1.0,Gamma,1e-300,1e-300\n")
+        (folder / "sgt" / "chunk-0-dataset.json").write_text('{"0": {"input_tokens": "{10: 1.0}", '
+                                                             '"output_tokens": "{5: 1.0}"}}')
+        return ["ingest", "sgt", "--format", "servegen", "--out", "o.parquet"]
+    if case == "huge_device":
+        from conftest import ROOT
+
+        text = (ROOT / "profiles" / "devices" / "mlu370-x4.toml").read_text()
+        (folder / "huge.toml").write_text(text.replace('value = "24 GB"', 'value = "1e30 GB"'))
+        return ["replay", "{trace}", "--device", "huge.toml", "--model", "DeepSeek-R1-Distill-Qwen-7B",
+                "--policy", "paged", "--predictor", "none"]
+    raise AssertionError(case)
+
+
+MORE = {
+    "glob_name": (0, ()),  # a file name with `*` is that file, not a pattern
+    "out_symlink": (1, ("symbolic link",)),
+    "fit_force_foreign_manifest": (1, ("not an odmactl predictor",)),
+    "config_predictor_folder": (1, ("is inside", "an input")),
+    "duplicate_header": (1, ("column 'ContextTokens'", "twice")),
+    "map_twice": (1, ("--map names arrival_s twice",)),
+    "deep_json": (1, ("row 1", "nested too deeply")),
+    "servegen_tiny_shape": (1, ("chunk-0-trace.csv, row 1", "shape")),
+    "huge_device": (1, ("more than odmactl replays",)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MORE))
+def test_second_round_of_hostile_input(cli, folder, tmp_path, monkeypatch, case):
+    work = tmp_path / "w"
+    shutil.copytree(folder, work)
+    monkeypatch.chdir(work)
+    args = _prepare(work, case)
+    args = [{"{trace}": "trace.parquet", "{csv}": "a.csv"}.get(a, a) for a in args]
+    before = _snapshot(work)
+    result = cli(*args)
+    code, needles = MORE[case]
+    assert result.code == code, (result.code, result.err)
+    assert "Traceback" not in result.err and "internal error" not in result.err
+    if code == 0:
+        assert json_requests(result.out) == 300  # the one file, not both
+    else:
+        assert len(result.err.strip().splitlines()) == 1 and all(n in result.err for n in needles), result.err
+        assert _snapshot(work) == before
+
+
+def json_requests(text: str) -> int:
+    import json
+
+    return json.loads(text)["requests"]

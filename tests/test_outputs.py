@@ -127,7 +127,7 @@ def test_a_full_disk_is_a_message_and_leaves_nothing(tmp_path, cli, monkeypatch,
 def test_atomic_dir_refuses_a_directory_made_meanwhile(tmp_path):
     target = tmp_path / "pred"
     with pytest.raises(OutputError, match="already exists"):
-        with atomic_output_dir(target, force=False, owned="weights") as tmp:
+        with atomic_output_dir(target, force=False, owned=lambda d: None) as tmp:
             (tmp / "weights").write_text("mine")
             target.mkdir()
             (target / "theirs").write_text("theirs")

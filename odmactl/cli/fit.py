@@ -32,14 +32,14 @@ def fit(
     import time
 
     from odmactl.core.atomic import atomic_output_dir
-    from odmactl.predict.artifact import MANIFEST, write_artifact
+    from odmactl.predict.artifact import not_an_artifact, write_artifact
     from odmactl.predict.fitting import FitRequest, run_fit
     from odmactl.predict.settings import PredictorSettings
     from odmactl.render.console_trace import render_fit
     from odmactl.render.json import to_json
     from odmactl.trace.schema import read_trace
 
-    check_outputs([out_dir], force, input_paths(trace_path, encoder), directory_owned=MANIFEST)
+    check_outputs([out_dir], force, input_paths(trace_path, encoder), directory_owned=not_an_artifact)
     settings = PredictorSettings(family="encoder" if encoder else "embedded", mode="s3" if s3 else "odma",
                                  max_model_len_tokens=max_model_len, max_epochs=epochs)
     request = FitRequest(num_buckets=buckets, holdout=holdout, split_by=split_by, seed=seed, gamma=gamma, tau=tau)
@@ -48,7 +48,7 @@ def fit(
     with progress_for(json_out) as progress:
         outcome = run_fit(frame, trace_path.name, settings, request, encoder_dir=encoder, progress=progress)
     seconds = time.perf_counter() - started
-    with atomic_output_dir(out_dir, force=force, owned=MANIFEST) as tmp:
+    with atomic_output_dir(out_dir, force=force, owned=not_an_artifact) as tmp:
         write_artifact(outcome.predictor, tmp, outcome.artifact_tables())
     if json_out:
         print(to_json({"out": str(out_dir), **outcome.summary}))

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from odmactl.cli.app import app, err, out, progress_for
+from odmactl.cli.app import app, err, out, printable, progress_for
 from odmactl.cli.inputs import check_outputs, input_paths, parse_map
 
 
@@ -47,5 +47,5 @@ def ingest(
         return
     if fmt == "auto":
         for path, f in zip(sources, formats):
-            err.print(escape(f"{path}: detected format '{f}'"), soft_wrap=True)
+            err.print(escape(printable(f"{path}: detected format '{f}'")), soft_wrap=True)
     render_ingest(out, summary)

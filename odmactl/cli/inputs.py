@@ -3,12 +3,15 @@ outputs that can be written."""
 
 from __future__ import annotations
 
+import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 from odmactl.allocator import ALLOCATORS
 from odmactl.core.atomic import absolute, check_writable, check_writable_dir
 from odmactl.core.errors import ConfigError, OutputError
 from odmactl.core.units import parse_quantity
+from odmactl.run.config import predictor_from_config
 
 
 def parse_map(items: list[str]) -> dict[str, str]:
@@ -18,6 +21,8 @@ def parse_map(items: list[str]) -> dict[str, str]:
         canonical, sep, source = item.partition("=")
         if not sep or not canonical.strip() or not source.strip():
             raise ConfigError(f"--map expects canonical=source, got '{item}'")
+        if canonical.strip() in mapping:
+            raise ConfigError(f"--map names {canonical.strip()} twice ({mapping[canonical.strip()]} and {source.strip()})")
         mapping[canonical.strip()] = source.strip()
     return mapping
 
@@ -57,8 +62,41 @@ def parse_kv_pool(kv_pool: str | None) -> int | None:
 
 def input_paths(*values: str | Path | None) -> list[Path]:
     """The values that name an existing file or directory: the inputs an output must not touch
-    (a --device or --model given as a path, a --predictor folder, a trace, a config)."""
-    return [Path(v) for v in values if v is not None and str(v) and Path(v).exists()]
+    (a --device or --model given as a path, a --predictor folder, a trace, a config), and what
+    those read in turn: the predictor a config's [meta] names, the encoder folder a predictor uses."""
+    named = [Path(v) for v in values if v is not None and str(v) and Path(v).exists()]
+    found = list(named)
+    for path in named:
+        if path.is_file() and path.suffix == ".toml":
+            found += _config_predictor(path)
+    for path in list(found):
+        if path.is_dir():
+            found += _encoder_dir(path)
+    return found
+
+
+def _config_predictor(config: Path) -> list[Path]:
+    """The predictor folder a config's [meta] names, if it is one (a config that does not read is
+    reported by the command itself)."""
+    try:
+        with open(config, "rb") as fh:
+            named = tomllib.load(fh).get("meta", {}).get("predictor")
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not isinstance(named, str):
+        return []
+    path = Path(predictor_from_config(named, config))
+    return [path] if path.is_dir() else []
+
+
+def _encoder_dir(predictor: Path) -> list[Path]:
+    """The encoder folder a predictor artifact was fitted with, if it has one."""
+    try:
+        with open(predictor / "predictor.toml", "rb") as fh:
+            where = tomllib.load(fh).get("state", {}).get("encoder_dir")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [Path(where)] if isinstance(where, str) and where and Path(where).is_dir() else []
 
 
 def _collision(output: Path, source: Path) -> str | None:
@@ -73,10 +111,11 @@ def _collision(output: Path, source: Path) -> str | None:
 
 
 def check_outputs(outputs: list[Path | None], force: bool, inputs: list[Path | None] = (), *,
-                  directory_owned: str | None = None) -> None:
+                  directory_owned: Callable[[Path], str | None] | None = None) -> None:
     """Every output can be written (and replaced only with --force), before any expensive work; no
     output is, contains or lies inside an input (not even with --force), or is another output.
-    With `directory_owned` the outputs are directories that must come to hold that file."""
+    With `directory_owned` the outputs are directories, which --force replaces only where it
+    returns None (core/atomic.py, check_writable_dir)."""
     named = [absolute(p) for p in outputs if p is not None]
     sources = [absolute(p.resolve() if p.is_symlink() else p) for p in inputs if p is not None]
     for path in named:

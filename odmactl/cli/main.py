@@ -15,6 +15,7 @@ import signal
 import sys
 
 from odmactl.cli.app import app, print_error
+from odmactl.core.atomic import completed, forget_completed
 from odmactl.core.errors import OdmaError
 
 # the command modules, each registering its command on `app`, in the order `odmactl --help` lists them
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         previous = {sig: signal.signal(sig, _stop) for sig in Stopped.CODES}
     except ValueError:  # not the main thread (an embedding program): leave the signals alone
         previous = {}
+    forget_completed()
     stdout = sys.stdout
     sys.stdout = _GuardedStream(stdout)
     try:
@@ -120,6 +122,14 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(sig, handler)
 
 
+def _written() -> str:
+    """What an interrupted command leaves: the outputs it had completed (each whole), or nothing."""
+    done = completed()
+    if not done:
+        return "nothing was written"
+    return f"complete before the stop: {', '.join(str(p) for p in done)}; nothing else was written"
+
+
 def _run(argv: list[str] | None) -> int:
     debug = os.environ.get("ODMACTL_DEBUG") == "1"
     click_exception, usage_error, exit_, abort = _click_errors()
@@ -136,10 +146,10 @@ def _run(argv: list[str] | None) -> int:
     except exit_ as exc:
         return exc.exit_code
     except Stopped as exc:
-        print_error(f"{exc.word}; nothing was written", label="aborted")
+        print_error(f"{exc.word}; {_written()}", label="aborted")
         return exc.exit_code
     except (abort, KeyboardInterrupt):
-        print_error("interrupted; nothing was written", label="aborted")
+        print_error(f"interrupted; {_written()}", label="aborted")
         return 130
     except usage_error as exc:  # click's usage line, the hint to --help, and the error
         if debug:

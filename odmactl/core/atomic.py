@@ -11,9 +11,12 @@ What a user gets (tests/test_outputs.py checks each):
   the same new output one wins and the other fails with a message; with --force the last one wins.
 - A full disk or any other write error is a message naming the file, and leaves nothing behind.
 - Files are created with the permissions of the umask, like any other file the user makes.
-- Only regular files are replaced: an existing output that is a device, a FIFO or a socket is refused
-  even with --force, and --force replaces a non-empty directory only when it is one odmactl wrote
-  (it holds the `owned` marker file), so a mistyped path cannot delete a folder of other files.
+- Only regular files are replaced: an existing output that is a symbolic link, a device, a FIFO or
+  a socket is refused even with --force (replacing /dev/stdout's link would break it for everyone),
+  and --force replaces a non-empty directory only when `owned` recognises it as one odmactl wrote,
+  so a mistyped path cannot delete a folder of other files.
+- `completed()` lists the outputs this process has put in place, so an interrupted command can say
+  which of its outputs were already complete.
 - Paths are made absolute first (without following links), so `.` and `..` name real directories.
 """
 
@@ -24,7 +27,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,6 +44,9 @@ def absolute(path: Path) -> Path:
 def check_writable(path: Path, *, force: bool) -> None:
     """Fail before any expensive work if `path` cannot be (over)written."""
     path = absolute(path)
+    if path.is_symlink():
+        raise OutputError("is a symbolic link; odmactl replaces only regular files, never a link", file=path,
+                          hint="give the path of a regular file")
     if path.is_dir():
         raise OutputError("is a directory, expected a file path", file=path)
     if path.exists():
@@ -52,19 +58,23 @@ def check_writable(path: Path, *, force: bool) -> None:
     _check_parent(path)
 
 
-def check_writable_dir(path: Path, *, force: bool, owned: str) -> None:
+def check_writable_dir(path: Path, *, force: bool, owned: Callable[[Path], str | None]) -> None:
     """Fail before any expensive work if directory `path` cannot be written (or replaced); with
-    `force` a non-empty directory is replaced only if it holds the file `owned`."""
+    `force` a non-empty directory is replaced only when `owned(path)` finds nothing wrong (it
+    returns None for a directory odmactl wrote, else why it is not one)."""
     path = absolute(path)
+    if path.is_symlink():
+        raise OutputError("is a symbolic link; odmactl replaces only a directory it wrote, never a link", file=path,
+                          hint="give the directory's own path")
     if path.exists() and not path.is_dir():
         raise OutputError("exists and is not a directory", file=path)
     if path.is_dir() and any(path.iterdir()):
         if not force:
             raise OutputError("already exists and is not empty", file=path, hint="pass --force to replace it")
-        if not (path / owned).is_file():
-            raise OutputError(f"is not empty and holds no {owned}: odmactl replaces only a directory it wrote, "
-                              "never one of other files, even with --force", file=path,
-                              hint="choose a new or empty directory")
+        problem = owned(path)
+        if problem is not None:
+            raise OutputError(f"is not empty and {problem}: odmactl replaces only a directory it wrote, never one "
+                              "of other files, even with --force", file=path, hint="choose a new or empty directory")
     if path.parent == path:
         raise OutputError("is the root directory", file=path, hint="choose a new or empty directory")
     _check_parent(path)
@@ -113,10 +123,29 @@ def _temp_name(path: Path, suffix: str) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.{suffix}")
 
 
-def _write_error(path: Path, exc: OSError) -> OutputError:
-    if exc.errno == errno.ENOSPC:
+_COMPLETED: list[Path] = []
+
+
+def completed() -> list[Path]:
+    """The outputs this command has put in place, in order (since `forget_completed`)."""
+    return list(_COMPLETED)
+
+
+def forget_completed() -> None:
+    """Start a new command's list (the CLI runs one command per call, tests many per process)."""
+    _COMPLETED.clear()
+
+
+def _no_space(exc: BaseException) -> bool:
+    """A full disk, as an OSError or as a library's own error (polars, safetensors) that wraps it."""
+    return getattr(exc, "errno", None) == errno.ENOSPC or "No space left on device" in str(exc) or \
+        "os error 28" in str(exc)
+
+
+def _write_error(path: Path, exc: BaseException) -> OutputError:
+    if _no_space(exc):
         return OutputError("could not be written: no space left on the device; nothing was written", file=path)
-    return OutputError(f"could not be written: {exc.strerror or exc}; nothing was written", file=path)
+    return OutputError(f"could not be written: {getattr(exc, 'strerror', None) or exc}; nothing was written", file=path)
 
 
 def _put_in_place(tmp: Path, path: Path, force: bool) -> None:
@@ -152,17 +181,23 @@ def atomic_output(path: Path, *, force: bool) -> Iterator[Path]:
         if not tmp.exists():
             raise AssertionError(f"nothing was written to {tmp}")
         _put_in_place(tmp, path, force)
+        _COMPLETED.append(path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise _write_error(path, exc) from None
+    except Exception as exc:
+        tmp.unlink(missing_ok=True)
+        if _no_space(exc):
+            raise _write_error(path, exc) from None
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
 @contextmanager
-def atomic_output_dir(path: Path, *, force: bool, owned: str) -> Iterator[Path]:
-    """Yield a temp directory to fill (it must come to hold `owned`); on clean exit it takes `path`'s
+def atomic_output_dir(path: Path, *, force: bool, owned: Callable[[Path], str | None]) -> Iterator[Path]:
+    """Yield a temp directory to fill (`owned` must then accept it); on clean exit it takes `path`'s
     place. Without `force` the rename fails if a non-empty directory took the name meanwhile; with it
     an existing directory is moved aside first and removed only once the new one is in place."""
     path = absolute(path)
@@ -183,15 +218,13 @@ def atomic_output_dir(path: Path, *, force: bool, owned: str) -> Iterator[Path]:
                 raise OutputError("already exists (another run wrote it while this one worked)", file=path,
                                   hint="pass --force to replace it") from None
             raise
-    except OSError as exc:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None:
+        if old is not None and old.exists() and not path.exists():  # put the old one back (if it was moved)
             os.replace(old, path)
-        raise _write_error(path, exc) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not path.exists():
-            os.replace(old, path)
+        if isinstance(exc, OSError) or (isinstance(exc, Exception) and _no_space(exc)):
+            raise _write_error(path, exc) from None
         raise
+    _COMPLETED.append(path)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -11,6 +11,7 @@ from odmactl.core.errors import ConfigError
 
 MAX_TOKENS = 1 << 24  # KV tokens of one request or block: max_model_len, block sizes, granularity, prefill
 MAX_NUM_SEQS = 1 << 16  # requests in one batch
+MAX_POOL_TOKENS = 1 << 27  # KV tokens in one engine's pool (134M: 8.4M paged blocks; real pools hold about 1M)
 MAX_BUCKETS = 4_096  # ODMA's quantile buckets, S3's equal-width buckets, fit's --buckets
 MAX_WINDOW_REQUESTS = 10_000_000  # ODMA's refit window and interval
 MAX_TP = 64  # devices in one tensor-parallel group

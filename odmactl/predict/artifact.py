@@ -36,6 +36,21 @@ WEIGHTS = "weights.safetensors"
 MANIFEST = "predictor.toml"
 
 
+
+def not_an_artifact(directory: Path) -> str | None:
+    """None when `directory` is an artifact odmactl wrote (its predictor.toml names this format),
+    else why not: what `fit --force` may replace."""
+    manifest = Path(directory) / MANIFEST
+    if not manifest.is_file():
+        return f"holds no {MANIFEST}"
+    try:
+        head = manifest.read_text(encoding="utf-8", errors="replace")[:4096]
+    except OSError:
+        return f"its {MANIFEST} cannot be read"
+    if f'format = "{FORMAT}"' not in head:
+        return f"its {MANIFEST} is not an odmactl predictor's (no format = \"{FORMAT}\")"
+    return None
+
 def _drop_none(value):
     if isinstance(value, dict):
         return {k: _drop_none(v) for k, v in value.items() if v is not None}

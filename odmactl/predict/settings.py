@@ -45,10 +45,18 @@ class PredictorSettings:
                                      ("max_epochs", 1, MAX_EPOCHS, " (--epochs)"),
                                      ("num_hash_buckets", 1, 1 << 24, ""), ("hidden", 1, 1 << 16, ""),
                                      ("num_classes", 1, MAX_BUCKETS, ""), ("batch_size", 1, 1 << 20, ""),
-                                     ("s3_num_buckets", 1, MAX_BUCKETS, "")):
+                                     ("s3_num_buckets", 1, MAX_BUCKETS, ""), ("max_words", 1, 1 << 20, ""),
+                                     ("text_dim", 1, 1 << 16, ""), ("id_dim", 1, 1 << 16, ""),
+                                     ("patience_epochs", 1, MAX_EPOCHS, ""),
+                                     ("encoder_max_length_tokens", 1, MAX_TOKENS, "")):
             problem = whole_number_problem(getattr(self, key), low, high)
             if problem is not None:
                 raise PredictorError(problem + flag, key=key)
+        for key, ok, what in (("learning_rate", self.learning_rate > 0, "> 0"),
+                              ("weight_decay", self.weight_decay >= 0, ">= 0"),
+                              ("validation", 0 < self.validation < 1, "between 0 and 1")):
+            if not ok:
+                raise PredictorError(f"expected a number {what}, got {getattr(self, key)!r}", key=key)
 
 
 @dataclass
@@ -67,3 +75,15 @@ class FittedState:
     encoder_dir: str | None = None
     encoder_sha256: str | None = None
     training: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Invariant: positive spreads, a headroom scale >= 1, class edges strictly increasing
+        whole token counts >= 1 (what `predict` divides by and searches)."""
+        for key in ("log_prompt_std", "target_std"):
+            if not getattr(self, key) > 0:
+                raise PredictorError(f"expected a number > 0, got {getattr(self, key)!r}", key=key)
+        if not self.headroom_scale >= 1.0:
+            raise PredictorError(f"expected a number >= 1, got {self.headroom_scale!r}", key="headroom_scale")
+        edges = list(self.class_edges_tokens)
+        if any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in edges) or edges != sorted(set(edges)):
+            raise PredictorError(f"expected strictly increasing token counts >= 1, got {edges}", key="class_edges_tokens")

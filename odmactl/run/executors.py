@@ -5,6 +5,7 @@ the executor or the number of workers."""
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -39,13 +40,28 @@ def run_jobs(jobs: list[tuple], workers: int, label: str, progress=None, fn=None
                 progress(label, i + 1, len(jobs))
         return results
     method = "fork" if sys.platform == "linux" else "spawn"
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method)) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
+                               initializer=_worker_signals)
+    try:
         futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
         for done, future in enumerate(as_completed(futures), start=1):
             results[futures[future]] = future.result()
             if progress is not None:
                 progress(label, done, len(jobs))
+    except BaseException:  # an error, Ctrl-C or SIGTERM in this process: stop the workers now, not after their jobs
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     return results
+
+
+def _worker_signals() -> None:
+    """A worker leaves Ctrl-C and SIGTERM to the parent, which stops it (a forked worker would
+    otherwise inherit the CLI's handlers and raise in the middle of the pool's own bookkeeping)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_on_ray(jobs: list[tuple], fn, label: str, progress=None) -> list:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from odmactl.core.errors import ConfigError
+from odmactl.core.limits import MAX_POOL_TOKENS
 from odmactl.core.units import format_bytes
 from odmactl.hw.cost import CostModel
 from odmactl.hw.profiles import DeviceProfile, ModelProfile, load_device, load_model
@@ -66,6 +67,10 @@ def serving(device_ref: str, model_ref: str, kv_dtype: str = "fp16", kv_pool_byt
         raise ConfigError(f"{model.name} leaves no KV pool on {group} "
                           f"(weights {model.weight_bytes:,} bytes a device, usable {int(device.usable_bytes):,})",
                           hint="a larger --tp splits the weights over more devices" if tp == 1 else None)
+    if pool_bytes // (model.kv_bytes_per_token * tp) > MAX_POOL_TOKENS:
+        raise ConfigError(f"the KV pool of {group} holds {pool_bytes // (model.kv_bytes_per_token * tp):,} tokens of "
+                          f"{model.name}, more than odmactl replays ({MAX_POOL_TOKENS:,}); a profile's capacity or the "
+                          "model's size is likely wrong", hint="check the profiles, or give a smaller --kv-pool")
     if scale is not None:  # whole tokens, so every block starts on a token row of the arena
         scaled = model.scaled(scale)
         pool_bytes = pool_bytes // model.kv_bytes_per_token * scaled.kv_bytes_per_token

@@ -288,7 +288,10 @@ def write_trace(trace: BuiltTrace, out: Path, *, force: bool) -> None:
 
 def read_metadata(path: Path) -> dict[str, str]:
     try:
-        meta = pl.read_parquet_metadata(path)
+        with open(path, "rb") as fh:  # a file object, so no glob is expanded from the name
+            meta = pl.read_parquet_metadata(fh)
+    except OSError as exc:
+        raise TraceError(f"cannot be read: {exc.strerror or exc}", file=path) from exc
     except Exception as exc:  # polars raises several kinds for a non-parquet file
         raise TraceError(f"not a readable parquet file ({exc.__class__.__name__})", file=path) from exc
     return {k[len(META_KEY) + 1:]: v for k, v in meta.items() if k.startswith(META_KEY + ".")}
@@ -302,7 +305,7 @@ def read_trace(path: Path) -> pl.DataFrame:
     if not path.is_file():
         raise TraceError("no such file", file=path)
     try:
-        frame = pl.read_parquet(path)
+        frame = pl.read_parquet(path, glob=False)  # `*`, `?` and `[` in a file name are characters, not a pattern
     except Exception as exc:
         raise TraceError(f"not a readable parquet file ({exc.__class__.__name__})", file=path,
                          hint="run `odmactl ingest` to make one") from exc

@@ -49,7 +49,7 @@ def _detect_json(path: Path, text: str) -> str:
     line = first.split("\n")[0] if first else ""  # not splitlines(): JSON text may hold U+2028
     try:
         keys = set(json.loads(line))
-    except (json.JSONDecodeError, TypeError) as exc:
+    except (json.JSONDecodeError, TypeError, RecursionError) as exc:
         raise TraceError("could not detect the format: the first line is not a JSON object", file=path, row=1,
                          hint="pass --format") from exc
     if {"input_length", "output_length"} <= keys:

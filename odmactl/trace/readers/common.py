@@ -92,7 +92,12 @@ def csv_header(path: Path) -> list[str]:
     first = peek_text(path).splitlines()
     if not first or not first[0].strip():
         raise TraceError("the file is empty", file=path)
-    return [c.strip().strip('"') for c in first[0].split(",")]
+    names = [c.strip().strip('"') for c in first[0].split(",")]
+    twice = next((c for i, c in enumerate(names) if c and c in names[:i]), None)
+    if twice is not None:
+        raise TraceError("this column appears twice in the header; which one holds the data is ambiguous", file=path,
+                         column=twice, hint="rename one of them")
+    return names
 
 
 def require_columns(path: Path, present: list[str], required: list[str], fmt: str) -> None:
@@ -113,7 +118,7 @@ def scan_csv(path: Path, columns: list[str], *, as_text: bool = False) -> pl.Dat
     require_file(path)
     kwargs = dict(infer_schema=False) if as_text else dict(infer_schema_length=10000)
     try:
-        lf = pl.scan_csv(path, **kwargs, raise_if_empty=True).select(columns)
+        lf = pl.scan_csv(path, **kwargs, raise_if_empty=True, glob=False).select(columns)  # a name is a name
         lf = lf.with_row_index("_row", offset=1).with_columns(pl.col("_row").cast(pl.Int64))
         lf = lf.filter(~pl.all_horizontal(pl.col(c).is_null() for c in columns))  # blank lines are not records
         return lf.collect()
@@ -139,6 +144,8 @@ def json_records(path: Path) -> list[tuple[int, dict]]:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
             raise TraceError(f"broken JSON line ({exc.msg} at character {exc.pos + 1})", file=path, row=number) from exc
+        except RecursionError:
+            raise TraceError("the JSON line is nested too deeply to read", file=path, row=number) from None
         if not isinstance(value, dict):
             raise TraceError(f"expected a JSON object per line, got {type(value).__name__}", file=path, row=number)
         records.append((number, value))

@@ -52,7 +52,7 @@ def _read_rates(path: Path) -> pl.DataFrame:
     schema = {"window_start_s": pl.Float64, "rate_per_s": pl.Float64, "cv": pl.Float64,
               "distribution": pl.String, "shape": pl.Float64, "scale": pl.Float64}
     try:
-        frame = pl.read_csv(path, has_header=False, schema=schema)
+        frame = pl.read_csv(path, has_header=False, schema=schema, glob=False)
     except (pl.exceptions.PolarsError, OSError, EOFError) as exc:
         raise TraceError(f"not a ServeGen rate table ({str(exc).splitlines()[0]})", file=path,
                          hint="expected rows of: window start, rate, cv, distribution, shape, scale") from exc
@@ -106,6 +106,8 @@ def _read_pdfs(path: Path) -> dict[float, dict[str, tuple[np.ndarray, np.ndarray
         data = json.loads(raw)
     except (OSError, EOFError, zlib.error, json.JSONDecodeError) as exc:
         raise TraceError(f"not a readable ServeGen dataset file ({exc})", file=path) from exc
+    except RecursionError:
+        raise TraceError("not a readable ServeGen dataset file (nested too deeply)", file=path) from None
     shape = 'a JSON object {"<window start s>": {"input_tokens": "{value: probability, ...}", "output_tokens": ...}}'
     if not isinstance(data, dict) or not data:
         raise TraceError(f"expected {shape}", file=path)
@@ -139,9 +141,11 @@ def _gaps(rng: np.random.Generator, dist: str | None, shape: float, scale: float
     return rng.exponential(1.0, n)
 
 
-def _arrivals(rng: np.random.Generator, rates: pl.DataFrame, start_s: float, end_s: float, rate_scale: float) -> np.ndarray:
+def _arrivals(rng: np.random.Generator, rates: pl.DataFrame, start_s: float, end_s: float, rate_scale: float,
+              path: Path) -> np.ndarray:
     times = []
-    for w0, rate, dist, shape, scale in rates.select("window_start_s", "rate_per_s", "distribution", "shape", "scale").iter_rows():
+    columns = ("window_start_s", "rate_per_s", "distribution", "shape", "scale", "_row")
+    for w0, rate, dist, shape, scale, row in rates.select(columns).iter_rows():
         lo, hi = max(w0, start_s), min(w0 + WINDOW_S, end_s)
         if hi <= lo or rate <= 0:
             continue
@@ -153,9 +157,15 @@ def _arrivals(rng: np.random.Generator, rates: pl.DataFrame, start_s: float, end
         count = int(np.floor(expected)) + int(rng.random() < expected - np.floor(expected))
         if count == 0:
             continue
-        gaps = _gaps(rng, dist, shape, scale, count + 1)
-        cum = np.cumsum(gaps)
-        times.append(lo + (hi - lo) * cum[:count] / cum[-1])
+        with np.errstate(all="ignore"):  # a shape or scale at the edge of the float range: checked below
+            gaps = _gaps(rng, dist, shape, scale, count + 1)
+            cum = np.cumsum(gaps)
+            placed = lo + (hi - lo) * cum[:count] / cum[-1]
+        if not (np.isfinite(cum[-1]) and cum[-1] > 0 and np.isfinite(placed).all()):
+            raise TraceError(f"the {dist} distribution with shape {shape:g} and scale {scale:g} gives no usable "
+                             "inter-arrival times (they underflow or overflow a float)", file=path, row=row,
+                             column="shape (5), scale (6)")
+        times.append(placed)
     return np.concatenate(times) if times else np.empty(0)
 
 
@@ -184,15 +194,16 @@ def read_servegen(path: Path, opts: ReadOptions) -> SourceFrame:
         raise TraceError("no chunk-N-trace.csv(.gz) files in this folder", file=path)
     duration = DEFAULT_DURATION_S if opts.duration_s is None else opts.duration_s
     start, end = opts.start_s, opts.start_s + duration
-    seeds = np.random.SeedSequence(opts.seed).spawn(max(clients) + 1)
     parts, skipped_requests, skipped_clients, generated = [], 0, 0, 0
     for done, (number, files) in enumerate(clients.items(), start=1):
         if opts.progress:
             opts.progress(f"generating from {path.name}", done, len(clients))
         if "trace" not in files:
             continue
-        rng = np.random.default_rng(seeds[number])
-        arrivals = _arrivals(rng, _read_rates(files["trace"]), start, end, opts.rate_scale)
+        # client `number`'s own stream: the child `number` of SeedSequence(seed).spawn(...), made
+        # without spawning the children before it (a chunk numbered in the millions costs nothing)
+        rng = np.random.default_rng(np.random.SeedSequence(opts.seed, spawn_key=(number,)))
+        arrivals = _arrivals(rng, _read_rates(files["trace"]), start, end, opts.rate_scale, files["trace"])
         if arrivals.size == 0:
             continue
         generated += arrivals.size

@@ -122,7 +122,7 @@ def read_jsonl_generic(path: Path, opts: ReadOptions) -> SourceFrame:
 def read_parquet_generic(path: Path, opts: ReadOptions) -> SourceFrame:
     require_file(path)
     try:
-        lf = pl.scan_parquet(path)
+        lf = pl.scan_parquet(path, glob=False)  # `*`, `?` and `[` in a file name are characters, not a pattern
         present = lf.collect_schema().names()
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise TraceError(f"not a readable parquet file ({str(exc).splitlines()[0]})", file=path) from exc

@@ -77,6 +77,8 @@ def read_alpaca(path: Path, opts: ReadOptions) -> SourceFrame:
     except json.JSONDecodeError as exc:
         raise TraceError(f"not valid JSON ({exc.msg} at line {exc.lineno}, character {exc.colno})", file=path,
                          row=None) from exc
+    except RecursionError:
+        raise TraceError("the JSON is nested too deeply to read", file=path) from None
     if not isinstance(records, list):
         raise TraceError("expected a JSON array of {instruction, input, output} records", file=path)
     if not records:
