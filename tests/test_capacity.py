@@ -102,6 +102,8 @@ def test_the_console_table_and_the_plot(cli, small, tmp_path):
     (["--slo", SLO, "--tp", "a"], ("comma-separated whole numbers",)),
     (["--slo", SLO, "--tp", "8"], ("--tp 8 does not divide",)),
     (["--slo", SLO, "--target-rate", "0"], ("--target-rate",)),
+    (["--slo", SLO, "--target-rate", "1000", "--max-replicas", "2"], ("no policy serves 1,000.000 req/s", "2 engines")),
+    (["--slo", SLO, "--max-replicas", "0"], ("--max-replicas",)),
     (["--slo", "ttft_p99=1us"], ("no policy meets the SLO", "ttft_p99 =", "even at")),
 ])
 def test_bad_input_is_one_message(cli, small, tmp_path, args, words):
@@ -141,3 +143,30 @@ def test_ray_gives_the_same_result(cli, small):
         ray.shutdown()
     assert local.code == remote.code == 0, remote.err
     assert local.out == remote.out
+
+
+def test_plan_can_choose_by_capacity_at_the_slo(cli, conv_sample_head, tmp_path):
+    """plan --objective capacity: every replayed candidate gets its sustainable rate by bisection,
+    and the pick is the highest among those that keep the constraints."""
+    trace = conv_sample_head(1500)
+    r = cli("plan", trace, *DEVICE, "--predictor", "oracle", "--objective", "capacity", "--slo", SLO,
+            "--out", tmp_path / "c.toml", "--json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    replays = doc["search"]["replays"]
+    assert all(rep["measured"]["capacity_rate_scale"] > 0 for rep in replays)
+    chosen = next(rep for rep in replays if rep["label"] == doc["chosen"]["label"])
+    if doc["constraints_met_on_search"]:
+        feasible = [rep for rep in replays if rep["measured"]["overflow_rate"] <= 0.005]
+        assert chosen["measured"]["capacity_rate_scale"] == max(rep["measured"]["capacity_rate_scale"]
+                                                                for rep in feasible)
+    assert 'objective = "capacity"' in (tmp_path / "c.toml").read_text()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--objective", "capacity"], "needs --slo"),
+    (["--slo", SLO], "--slo applies to --objective capacity"),
+])
+def test_plan_capacity_flags_go_together(cli, small, tmp_path, args, words):
+    r = cli("plan", small, *DEVICE, "--predictor", "oracle", *args, "--out", tmp_path / "c.toml")
+    assert r.code == 1 and words in r.err, r.err

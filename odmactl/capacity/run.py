@@ -37,6 +37,7 @@ class CapacitySpec(ServingSpec):
     config: Path | None = None
     workers: int = 1
     executor: str = "process"
+    max_replicas: int = 256
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -49,6 +50,7 @@ class CapacitySpec(ServingSpec):
         if self.target_rate_per_s is not None and not (math.isfinite(self.target_rate_per_s) and self.target_rate_per_s > 0):
             raise ConfigError(f"--target-rate must be > 0 requests/s, got {self.target_rate_per_s}")
         check_whole(self.workers, 1, MAX_WORKERS, "--workers")
+        check_whole(self.max_replicas, 1, 4096, "--max-replicas")
         if self.executor not in EXECUTORS:
             raise ConfigError(f"--executor expects one of {', '.join(EXECUTORS)}, got '{self.executor}'")
 
@@ -73,7 +75,7 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
     arrival_s = frame["arrival_s"].to_numpy().astype(np.float64)
     mean_rate, peak_rate = trace_rates(arrival_s)
     target_rate = spec.target_rate_per_s or peak_rate
-    target = CapacityTarget(spec.slo, spec.max_migration_rate)
+    target = CapacityTarget(spec.slo, spec.max_migration_rate, max_replicas=spec.max_replicas)
     jobs, contexts, label = [], {}, None
     for tp in spec.tps:
         setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes, tp=tp)
@@ -103,6 +105,10 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
             "monotone": result["monotone"], "failed_below_at_scale": result["failed_below_at_scale"],
             "replicas_for_target": replicas, "devices_for_target": None if replicas is None else replicas * tp,
             "metrics_at_target": result["target"]["metrics"], "probes": result["probes"]})
+    if all(row["replicas_for_target"] is None for row in rows):
+        raise ConfigError(f"no policy serves {target_rate:,.3f} req/s within the SLO with up to {target.max_replicas} "
+                          "engines at any tensor-parallel size tried", hint="a lower --target-rate, a larger --tp, or "
+                          "a looser --slo")
     for row in rows:  # the saving against static at the same tp, in devices
         static = next((r for r in rows if r["policy"] == "static" and r["tp"] == row["tp"]), None)
         row["devices_saved_vs_static"] = (None if static is None or None in (static["devices_for_target"],

@@ -164,3 +164,9 @@ def capacity_job(ctx: ReplayContext, policy: str, table: dict, target: CapacityT
         return {**found, "target": {"replicas": None, "metrics": None}}
     need = replicas_for(ctx, policy, table, target, target_scale, found["rate_scale"])
     return {**found, "target": need}
+
+
+def capacity_scale(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget) -> float:
+    """The rate scale `find_capacity` reports, 0.0 when no rate meets the SLO (plan's capacity objective)."""
+    return find_capacity(ctx, policy, table, target)["rate_scale"] or 0.0
+

@@ -35,6 +35,7 @@ def capacity(
     max_migration_rate: Annotated[float, typer.Option(help="most migrations per request odma and s3 may cause")] = 0.005,
     target_rate: Annotated[Optional[float], typer.Option(help="requests/s to size the deployment for (default: the trace's peak 10-minute rate)")] = None,
     workers: Annotated[int, typer.Option(help="worker processes, one policy and size each")] = 1,
+    max_replicas: Annotated[int, typer.Option(help="most engines tried for the target rate")] = 256,
     executor: Annotated[str, typer.Option(help="process (local workers) or ray (a Ray cluster; the ray extra)")] = "process",
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's longest)")] = None,
     max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,
@@ -68,7 +69,7 @@ def capacity(
                         max_num_batched_tokens=max_num_batched_tokens, kv_pool_bytes=parse_kv_pool(kv_pool),
                         policies=tuple(chosen), tps=_sizes(tp), slo=Slo.parse(slo),
                         max_migration_rate=max_migration_rate, target_rate_per_s=target_rate, config=config,
-                        workers=workers, executor=executor)
+                        workers=workers, executor=executor, max_replicas=max_replicas)
     frame = read_trace(trace_path)
     with progress_for(json_out) as progress:
         doc = run_capacity(frame, spec, progress=progress)

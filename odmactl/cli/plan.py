@@ -19,7 +19,8 @@ def plan(
     out_path: Annotated[Path, typer.Option("--out", "-o", help="config TOML to write (read by `replay --config` and `check`)")],
     predictor: Annotated[str, typer.Option(help="`odmactl fit` artifact folder or `oracle` (true lengths, the upper bound)")] = "oracle",
     report: Annotated[Optional[Path], typer.Option(help="write an HTML report with plots")] = None,
-    objective: Annotated[str, typer.Option(help="what to maximise: tps or utilization")] = "tps",
+    objective: Annotated[str, typer.Option(help="what to maximise: tps, utilization, or capacity (the request rate sustained within --slo)")] = "tps",
+    slo: Annotated[Optional[str], typer.Option(help="with --objective capacity: latency limits, e.g. ttft_p99=2s,tpot_p99=100ms")] = None,
     max_migration_rate: Annotated[float, typer.Option(help="most overflows (migrations + preemptions) per request the recommendation may cause")] = 0.005,
     ttft_p99: Annotated[Optional[float], typer.Option(help="most seconds of TTFT p99 the recommendation may cause")] = None,
     holdout: Annotated[float, typer.Option(help="share of the trace, at its end, held out to validate on")] = 0.3,
@@ -48,7 +49,10 @@ def plan(
     from odmactl.trace.schema import read_trace
 
     check_outputs([out_path, report], force, input_paths(trace_path, predictor, device, model))
+    from odmactl.capacity.slo import Slo
+
     spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, objective=objective,
+                    slo=None if slo is None else Slo.parse(slo),
                     max_overflow_rate=max_migration_rate, ttft_p99_s=ttft_p99, holdout=holdout, replays=replays,
                     workers=workers, executor=executor, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens,

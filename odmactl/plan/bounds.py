@@ -139,7 +139,7 @@ def rank(estimates: list[dict], objective: str, max_overflow_rate: float) -> tup
     """Survivors of the pruning, best first by the objective's estimate (those estimated within the
     limit before those only within its slack); and how many were pruned."""
     keep = [e for e in estimates if e["overflow_rate"] <= max_overflow_rate * PRUNE_SLACK + 1e-12]
-    key = "capacity_index" if objective == "tps" else "kv_utilization"
+    key = "kv_utilization" if objective == "utilization" else "capacity_index"  # tps and capacity: the index
     order = sorted(range(len(keep)), key=lambda i: (keep[i]["overflow_rate"] > max_overflow_rate + 1e-12,
                                                     -keep[i][key], -keep[i]["kv_utilization"], i))
     return [keep[i] for i in order], len(estimates) - len(keep)

@@ -1,5 +1,6 @@
-"""Which replayed candidate plan recommends: the best by the objective among those that keep the
-constraints, the overflow rate held to its limit with a margin for sampling noise."""
+"""Which replayed candidate plan recommends: the best by the objective (TPS, utilization, or the rate
+it sustains at the SLO) among those that keep the constraints, the overflow rate held to its limit
+with a margin for sampling noise."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def choose(replayed: list[tuple[dict, dict]], spec: PlanSpec) -> tuple[int, bool
             over += max(0.0, m["ttft_p99"] / spec.ttft_p99_s - 1.0)
         return over
 
-    key = "tps" if spec.objective == "tps" else "kv_utilization"
+    key = {"tps": "tps", "utilization": "kv_utilization", "capacity": "capacity_rate_scale"}[spec.objective]
     feasible = [i for i, (_, m) in enumerate(replayed) if violation(m) == 0.0]
     if feasible:
         return max(feasible, key=lambda i: (replayed[i][1][key], replayed[i][1]["kv_utilization"], -i)), True

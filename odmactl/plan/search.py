@@ -31,7 +31,8 @@ hedge-table candidates):
    rate exceeds 1.5 x the limit are pruned; the rest are ranked by the objective's estimate. The
    bounds run in the worker processes too (`estimate_all`).
 2. The best `replays` survivors are replayed on the search part, in worker processes (or on Ray);
-   the chosen one is the best by the objective (tps or kv_utilization) among those that keep the
+   the chosen one is the best by the objective (tps, kv_utilization, or with `--objective capacity`
+   the rate it sustains within `--slo`, found by bisection as `odmactl capacity` finds it) among those that keep the
    overflow rate (migrations plus preemptions, per request: an overflow the large pool cannot take
    preempts the request) within the migration-rate limit with a margin for sampling noise (the
    count plus one Poisson standard error, sqrt(count), must keep it: `overflow_bound`), reject
@@ -54,6 +55,7 @@ import math
 import numpy as np
 import polars as pl
 
+from odmactl.capacity.search import CapacityTarget, capacity_scale
 from odmactl.core.errors import ConfigError
 from odmactl.plan.bounds import distinct, estimate_all, rank
 from odmactl.plan.choose import choose
@@ -112,6 +114,11 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     search_jobs = [(later_ctx, with_hedge(e["candidate"], hedges)) if e["candidate"].hedge_groups
                    else (search_ctx, e["candidate"].allocator_table()) for e in shortlist]
     metrics = run_jobs(search_jobs, spec.workers, "plan: replay candidates", progress, executor=spec.executor)
+    if spec.objective == "capacity":  # each candidate's sustainable rate at the SLO, found by replay
+        target = CapacityTarget(spec.slo, spec.max_overflow_rate)
+        scales = run_jobs([(c, "odma", table, target) for c, table in search_jobs], spec.workers,
+                          "plan: capacity of the candidates", progress, fn=capacity_scale, executor=spec.executor)
+        metrics = [{**m, "capacity_rate_scale": scale} for m, scale in zip(metrics, scales)]
     replayed = list(zip(shortlist, metrics))
     best, feasible = choose(replayed, spec)
     chosen = shortlist[best]["candidate"]
@@ -136,6 +143,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
         "kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token, "max_model_len": max_len,
         "max_num_seqs": ctx.scheduler.max_num_seqs, "max_num_batched_tokens": ctx.scheduler.batched_tokens(max_len),
         "objective": spec.objective, "max_overflow_rate": spec.max_overflow_rate, "ttft_p99_s": spec.ttft_p99_s,
+        "slo": None if spec.slo is None else dict(spec.slo.limits_s),
         "candidates": len(grid), "pruned": pruned, "replayed": len(replayed),
         "constraints_met_on_search": feasible,
         "chosen": {"label": chosen.label, "allocator": final_table},

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from odmactl.capacity.slo import Slo
 from odmactl.core.errors import ConfigError
 from odmactl.core.limits import HOLDOUT_RANGE, MAX_REPLAYS, MAX_WORKERS, check_whole
 from odmactl.run.executors import EXECUTORS
 from odmactl.run.spec import ServingSpec
 
-OBJECTIVES = ("tps", "utilization")
+OBJECTIVES = ("tps", "utilization", "capacity")
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class PlanSpec(ServingSpec):
     replays: int = 12
     workers: int = 1
     executor: str = "process"
+    slo: Slo | None = None  # --objective capacity: the latency SLO the sustainable rate is found at
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -41,3 +43,7 @@ class PlanSpec(ServingSpec):
         check_whole(self.workers, 1, MAX_WORKERS, "--workers")
         if self.executor not in EXECUTORS:
             raise ConfigError(f"--executor expects one of {', '.join(EXECUTORS)}, got '{self.executor}'")
+        if self.objective == "capacity" and self.slo is None:
+            raise ConfigError("--objective capacity needs --slo (e.g. --slo ttft_p99=2s,tpot_p99=100ms)")
+        if self.objective != "capacity" and self.slo is not None:
+            raise ConfigError("--slo applies to --objective capacity only")

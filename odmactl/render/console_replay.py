@@ -102,6 +102,11 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
     shown = str(bounds) if len(bounds) <= 16 else f"{len(bounds)} from {bounds[0]:,} to {bounds[-1]:,} (all in the config)"
     console.print(f"[bold]recommended[/]: {doc['chosen']['label']}; boundaries {escape(shown)} "
                   f"tokens, max_model_len {doc['max_model_len']:,}", highlight=False)
+    if doc["objective"] == "capacity":
+        chosen = next(r for r in doc["search"]["replays"] if r["label"] == doc["chosen"]["label"])
+        limits = ", ".join(f"{m} <= {v:g} s" for m, v in doc["slo"].items())
+        console.print(escape(f"capacity objective: the pick sustains {chosen['measured']['capacity_rate_scale']:.3g}x the "
+                             f"search part's arrival rate within {limits} (bisected by replay)"), highlight=False)
     console.print(_policies_table(doc["validation"], PLAN_KEYS, title="held-out later part"))
     lines = [f"{name}: KV utilization {d['kv_utilization_points']:+.1f} points, TPS {format_metric('tps_gain', d['tps_gain'])}"
              for name, d in doc["against_baselines"].items()]

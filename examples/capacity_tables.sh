@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The capacity tables of the README ("Capacity: devices at a latency SLO"), made again:
+#   bash examples/capacity_tables.sh [WORK]     (needs ../shared/traces; about 3 minutes on 2 cores)
+# Azure conv 2023: the predictor is fitted on the first 6,000 requests, plan chooses ODMA's config on
+# the other 13,366 for one MLU370-X4, and capacity runs on those 13,366 on MLU370-X4 and A100-80GB-SXM
+# at tp 1, 2 and 4. Mooncake conversation: four MLU370-X4 at tp 4, oracle lengths, a looser SLO.
+set -euo pipefail
+WORK=${1:-/tmp/odmactl-capacity}
+SHARED=$(cd "$(dirname "$0")/../.." && pwd)/shared/traces
+MODEL=DeepSeek-R1-Distill-Qwen-7B
+mkdir -p "$WORK" && cd "$WORK"
+
+odmactl ingest "$SHARED/AzureLLMInferenceTrace_conv.csv.gz" --out conv.parquet --force > /dev/null
+python -c "
+import polars as pl
+f = pl.read_parquet('conv.parquet')
+f.head(6000).write_parquet('train.parquet'); f.slice(6000).write_parquet('rest.parquet')"
+odmactl fit train.parquet --out pred --split-by time --max-model-len 8192 --force > /dev/null
+odmactl plan rest.parquet --device mlu370-x4 --model $MODEL --predictor pred --workers 2 --out c.toml --force > /dev/null
+for device in mlu370-x4 a100-80gb-sxm; do
+  odmactl capacity rest.parquet --device $device --model $MODEL --slo ttft_p99=2s,tpot_p99=100ms --config c.toml \
+    --predictor pred --tp 1,2,4 --workers 2 --out "conv-$device.json" --report "conv-$device.html" --force
+done
+
+odmactl ingest "$SHARED/mooncake_conversation_trace.jsonl.gz" --out mc.parquet --force > /dev/null
+odmactl capacity mc.parquet --device mlu370-x4 --model $MODEL --slo ttft_p99=60s,tpot_p99=2s --predictor oracle \
+  --tp 4 --workers 2 --out mooncake-tp4.json --report mooncake-tp4.html --force
