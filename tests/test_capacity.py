@@ -100,15 +100,18 @@ def test_the_console_table_and_the_plot(cli, small, tmp_path):
     (["--slo", SLO, "--tp", "0"], ("--tp", "from 1")),
     (["--slo", SLO, "--tp", "1,1"], ("distinct",)),
     (["--slo", SLO, "--tp", "a"], ("comma-separated whole numbers",)),
-    (["--slo", SLO, "--tp", "8"], ("--tp 8 does not divide",)),
+    (["--slo", SLO, "--tp", "8"], ("--tp 8 cannot split", "--tp 1, 2, 4 can")),
     (["--slo", SLO, "--target-rate", "0"], ("--target-rate",)),
     (["--slo", SLO, "--target-rate", "1000", "--max-replicas", "2"], ("no policy serves 1,000.000 req/s", "2 engines")),
     (["--slo", SLO, "--max-replicas", "0"], ("--max-replicas",)),
+    (["--slo", SLO, "--target-rate", "1e-9"], ("--target-rate", "outside the rates")),
+    (["--slo", SLO, "--target-rate", "1e12"], ("--target-rate", "outside the rates")),
+    (["--slo", SLO, "--policies", "static,static"], ("--policies names a policy twice",)),
     (["--slo", "ttft_p99=1us"], ("no policy meets the SLO", "ttft_p99 =", "even at")),
 ])
 def test_bad_input_is_one_message(cli, small, tmp_path, args, words):
-    r = cli("capacity", small, *DEVICE, "--predictor", "oracle", "--policies", "static", *args,
-            "--out", tmp_path / "c.json")
+    policies = [] if "--policies" in args else ["--policies", "static"]
+    r = cli("capacity", small, *DEVICE, "--predictor", "oracle", *policies, *args, "--out", tmp_path / "c.json")
     assert r.code == 1, r.err
     assert all(w in " ".join(r.err.split()) for w in words), r.err
     assert "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
@@ -170,3 +173,38 @@ def test_plan_can_choose_by_capacity_at_the_slo(cli, conv_sample_head, tmp_path)
 def test_plan_capacity_flags_go_together(cli, small, tmp_path, args, words):
     r = cli("plan", small, *DEVICE, "--predictor", "oracle", *args, "--out", tmp_path / "c.toml")
     assert r.code == 1 and words in r.err, r.err
+
+
+def test_a_loose_slo_is_reported_as_a_lower_bound(cli, small):
+    r = cli("capacity", small, *DEVICE, "--predictor", "oracle", "--policies", "static", "--slo", "ttft_p99=1e9s",
+            "--json")
+    assert r.code == 0, r.err
+    row = json.loads(r.out)["rows"][0]
+    assert row["unbounded"] and row["next_rate_scale"] is None and row["rate_scale"] == 2.0 ** 20
+
+
+def test_plan_by_capacity_flags_an_slo_no_candidate_meets_and_refuses_an_offline_trace(cli, small, tmp_path):
+    import polars as pl
+
+    r = cli("plan", small, *DEVICE, "--predictor", "oracle", "--objective", "capacity", "--slo", "ttft_p99=1us",
+            "--out", tmp_path / "c.toml", "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["constraints_met_on_search"] is False
+    offline = tmp_path / "off.parquet"
+    pl.read_parquet(small).with_columns(pl.lit(0.0).alias("arrival_s")).write_parquet(offline)
+    r = cli("plan", offline, *DEVICE, "--predictor", "oracle", "--objective", "capacity", "--slo", SLO,
+            "--out", tmp_path / "d.toml")
+    assert r.code == 1 and "arrive at once" in r.err and not (tmp_path / "d.toml").exists()
+
+
+def test_an_interconnect_latency_past_a_millisecond_is_refused(tmp_path):
+    from conftest import ROOT
+
+    from odmactl.core.errors import ProfileError
+    from odmactl.hw.profiles import read_device
+
+    text = (ROOT / "profiles" / "devices" / "a100-80gb-sxm.toml").read_text()
+    bad = tmp_path / "lat.toml"
+    bad.write_text(text.replace('base_latency = { value = "6.6 us"', 'base_latency = { value = "1e30 s"'))
+    with pytest.raises(ProfileError, match="interconnect.base_latency"):
+        read_device(bad)

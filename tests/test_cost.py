@@ -143,7 +143,7 @@ def test_tensor_parallel_step_hand_calculation():
     device, model = load_device("mlu370-x4"), load_model("DeepSeek-R1-Distill-Qwen-7B")
     shard = model.shard(tp)
     assert shard.total_params == shard_params
-    assert shard.kv_bytes_per_token == LAYERS * 2 * 1 * 128 * 2  # 7,168 bytes a card, 28,672 for the group
+    assert shard.kv_bytes_per_token == LAYERS * 2 * 1 * 128 * 2  # 14,336 bytes a card, 57,344 for the group
     cost = CostModel(device, shard, tp=tp)
 
     batch, context = 32, 1000
@@ -174,7 +174,7 @@ def test_tensor_parallelism_that_does_not_divide_the_model_is_an_error():
     from odmactl.core.errors import OdmaError, ProfileError
 
     model = load_model("DeepSeek-R1-Distill-Qwen-7B")
-    with pytest.raises(ProfileError, match="28 attention heads and 4 KV heads"):
+    with pytest.raises(ProfileError, match="does not divide its 28 attention heads"):
         model.shard(8)
     assert model.shard(2).num_kv_heads == 2 and model.shard(4).num_kv_heads == 1
     with pytest.raises(OdmaError, match="no \\[interconnect\\]"):

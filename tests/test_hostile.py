@@ -130,7 +130,7 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     "replay_max_model_len_huge": ([*REPLAY, "--max-model-len", "999999999999"], 1, ("--max-model-len", "16,777,216")),
     "replay_max_num_seqs_huge": ([*REPLAY, "--max-num-seqs", "10000000"], 1, ("--max-num-seqs", "65,536")),
     "replay_tp_zero": ([*REPLAY, "--tp", "0"], 1, ("--tp", "from 1")),
-    "replay_tp_not_dividing": ([*REPLAY, "--tp", "8"], 1, ("--tp 8 does not divide", "28 attention heads")),
+    "replay_tp_not_dividing": ([*REPLAY, "--tp", "8"], 1, ("--tp 8 cannot split", "28 attention heads", "--tp 1, 2, 4 can")),
     "replay_tp_without_interconnect": (["replay", "{trace}", "--device", "cloud-ai-100-ultra", "--model",
                                         "Llama-3-8B", "--predictor", "oracle", "--tp", "2"], 1, ("[interconnect]",)),
     "replay_tp_on_device": (["replay", "{trace}", "--device", "cpu", "--model", "DeepSeek-R1-Distill-Qwen-7B",

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from odmactl.capacity.search import CapacityTarget, capacity_job
+from odmactl.capacity.search import MAX_SCALE_STEPS, CapacityTarget, capacity_job, lowest_scale
 from odmactl.capacity.slo import Slo
 from odmactl.core.errors import ConfigError
 from odmactl.core.limits import MAX_TP, MAX_WORKERS, check_whole
@@ -56,8 +56,9 @@ class CapacitySpec(ServingSpec):
 
 
 def trace_rates(arrival_s: np.ndarray) -> tuple[float, float]:
-    """(the mean arrival rate, the peak PEAK_WINDOW_S rate) in requests/s; the peak is the mean
-    when the trace is shorter than the window."""
+    """(the mean arrival rate, the peak PEAK_WINDOW_S rate) in requests/s: the most requests in
+    any window of that length starting at an arrival (sliding, not fixed bins); the mean when the
+    trace is shorter than the window."""
     span = float(arrival_s[-1] - arrival_s[0])
     if arrival_s.size < 2 or span <= 0:
         raise ConfigError("capacity scales the trace's arrival times, and all of its requests arrive at once",
@@ -65,8 +66,8 @@ def trace_rates(arrival_s: np.ndarray) -> tuple[float, float]:
     mean = (arrival_s.size - 1) / span
     if span < PEAK_WINDOW_S:
         return mean, mean
-    counts = np.bincount(((arrival_s - arrival_s[0]) // PEAK_WINDOW_S).astype(np.int64))
-    return mean, float(counts.max()) / PEAK_WINDOW_S
+    ends = np.searchsorted(arrival_s, arrival_s + PEAK_WINDOW_S, side="left")  # arrivals in [t_i, t_i + window)
+    return mean, float((ends - np.arange(arrival_s.size)).max()) / PEAK_WINDOW_S
 
 
 def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
@@ -75,6 +76,11 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
     arrival_s = frame["arrival_s"].to_numpy().astype(np.float64)
     mean_rate, peak_rate = trace_rates(arrival_s)
     target_rate = spec.target_rate_per_s or peak_rate
+    low, high = mean_rate * lowest_scale(arrival_s), mean_rate * 2.0 ** MAX_SCALE_STEPS
+    if not low <= target_rate <= high:
+        raise ConfigError(f"--target-rate {target_rate:g} req/s lies outside the rates this trace can be replayed at "
+                          f"({low:.3g} to {high:.3g} req/s: its own {mean_rate:.3g} req/s scaled by 2**-{MAX_SCALE_STEPS} "
+                          f"to 2**{MAX_SCALE_STEPS}, within the replay clock)", hint="give a target in that range")
     target = CapacityTarget(spec.slo, spec.max_migration_rate, max_replicas=spec.max_replicas)
     jobs, contexts, label = [], {}, None
     for tp in spec.tps:
@@ -97,6 +103,7 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
         rows.append({
             "policy": policy, "tp": tp, "max_model_len": ctx.max_len, "kv_pool_tokens": ctx.serving.pool_tokens,
             "rate_scale": scale, "next_rate_scale": result["next_rate_scale"], "infeasible": result["infeasible"],
+            "unbounded": scale is not None and result["next_rate_scale"] is None,
             "max_rate_per_replica": None if scale is None else scale * mean_rate,
             "max_rate_per_device": None if scale is None else scale * mean_rate / tp,
             "output_tps_per_replica": None if scale is None else m["tps"],

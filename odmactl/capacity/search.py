@@ -8,8 +8,9 @@ Every figure comes from replays, none from division:
 - `find_capacity` brackets the largest scale at which the SLO holds (doubling or halving from the
   trace's own rate), then bisects in log space until the bracket is within `tolerance` (2%):
   at the reported scale the SLO holds, at the next one tried it does not. When even the slowest
-  rate the replay's clock can hold (the trace stretched to ~100 days) fails, the policy has no
-  capacity at this size, and the limit that failed there is reported. Rejections do not count
+  rate tried fails (halving stops before the trace is stretched past a quarter of the replay
+  clock's 106 days, leaving room for its backlog), the policy has no capacity at this size, and
+  the limit that failed there is reported. Rejections do not count
   against the SLO: the scheduler rejects only requests no empty engine could hold (a prompt at or
   past max_model_len, or a block larger than the pool), whatever the load, and they are reported.
   ODMA and S3 must also keep their migration rate within the limit.
@@ -82,9 +83,9 @@ def failures(metrics: dict, policy: str, target: CapacityTarget) -> list[tuple[s
     return broken
 
 
-def _lowest_scale(ctx: ReplayContext) -> float:
-    """The slowest rate the replay's clock can hold: the trace's span stretched below ~100 days."""
-    span_ps = float(ctx.workload.arrival_ps[-1] - ctx.workload.arrival_ps[0])
+def lowest_scale(arrival_s: np.ndarray) -> float:
+    """The slowest rate tried: the trace's span stretched to at most a quarter of the replay clock."""
+    span_ps = float(arrival_s[-1] - arrival_s[0]) * PS
     return max(2.0 ** -MAX_SCALE_STEPS, 4 * span_ps / CLOCK_LIMIT_PS)
 
 
@@ -109,7 +110,7 @@ def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: Capacity
             lo, scale = scale, scale * 2
     else:
         hi, scale = 1.0, 0.5
-        while scale >= _lowest_scale(ctx):
+        while scale >= lowest_scale(ctx.workload.arrival_ps / PS):
             if probe(scale):
                 lo = scale
                 break

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from odmactl.core.errors import ConfigError
-from odmactl.core.units import parse_quantity
+from odmactl.core.units import format_seconds, parse_quantity
 
 METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")  # the replay's latency metrics, in seconds
 
@@ -49,8 +49,9 @@ class Slo:
 
     @property
     def label(self) -> str:
-        return ", ".join(f"{m} <= {_seconds(limit)}" for m, limit in self.limits_s)
+        return ", ".join(f"{m} <= {format_seconds(limit)}" for m, limit in self.limits_s)
 
-
-def _seconds(value: float) -> str:
-    return f"{value * 1000:g} ms" if value < 1 else f"{value:g} s"
+    @property
+    def flag(self) -> str:
+        """The SLO as --slo takes it."""
+        return ",".join(f"{m}={format_seconds(limit, space='')}" for m, limit in self.limits_s)

@@ -60,7 +60,7 @@ def capacity(
     from odmactl.render.plots import write_capacity_plot
     from odmactl.trace.schema import read_trace
 
-    chosen = parse_policies(policies, None)
+    chosen = parse_policies(policies, None, flag="--policies")
     if plot is not None and plot.suffix.lower() != ".png":
         raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
     check_outputs([out_path, plot, report], force, input_paths(trace_path, config, predictor, device, model))

@@ -27,17 +27,17 @@ def parse_map(items: list[str]) -> dict[str, str]:
     return mapping
 
 
-def parse_policies(compare: str | None, policy: str | None, default: str = "odma") -> list[str]:
-    """--compare's comma-separated policies, else --policy (None: `default`); every name a
-    registered policy, once; the two flags exclude each other."""
+def parse_policies(compare: str | None, policy: str | None, default: str = "odma", flag: str = "--compare") -> list[str]:
+    """`flag`'s (--compare's) comma-separated policies, else --policy (None: `default`); every name
+    a registered policy, once; the two flags exclude each other."""
     if compare is not None and policy is not None:
-        raise ConfigError("--compare and --policy exclude each other", hint="list the policy in --compare")
+        raise ConfigError(f"{flag} and --policy exclude each other", hint=f"list the policy in {flag}")
     policies = [p.strip() for p in compare.split(",") if p.strip()] if compare is not None else [policy or default]
     if not policies:
-        raise ConfigError("--compare names no policy", hint=f"e.g. --compare {','.join(ALLOCATORS)}")
+        raise ConfigError(f"{flag} names no policy", hint=f"e.g. {flag} {','.join(ALLOCATORS)}")
     check_policy_names(policies)
     if len(set(policies)) != len(policies):
-        raise ConfigError(f"--compare names a policy twice: {compare}")
+        raise ConfigError(f"{flag} names a policy twice: {compare}")
     return policies
 
 

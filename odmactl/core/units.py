@@ -65,3 +65,8 @@ def format_rate(value: float, unit: str) -> str:
             return f"{value / size:.6g} {prefix}{unit}"
     return f"{value:.6g} {unit}"
 
+
+def format_seconds(seconds: float, space: str = " ") -> str:
+    """A duration the way an SLO is written: "100 ms" below a second, "2 s" from one up."""
+    return f"{seconds * 1000:g}{space}ms" if seconds < 1 else f"{seconds:g}{space}s"
+

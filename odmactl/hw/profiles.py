@@ -217,6 +217,9 @@ def _interconnect(table: TomlTable | None, sources: dict[str, str]) -> Interconn
     bandwidth = _figure(table, "bandwidth", "bandwidth", sources)
     step = _figure(table, "step_latency", "seconds", sources, allow_zero=True)
     base = _figure(table, "base_latency", "seconds", sources, allow_zero=True)
+    for key, value in (("step_latency", step), ("base_latency", base)):
+        if value > 1e-3:  # links take microseconds; a millisecond per step is already a broken network
+            raise table.error(key, f"impossible value: {value:g} s; an all-reduce step takes microseconds (at most 1 ms)")
     table.finish()
     return Interconnect(kind, bandwidth, step, base)
 
@@ -385,15 +388,17 @@ class ModelProfile:
         heads, kv = self.num_attention_heads, self.num_kv_heads
         problems = []
         if heads % tp:
-            problems.append(f"num_attention_heads ({heads})")
+            problems.append(f"{tp} does not divide its {heads} attention heads")
         if kv % tp and tp % kv:
-            problems.append(f"num_key_value_heads ({kv}), which must divide or be divided by it")
+            problems.append(f"{tp} neither divides nor is a multiple of its {kv} KV heads")
         if self.intermediate_size % tp:
-            problems.append(f"intermediate_size ({self.intermediate_size})")
+            problems.append(f"{tp} does not divide its intermediate_size {self.intermediate_size}")
         if problems:
-            raise ProfileError(f"--tp {tp} does not divide {self.name}'s " + " and ".join(problems),
+            good = [n for n in range(1, heads + 1) if not heads % n and not (kv % n and n % kv)
+                    and not self.intermediate_size % n]
+            raise ProfileError(f"--tp {tp} cannot split {self.name}: " + "; ".join(problems),
                                file=self.path / "config.json" if self.path.is_dir() else self.path,
-                               hint=f"the model has {heads} attention heads and {kv} KV heads")
+                               hint=f"--tp {', '.join(map(str, good))} can")
         return replace(self, num_attention_heads=heads // tp, num_kv_heads=max(1, kv // tp),
                        intermediate_size=self.intermediate_size // tp, vocab_size=-(-self.vocab_size // tp),
                        name=f"{self.name} (1/{tp} shard)", tp=tp)

@@ -29,6 +29,8 @@ def choose(replayed: list[tuple[dict, dict]], spec: PlanSpec) -> tuple[int, bool
             (m["rejections"] - m["rejected_prompt_too_long"]) / max(m["requests"], 1)
         if spec.ttft_p99_s is not None:
             over += max(0.0, m["ttft_p99"] / spec.ttft_p99_s - 1.0)
+        if spec.objective == "capacity" and m["capacity_rate_scale"] <= 0:  # no rate meets the SLO
+            over += 1.0
         return over
 
     key = {"tps": "tps", "utilization": "kv_utilization", "capacity": "capacity_rate_scale"}[spec.objective]

@@ -44,7 +44,7 @@ def plan_command(trace_path: Path, spec: PlanSpec, out_path: Path) -> str:
             "--objective", spec.objective, "--max-migration-rate", spec.max_overflow_rate, "--holdout", spec.holdout,
             "--replays", spec.replays, "--out", out_path]
     if spec.slo is not None:
-        args += ["--slo", ",".join(f"{m}={limit:g}s" for m, limit in spec.slo.limits_s)]
+        args += ["--slo", spec.slo.flag]
     if spec.ttft_p99_s is not None:
         args += ["--ttft-p99", spec.ttft_p99_s]
     for flag, value, default in (("--tp", spec.tp, 1), ("--max-model-len", spec.max_model_len, None),

@@ -55,6 +55,7 @@ import math
 import numpy as np
 import polars as pl
 
+from odmactl.capacity.run import trace_rates
 from odmactl.capacity.search import CapacityTarget, capacity_scale
 from odmactl.core.errors import ConfigError
 from odmactl.plan.bounds import distinct, estimate_all, rank
@@ -83,6 +84,8 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
                           "or --predictor oracle (the upper bound)")
     if frame.height < 200:
         raise ConfigError(f"plan needs at least 200 requests to search and validate on, the trace has {frame.height}")
+    if spec.objective == "capacity":
+        trace_rates(frame["arrival_s"].to_numpy().astype(float))  # the arrivals must spread over time to be scaled
     ctx, label = prepare(frame, spec, setup)
     workload, max_len = ctx.workload, ctx.max_len
     too_long = int((workload.prompt_tokens >= max_len).sum())

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from odmactl.core.units import format_bytes
+from odmactl.core.units import format_bytes, format_seconds
 from odmactl.render.metrics import CAPACITY_KEYS, METRICS, PLAN_KEYS, REPLAY_KEYS, format_metric, metric_rows
 from odmactl.render.tables import deployment, narrow_table
 
@@ -104,8 +104,8 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
                   f"tokens, max_model_len {doc['max_model_len']:,}", highlight=False)
     if doc["objective"] == "capacity":
         chosen = next(r for r in doc["search"]["replays"] if r["label"] == doc["chosen"]["label"])
-        limits = ", ".join(f"{m} <= {v:g} s" for m, v in doc["slo"].items())
-        console.print(escape(f"capacity objective: the pick sustains {chosen['measured']['capacity_rate_scale']:.3g}x the "
+        limits = ", ".join(f"{m} <= {format_seconds(v)}" for m, v in doc["slo"].items())
+        console.print(escape(f"capacity objective: the pick sustains {chosen['measured']['capacity_rate_scale']:.3f}x the "
                              f"search part's arrival rate within {limits} (bisected by replay)"), highlight=False)
     console.print(_policies_table(doc["validation"], PLAN_KEYS, title="held-out later part"))
     lines = [f"{name}: KV utilization {d['kv_utilization_points']:+.1f} points, TPS {format_metric('tps_gain', d['tps_gain'])}"
@@ -145,6 +145,10 @@ def render_capacity(console: Console, doc: dict) -> None:
     console.print(narrow_table(f"capacity at the SLO; devices for {target}",
                                tuple(METRICS[k].header for k in CAPACITY_KEYS), rows, key="policy"))
     for r in doc["rows"]:
+        if r["unbounded"]:
+            console.print(escape(f"{r['policy']} tp {r['tp']}: the SLO held at every rate tried, up to the one shown "
+                                 "(2**20 x the trace's); the trace is too short to load the engine there, so this is "
+                                 "a lower bound"), highlight=False)
         if r["infeasible"]:
             console.print(escape(f"{r['policy']} tp {r['tp']}: no rate meets the SLO: {r['infeasible']}"), highlight=False)
     odd = [f"{r['policy']} tp {r['tp']}" for r in doc["rows"] if not r["monotone"]]

@@ -94,7 +94,7 @@ def capacity_figure(doc: dict):
         ax.set_yscale("log")
         ax.set_ylabel(title, fontsize=8)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", ncol=2)
+        ax.legend(fontsize=7, loc="upper left", ncol=2, handlelength=4)  # long enough to show dashes and dots
     axes[1].set_xscale("log")
     axes[1].set_xlabel("offered rate per engine (requests/s)")
     fig.suptitle(f"{doc['model']} on {doc['device']}: {doc['trace']['path']} (SLO {doc['slo_label']})", fontsize=9)

@@ -119,7 +119,8 @@ def prepare(frame: pl.DataFrame, spec: ServingSpec, setup: Serving, *, load: Loa
     if scheduler.batched_tokens(max_len) < max_len:
         raise ConfigError(f"max_num_batched_tokens ({scheduler.max_num_batched_tokens:,}) is smaller than max_model_len "
                           f"({max_len:,}): a prompt of max_model_len could never be scheduled (vLLM refuses it too "
-                          "without chunked prefill)", hint="raise --max-num-batched-tokens or lower --max-model-len")
+                          "without chunked prefill)", hint="raise --max-num-batched-tokens (or [scheduler] max_num_batched_tokens "
+                          "in the config) or lower --max-model-len")
     return ReplayContext(setup, workload, max_len, scheduler), label
 
 

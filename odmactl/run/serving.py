@@ -64,6 +64,9 @@ def serving(device_ref: str, model_ref: str, kv_dtype: str = "fp16", kv_pool_byt
                           hint="give a smaller --kv-pool, or a device profile with more memory")
     pool_bytes = kv_pool_bytes if kv_pool_bytes is not None else room
     if pool_bytes < model.kv_bytes_per_token * tp:
+        if kv_pool_bytes is not None:
+            raise ConfigError(f"--kv-pool {format_bytes(kv_pool_bytes)} holds no token of {model.name} (a token's KV "
+                              f"takes {model.kv_bytes_per_token * tp:,} bytes)", hint="give a larger --kv-pool")
         raise ConfigError(f"{model.name} leaves no KV pool on {group} "
                           f"(weights {model.weight_bytes:,} bytes a device, usable {int(device.usable_bytes):,})",
                           hint="a larger --tp splits the weights over more devices" if tp == 1 else None)
