@@ -31,6 +31,7 @@ import numpy as np
 from odmactl.allocator import ALLOCATORS
 from odmactl.capacity.slo import Slo
 from odmactl.run.replay import ReplayContext, replay_policy
+from odmactl.sim.metrics import p50_p99
 from odmactl.sim.workload import CLOCK_LIMIT_PS, PS
 
 MAX_SCALE_STEPS = 20  # doubling or halving from the trace's own rate: scales 2**-20 .. 2**20
@@ -65,12 +66,11 @@ def served(ctx: ReplayContext, policy: str, table: dict, scale: float, replicas:
         ttft.append(result.ttft_s)
         tpot.append(result.tpot_s)
         end_s = max(end_s, (int(part.arrival_ps[0]) - start_ps) / PS + m["makespan_s"])
-    ttft_all, tpot_all = np.concatenate(ttft), np.concatenate(tpot)
+    ttft_p50, ttft_p99 = p50_p99(np.concatenate(ttft))
+    tpot_p50, tpot_p99 = p50_p99(np.concatenate(tpot))
     n = totals["requests"]
-    pct = (lambda a, q: float(np.percentile(a, q)) if a.size else 0.0)
     return {**totals, "replicas": replicas, "rate_scale": scale,
-            "ttft_p50": pct(ttft_all, 50), "ttft_p99": pct(ttft_all, 99),
-            "tpot_p50": pct(tpot_all, 50), "tpot_p99": pct(tpot_all, 99),
+            "ttft_p50": ttft_p50, "ttft_p99": ttft_p99, "tpot_p50": tpot_p50, "tpot_p99": tpot_p99,
             "migration_rate": totals["migrations"] / n, "overflow_rate": (totals["migrations"] + totals["preemptions"]) / n,
             "tps": totals["generated_tokens"] / max(end_s, 1e-12), "makespan_s": end_s}
 
@@ -109,20 +109,22 @@ def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: Capacity
                 break
             lo, scale = scale, scale * 2
     else:
-        hi, scale = 1.0, 0.5
-        while scale >= lowest_scale(ctx.workload.arrival_ps / PS):
+        hi, scale, lowest = 1.0, 0.5, lowest_scale(ctx.workload.arrival_ps / PS)
+        while scale >= lowest:
             if probe(scale):
                 lo = scale
                 break
             hi, scale = scale, scale / 2
+    def without_metrics() -> list[dict]:  # every probe, by rate, for the JSON and the plot
+        return sorted(({k: v for k, v in p.items() if k != "metrics"} for p in probes), key=lambda p: p["rate_scale"])
+
     if lo is None:  # no rate the replay's clock can hold meets it: say which limit fails at the lowest
         last = probes[-1]
         metric, value, limit = last["failures"][0]
         return {"rate_scale": None, "next_rate_scale": last["rate_scale"], "metrics": last["metrics"], "monotone": True,
                 "failed_below_at_scale": None,
                 "infeasible": f"{metric} = {value:.4g} > {limit:.4g} even at {last['rate_scale']:.3g}x the trace's rate",
-                "probes": sorted(({k: v for k, v in p.items() if k != "metrics"} for p in probes),
-                                 key=lambda p: p["rate_scale"])}
+                "probes": without_metrics()}
     while hi is not None and hi / lo > 1 + target.tolerance:
         mid = math.sqrt(lo * hi)
         if probe(mid):
@@ -132,9 +134,7 @@ def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: Capacity
     at = next(p for p in probes if p["rate_scale"] == lo)
     broken_below = next((lo * f for f in MONOTONE_FACTORS if not probe(lo * f)), None)
     return {"rate_scale": lo, "next_rate_scale": hi, "metrics": at["metrics"], "monotone": broken_below is None,
-            "failed_below_at_scale": broken_below, "infeasible": None,
-            "probes": sorted(({k: v for k, v in p.items() if k != "metrics"} for p in probes),
-                             key=lambda p: p["rate_scale"])}
+            "failed_below_at_scale": broken_below, "infeasible": None, "probes": without_metrics()}
 
 
 def replicas_for(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, target_scale: float,
@@ -143,18 +143,18 @@ def replicas_for(ctx: ReplayContext, policy: str, table: dict, target: CapacityT
     found by replaying from the division's guess; {"replicas": None} past `max_replicas`."""
     replicas = min(max(1, math.ceil(target_scale / per_replica_scale)), target.max_replicas)
     m = served(ctx, policy, table, target_scale, replicas)
-    if failures(m, policy, target):
-        while failures(m, policy, target):
-            if replicas == target.max_replicas:
-                return {"replicas": None, "metrics": m}
+    if failures(m, policy, target):  # up, one engine at a time, until the SLO holds
+        while replicas < target.max_replicas:
             replicas += 1
             m = served(ctx, policy, table, target_scale, replicas)
-    else:
-        while replicas > 1:
-            fewer = served(ctx, policy, table, target_scale, replicas - 1)
-            if failures(fewer, policy, target):
-                break
-            replicas, m = replicas - 1, fewer
+            if not failures(m, policy, target):
+                return {"replicas": replicas, "metrics": m}
+        return {"replicas": None, "metrics": m}
+    while replicas > 1:  # down while one fewer still holds it
+        fewer = served(ctx, policy, table, target_scale, replicas - 1)
+        if failures(fewer, policy, target):
+            break
+        replicas, m = replicas - 1, fewer
     return {"replicas": replicas, "metrics": m}
 
 

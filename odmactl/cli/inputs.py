@@ -117,7 +117,7 @@ def check_outputs(outputs: list[Path | None], force: bool, inputs: list[Path | N
     With `directory_owned` the outputs are directories, which --force replaces only where it
     returns None (core/atomic.py, check_writable_dir)."""
     named = [absolute(p) for p in outputs if p is not None]
-    sources = [absolute(p.resolve() if p.is_symlink() else p) for p in inputs if p is not None]
+    sources = [absolute(p) for p in inputs if p is not None]  # compared as given and resolved (links followed)
     for path in named:
         for source in sources:
             reason = _collision(path.resolve(), source.resolve()) or _collision(path, source)

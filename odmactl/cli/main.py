@@ -3,7 +3,8 @@
 Exit codes: 0 success; 1 bad input or data (an OdmaError: one plain-text message naming the file,
 row, column or key) or a failed check, or standard output that cannot be written (a full disk);
 2 a command-line usage error (click's usage line, its hint and the error); 130 interrupted (143
-terminated); 141 standard output closed by its reader (`| head`), silently, as a shell would. Nothing a user types gives a traceback unless ODMACTL_DEBUG=1.
+terminated); 141 standard output closed by its reader (`| head`), silently, as a shell would.
+Nothing a user types gives a traceback unless ODMACTL_DEBUG=1.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def check_writable_dir(path: Path, *, force: bool, owned: Callable[[Path], str |
 
 
 def _check_parent(path: Path) -> None:
-    parent = path.parent if str(path.parent) else Path(".")
+    parent = path.parent
     if not parent.is_dir():
         raise OutputError("the output directory does not exist", file=path)
     if not os.access(parent, os.W_OK | os.X_OK):
@@ -102,7 +102,7 @@ def sweep_stale(path: Path) -> list[Path]:
     """Remove the temp files and directories of earlier runs writing `path` whose process is gone;
     returns what was removed."""
     removed = []
-    parent = path.parent if str(path.parent) else Path(".")
+    parent = path.parent
     try:
         siblings = list(parent.iterdir())
     except OSError:
@@ -140,6 +140,12 @@ def _no_space(exc: BaseException) -> bool:
     """A full disk, as an OSError or as a library's own error (polars, safetensors) that wraps it."""
     return getattr(exc, "errno", None) == errno.ENOSPC or "No space left on device" in str(exc) or \
         "os error 28" in str(exc)
+
+
+def _is_write_error(exc: BaseException) -> bool:
+    """Whether `exc`, raised while an output was written or put in place, is the file system's
+    (any OSError, or a full disk a library reports its own way) rather than odmactl's or a signal."""
+    return isinstance(exc, OSError) or (isinstance(exc, Exception) and _no_space(exc))
 
 
 def _write_error(path: Path, exc: BaseException) -> OutputError:
@@ -182,16 +188,10 @@ def atomic_output(path: Path, *, force: bool) -> Iterator[Path]:
             raise AssertionError(f"nothing was written to {tmp}")
         _put_in_place(tmp, path, force)
         _COMPLETED.append(path)
-    except OSError as exc:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        raise _write_error(path, exc) from None
-    except Exception as exc:
-        tmp.unlink(missing_ok=True)
-        if _no_space(exc):
+        if _is_write_error(exc):
             raise _write_error(path, exc) from None
-        raise
-    except BaseException:
-        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -222,7 +222,7 @@ def atomic_output_dir(path: Path, *, force: bool, owned: Callable[[Path], str | 
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and old.exists() and not path.exists():  # put the old one back (if it was moved)
             os.replace(old, path)
-        if isinstance(exc, OSError) or (isinstance(exc, Exception) and _no_space(exc)):
+        if _is_write_error(exc):
             raise _write_error(path, exc) from None
         raise
     _COMPLETED.append(path)

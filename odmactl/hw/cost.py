@@ -17,8 +17,8 @@ decode:    + 2 * layers * allreduce(batch * hidden * 2 B)    (not overlapped wit
 prefill:   + 2 * layers * allreduce(prompt tokens * hidden * 2 B)
 migration: each device copies its shard of the block, so bytes / tp per device.
 
-DecodeStep.overhead_s carries the all-reduces. `eff(c)` is the device's bandwidth table: the share of peak bandwidth reached reading runs of c bytes
-at scattered offsets. The model reads it in its two-parameter form, a run of c bytes costing
+DecodeStep.overhead_s carries the all-reduces. `eff(c)` is the device's bandwidth table: the share
+of peak bandwidth reached reading runs of c bytes at scattered offsets. The model reads it in its two-parameter form, a run of c bytes costing
 `c / stream_bw + access_s` (a fixed cost per scattered access plus streaming): `stream_bw` is the
 table's rate at its longest run (the table stays flat beyond it) and `access_s` makes the form exact
 at the reference run, one 16-token paged block of this model in one layer. So the model agrees with
@@ -239,4 +239,4 @@ class CostModel:
 
     def kv_pool_bytes(self) -> int:
         """The pool over all `tp` devices: each keeps what its profile leaves beside its shard."""
-        return self.device.kv_pool_bytes(self.model) * self.tp
+        return self.device.kv_pool_bytes(self.model, self.tp)

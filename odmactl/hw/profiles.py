@@ -149,9 +149,10 @@ class DeviceProfile:
     def usable_bytes(self) -> float:
         return self.capacity_bytes * self.memory_fraction
 
-    def kv_pool_bytes(self, model: ModelProfile) -> int:
-        """capacity * memory_fraction - weights - activation reserve; 0 when the model does not fit."""
-        return max(0, int(self.usable_bytes - model.weight_bytes - self.activation_reserve_bytes))
+    def kv_pool_bytes(self, model: ModelProfile, tp: int = 1) -> int:
+        """capacity * memory_fraction - weights - activation reserve, 0 when the model does not fit;
+        with `model` one shard of a tensor-parallel group, that much on each of its `tp` devices."""
+        return max(0, int(self.usable_bytes - model.weight_bytes - self.activation_reserve_bytes)) * tp
 
     def peak_flops(self, dtype: str = "fp16") -> float:
         if dtype == "bf16" and self.peak_bf16_flops is not None:

@@ -32,8 +32,8 @@ hedge-table candidates):
    bounds run in the worker processes too (`estimate_all`).
 2. The best `replays` survivors are replayed on the search part, in worker processes (or on Ray);
    the chosen one is the best by the objective (tps, kv_utilization, or with `--objective capacity`
-   the rate it sustains within `--slo`, found by bisection as `odmactl capacity` finds it) among those that keep the
-   overflow rate (migrations plus preemptions, per request: an overflow the large pool cannot take
+   the rate it sustains within `--slo`, found by bisection as `odmactl capacity` finds it) among
+   those that keep the overflow rate (migrations plus preemptions, per request: an overflow the large pool cannot take
    preempts the request) within the migration-rate limit with a margin for sampling noise (the
    count plus one Poisson standard error, sqrt(count), must keep it: `overflow_bound`), reject
    nothing a policy could serve (a prompt past max_model_len is rejected by all) and, when asked,

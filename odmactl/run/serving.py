@@ -55,7 +55,8 @@ def serving(device_ref: str, model_ref: str, kv_dtype: str = "fp16", kv_pool_byt
     model = full_model.shard(tp)
     device.interconnect_for(tp)  # a profile without a link cannot host a tp group: say so first
     group = f"{tp} x {device.name}" if tp > 1 else device.name
-    room = device.kv_pool_bytes(model) * tp  # the most a pool may take: what the profile leaves
+    room = device.kv_pool_bytes(model, tp)  # the most a pool may take: what the profile leaves
+    bytes_per_token = model.kv_bytes_per_token * tp  # the group's: Serving.bytes_per_token
     if kv_pool_bytes is not None and kv_pool_bytes > room:
         raise ConfigError(f"--kv-pool {format_bytes(kv_pool_bytes)} does not fit {group}: the usable memory "
                           f"({format_bytes(device.usable_bytes * tp)}) less {model.name}'s weights "
@@ -63,15 +64,15 @@ def serving(device_ref: str, model_ref: str, kv_dtype: str = "fp16", kv_pool_byt
                           f"({format_bytes(device.activation_reserve_bytes * tp)}) leaves {format_bytes(room)}",
                           hint="give a smaller --kv-pool, or a device profile with more memory")
     pool_bytes = kv_pool_bytes if kv_pool_bytes is not None else room
-    if pool_bytes < model.kv_bytes_per_token * tp:
+    if pool_bytes < bytes_per_token:
         if kv_pool_bytes is not None:
             raise ConfigError(f"--kv-pool {format_bytes(kv_pool_bytes)} holds no token of {model.name} (a token's KV "
-                              f"takes {model.kv_bytes_per_token * tp:,} bytes)", hint="give a larger --kv-pool")
+                              f"takes {bytes_per_token:,} bytes)", hint="give a larger --kv-pool")
         raise ConfigError(f"{model.name} leaves no KV pool on {group} "
                           f"(weights {model.weight_bytes:,} bytes a device, usable {int(device.usable_bytes):,})",
                           hint="a larger --tp splits the weights over more devices" if tp == 1 else None)
-    if pool_bytes // (model.kv_bytes_per_token * tp) > MAX_POOL_TOKENS:
-        raise ConfigError(f"the KV pool of {group} holds {pool_bytes // (model.kv_bytes_per_token * tp):,} tokens of "
+    if pool_bytes // bytes_per_token > MAX_POOL_TOKENS:
+        raise ConfigError(f"the KV pool of {group} holds {pool_bytes // bytes_per_token:,} tokens of "
                           f"{model.name}, more than odmactl replays ({MAX_POOL_TOKENS:,}); a profile's capacity or the "
                           "model's size is likely wrong", hint="check the profiles, or give a smaller --kv-pool")
     if scale is not None:  # whole tokens, so every block starts on a token row of the arena

@@ -38,8 +38,9 @@ class Timeline:
     first_arrival_ps: int
 
 
-def _p50_p99(values: np.ndarray) -> tuple[float, float]:
-    # one selection for both levels: the same values as two np.percentile calls
+def p50_p99(values: np.ndarray) -> tuple[float, float]:
+    """The 50th and 99th percentiles (0 for no values); one selection for both levels, the same
+    values as two np.percentile calls."""
     return tuple(float(v) for v in np.percentile(values, [50, 99])) if values.size else (0.0, 0.0)
 
 
@@ -59,8 +60,8 @@ def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
     span_ps = max(last_done - tl.first_arrival_ps, 1)
     generated = int(tl.target[ok].sum())
     num = int(tl.arrival_ps.size)
-    ttft_p50, ttft_p99 = _p50_p99(ttft)
-    tpot_p50, tpot_p99 = _p50_p99(tpot)
+    ttft_p50, ttft_p99 = p50_p99(ttft)
+    tpot_p50, tpot_p99 = p50_p99(tpot)
     metrics: dict[str, float | int] = {
         "requests": num,
         "completed": int(ok.sum()),
