@@ -175,12 +175,17 @@ def test_plan_capacity_flags_go_together(cli, small, tmp_path, args, words):
     assert r.code == 1 and words in r.err, r.err
 
 
-def test_a_loose_slo_is_reported_as_a_lower_bound(cli, small):
+def test_a_loose_slo_is_bounded_by_the_queue_growing(cli, small):
+    """An SLO that holds at every rate still stops where the queue grows through the run: the
+    rate above the one reported fails with "overloaded" and no other limit."""
     r = cli("capacity", small, *DEVICE, "--predictor", "oracle", "--policies", "static", "--slo", "ttft_p99=1e9s",
             "--json")
     assert r.code == 0, r.err
     row = json.loads(r.out)["rows"][0]
-    assert row["unbounded"] and row["next_rate_scale"] is None and row["rate_scale"] == 2.0 ** 20
+    assert not row["unbounded"] and row["rate_scale"] < row["next_rate_scale"] < 2.0 ** 20
+    above = next(p for p in row["probes"] if p["rate_scale"] == row["next_rate_scale"])
+    assert [f[0] for f in above["failures"]] == ["overloaded"]
+    assert not row["metrics_at_capacity"]["overloaded"]
 
 
 def test_plan_by_capacity_flags_an_slo_no_candidate_meets_and_refuses_an_offline_trace(cli, small, tmp_path):
@@ -188,8 +193,9 @@ def test_plan_by_capacity_flags_an_slo_no_candidate_meets_and_refuses_an_offline
 
     r = cli("plan", small, *DEVICE, "--predictor", "oracle", "--objective", "capacity", "--slo", "ttft_p99=1us",
             "--out", tmp_path / "c.toml", "--json")
-    assert r.code == 0, r.err
-    assert json.loads(r.out)["constraints_met_on_search"] is False
+    assert r.code == 1 and "no config written" in r.err and not (tmp_path / "c.toml").exists(), r.err
+    doc = json.loads(r.out)
+    assert doc["constraints_met_on_search"] is False and doc["out"] is None
     offline = tmp_path / "off.parquet"
     pl.read_parquet(small).with_columns(pl.lit(0.0).alias("arrival_s")).write_parquet(offline)
     r = cli("plan", offline, *DEVICE, "--predictor", "oracle", "--objective", "capacity", "--slo", SLO,

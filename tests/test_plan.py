@@ -101,9 +101,9 @@ def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
         assert row["estimate"]["overflow_rate"] == row["measured"]["migration_rate"] == 0.0
         assert abs(row["estimate"]["kv_utilization"] - row["measured"]["kv_utilization"]) < 0.03
     config = tomllib.loads(out.read_text())
-    assert config["meta"]["chosen"] == doc["chosen"]["label"] and config["meta"]["policy"] == "odma"
-    assert config["meta"]["expected"]["kv_utilization"] == doc["validation"]["odma"]["metrics"]["kv_utilization"]
-    assert config["thresholds"]["min_utilization"] <= config["meta"]["expected"]["kv_utilization"]
+    assert config["plan"]["chosen"] == doc["chosen"]["label"] and config["plan"]["policy"] == "odma"
+    assert config["plan"]["expected"]["kv_utilization"] == doc["validation"]["odma"]["metrics"]["kv_utilization"]
+    assert config["thresholds"]["min_utilization"] <= config["plan"]["expected"]["kv_utilization"]
     # the gate applies plan's limit to the rate plan applied it to: migrations plus preemptions
     assert config["thresholds"]["max_overflow_rate"] == doc["max_overflow_rate"]
     assert "max_migration_rate" not in config["thresholds"]
@@ -118,8 +118,8 @@ def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
             "--junit", junit)
     assert r.code == 0, r.out + r.err
     assert 'failures="0"' in junit.read_text()
-    # without --predictor, replay and check take the predictor plan chose with ([meta] predictor)
-    assert config["meta"]["predictor"] == "oracle"
+    # without --predictor, replay and check take the predictor plan chose with ([plan] predictor)
+    assert config["plan"]["predictor"] == "oracle"
     r = cli("check", trace, "--config", out, "--device", DEVICE, "--model", MODEL, "--json")
     assert r.code == 0, r.out + r.err
     assert json.loads(r.out)["metrics"]["odma"]["kv_utilization"] == pytest.approx(
@@ -128,7 +128,7 @@ def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text(out.read_text().replace('predictor = "oracle"', "predictor = 3"))
     r = cli("check", trace, "--config", bad, "--device", DEVICE, "--model", MODEL)
-    assert r.code == 1 and "meta.predictor" in r.err and "Traceback" not in r.err, r.err
+    assert r.code == 1 and "plan.predictor" in r.err and "Traceback" not in r.err, r.err
 
 
 def _same_plan(cli, trace, tmp_path, option: str, values: tuple[str, str]) -> None:
@@ -165,7 +165,7 @@ def test_plan_prints_its_recommendation(cli, trace, tmp_path):
     text = " ".join((r.out + r.err).split())
     assert "2,160 candidates" in text and "overflow rate + 1 s.e. <= 0.50%" in text
     config = tomllib.loads((tmp_path / "c.toml").read_text())
-    assert config["meta"]["chosen"] in text
+    assert config["plan"]["chosen"] in text
 
 
 def test_plan_errors(cli, trace, conv_sample_head, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,10 +11,12 @@ from pathlib import Path
 from odmactl.core.errors import ConfigError
 from odmactl.core.limits import MAX_BUCKETS, MAX_GAMMA, MAX_TOKENS, MAX_WINDOW_REQUESTS, whole_number_problem
 from odmactl.core.tomltable import TomlTable
+from odmactl.rules.buckets import LEVEL_SHAPES, shaped_levels
 
 STATIC_SLOTS = ("max_model_len", "prompt_plus_max_new")
 REFIT_MODES = ("inline", "deferred")
 SEQUENCES = ("boundaries_tokens", "quantile_levels", "hedge_edges", "hedge_output_tokens")  # lists in TOML
+NEVER = "never"  # tau = "never": no uncertainty sends a request to the large pool (tau infinite)
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,12 @@ class AllocatorConfig:
     s3_num_buckets: int = 10
     # odma
     num_buckets: int = 4
-    quantile_levels: tuple[float, ...] = ()  # empty: i / num_buckets (equal occupancy)
+    # empty: i / num_buckets (equal occupancy); a shape's name ("equal", "tail": rules/buckets.py)
+    # stands for its levels at num_buckets and is replaced by them
+    quantile_levels: tuple[float, ...] | str = ()
     boundaries_tokens: tuple[int, ...] = ()
     gamma: float = 0.2
-    tau: float = 0.8
+    tau: float | str = 0.8  # "never" (NEVER) is infinity, and is replaced by it
     # a hedge table (odmactl/rules/hedge.py) in place of gamma: need = prompt + hedge_output_tokens[g],
     # g the group of L_hat among hedge_edges; empty: the gamma rule
     hedge_edges: tuple[float, ...] = ()
@@ -56,6 +61,7 @@ class AllocatorConfig:
     refit_every: int = 1_000
 
     def __post_init__(self) -> None:
+        self._named_settings()
         for name, high in (("max_model_len_tokens", MAX_TOKENS), ("block_size_tokens", MAX_TOKENS),
                            ("s3_num_buckets", MAX_BUCKETS), ("num_buckets", MAX_BUCKETS),
                            ("granularity_tokens", MAX_TOKENS), ("refit_window", MAX_WINDOW_REQUESTS),
@@ -72,7 +78,7 @@ class AllocatorConfig:
         if not (0 <= self.gamma <= MAX_GAMMA):
             raise ConfigError(f"expected a number from 0 to {MAX_GAMMA:g}, got {self.gamma!r}", key="gamma")
         if not (self.tau >= 0):
-            raise ConfigError(f"expected tau >= 0, got {self.tau!r}", key="tau")
+            raise ConfigError(f"expected tau >= 0 or \"{NEVER}\", got {self.tau!r}", key="tau")
         if not (0 <= self.large_pool_fraction < 1):
             raise ConfigError(f"expected a fraction in [0, 1), got {self.large_pool_fraction!r}", key="large_pool_fraction")
         if self.large_pool_bytes is not None and not (isinstance(self.large_pool_bytes, int) and self.large_pool_bytes >= 0):
@@ -99,17 +105,37 @@ class AllocatorConfig:
             raise ConfigError(f"the last boundary ({b[-1]}) exceeds max_model_len_tokens ({self.max_model_len_tokens})",
                               key="boundaries_tokens")
 
+    def _named_settings(self) -> None:
+        """Replace the named settings by their values: tau "never" by infinity, a level shape's
+        name by its levels at num_buckets."""
+        if isinstance(self.tau, str):
+            if self.tau != NEVER:
+                raise ConfigError(f"expected a number >= 0 or \"{NEVER}\", got {self.tau!r}", key="tau")
+            object.__setattr__(self, "tau", math.inf)
+        elif isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)):
+            raise ConfigError(f"expected a number >= 0 or \"{NEVER}\", got {self.tau!r}", key="tau")
+        if isinstance(self.quantile_levels, str):
+            if self.quantile_levels not in LEVEL_SHAPES:
+                raise ConfigError(f"expected a list of levels or one of {', '.join(LEVEL_SHAPES)}, got "
+                                  f"{self.quantile_levels!r}", key="quantile_levels")
+            if whole_number_problem(self.num_buckets, 1, MAX_BUCKETS) is None:  # else the check below says so
+                object.__setattr__(self, "quantile_levels", shaped_levels(self.num_buckets, self.quantile_levels))
+
     @classmethod
     def from_mapping(cls, data: Mapping[str, object], source: str | Path | None = None,
                      prefix: str = "") -> AllocatorConfig:
         """Build from a TOML table (`prefix` its name in the file, e.g. "allocator"); an unknown key or
         a bad value names the file and the key."""
-        return TomlTable(dict(data), source, prefix).to_dataclass(cls, convert={name: tuple for name in SEQUENCES})
+        def sequence(value):
+            return value if isinstance(value, str) else tuple(value)
+
+        return TomlTable(dict(data), source, prefix).to_dataclass(cls, convert={name: sequence for name in SEQUENCES})
 
     def to_mapping(self) -> dict[str, object]:
         out = dataclasses.asdict(self)
         out["boundaries_tokens"] = list(self.boundaries_tokens)
         out["quantile_levels"] = list(self.quantile_levels)
+        out["tau"] = self.tau if math.isfinite(self.tau) else NEVER
         for key in ("hedge_edges", "hedge_output_tokens"):  # written only when a table is set
             out[key] = list(getattr(self, key)) if self.hedge_edges or self.hedge_output_tokens else None
         return {k: v for k, v in out.items() if v is not None}

@@ -82,12 +82,13 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
                           f"({low:.3g} to {high:.3g} req/s: its own {mean_rate:.3g} req/s scaled by 2**-{MAX_SCALE_STEPS} "
                           f"to 2**{MAX_SCALE_STEPS}, within the replay clock)", hint="give a target in that range")
     target = CapacityTarget(spec.slo, spec.max_migration_rate, max_replicas=spec.max_replicas)
-    jobs, contexts, label = [], {}, None
+    jobs, contexts, label, mismatched = [], {}, None, []
     for tp in spec.tps:
         setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes, tp=tp)
         ctx, label = prepare(frame, dataclasses.replace(spec, tp=tp), setup, tables=tables, config=spec.config,
                              policies=spec.policies)
         contexts[tp] = ctx
+        mismatched += [f"tp {tp}: {line}" for line in ctx.mismatches]
         jobs += [(ctx, policy, tables["allocator"], target, target_rate / mean_rate) for policy in spec.policies]
     found = run_jobs(jobs, spec.workers, "capacity", progress, fn=capacity_job, executor=spec.executor)
     if all(result["rate_scale"] is None for result in found):
@@ -131,5 +132,5 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
         "target_is_peak": spec.target_rate_per_s is None, "tolerance": target.tolerance,
         "scheduler": {"max_num_seqs": first.scheduler.max_num_seqs,
                       "max_num_batched_tokens": first.scheduler.batched_tokens(first.max_len)},
-        "rows": rows,
+        "mismatches": mismatched, "rows": rows,
     }

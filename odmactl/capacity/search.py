@@ -13,7 +13,10 @@ Every figure comes from replays, none from division:
   the limit that failed there is reported. Rejections do not count
   against the SLO: the scheduler rejects only requests no empty engine could hold (a prompt at or
   past max_model_len, or a block larger than the pool), whatever the load, and they are reported.
-  ODMA and S3 must also keep their migration rate within the limit.
+  ODMA and S3 must also keep their migration rate within the limit, and no replay may be
+  overloaded (its queue growing through the run, sim/metrics.queue_growth): an SLO on TPOT alone
+  would otherwise hold at rates whose queue never drains. `sustainable_scale` finds the highest
+  scale at which only that holds: the rate an overloaded replay's output reports as sustainable.
 - Monotonicity is checked, not assumed: the SLO must also hold at 1/2 and 1/4 of the reported
   scale; a failure there is reported (`monotone: false`) with the scale that failed.
 - `replicas_for` starts from the division's guess and replays: up while the SLO fails, down while
@@ -40,7 +43,8 @@ MONOTONE_FACTORS = (0.5, 0.25)
 
 @dataclass(frozen=True)
 class CapacityTarget:
-    """What `find_capacity` holds a replay to. Invariant: 0 < tolerance; max_replicas >= 1."""
+    """What `find_capacity` holds a replay to: the SLO (an empty one holds always), the migration
+    limit, and no overload. Invariant: 0 < tolerance; max_replicas >= 1."""
 
     slo: Slo
     max_migration_rate: float
@@ -48,11 +52,15 @@ class CapacityTarget:
     max_replicas: int = 256
 
 
+STABLE = CapacityTarget(Slo(()), 1.0)  # only that the queue does not grow: `sustainable_scale`
+
+
 def served(ctx: ReplayContext, policy: str, table: dict, scale: float, replicas: int = 1) -> dict:
     """The metrics of the trace at `scale` times its arrival rate over `replicas` round-robin
     engines, combined over all requests."""
     workload = ctx.workload.at_rate_scale(scale)
     ttft, tpot = [], []
+    overloaded = False
     totals = dict.fromkeys(("requests", "completed", "rejections", "rejected_prompt_too_long", "migrations",
                             "preemptions", "generated_tokens"), 0)
     end_s = 0.0
@@ -63,13 +71,14 @@ def served(ctx: ReplayContext, policy: str, table: dict, scale: float, replicas:
         m = result.metrics
         for key in totals:
             totals[key] += m[key]
+        overloaded = overloaded or bool(m["overloaded"])
         ttft.append(result.ttft_s)
         tpot.append(result.tpot_s)
         end_s = max(end_s, (int(part.arrival_ps[0]) - start_ps) / PS + m["makespan_s"])
     ttft_p50, ttft_p99 = p50_p99(np.concatenate(ttft))
     tpot_p50, tpot_p99 = p50_p99(np.concatenate(tpot))
     n = totals["requests"]
-    return {**totals, "replicas": replicas, "rate_scale": scale,
+    return {**totals, "replicas": replicas, "rate_scale": scale, "overloaded": overloaded,
             "ttft_p50": ttft_p50, "ttft_p99": ttft_p99, "tpot_p50": tpot_p50, "tpot_p99": tpot_p99,
             "migration_rate": totals["migrations"] / n, "overflow_rate": (totals["migrations"] + totals["preemptions"]) / n,
             "tps": totals["generated_tokens"] / max(end_s, 1e-12), "makespan_s": end_s}
@@ -80,6 +89,8 @@ def failures(metrics: dict, policy: str, target: CapacityTarget) -> list[tuple[s
     broken = target.slo.failures(metrics)
     if ALLOCATORS[policy].uses_predictions and metrics["migration_rate"] > target.max_migration_rate:
         broken.append(("migration_rate", metrics["migration_rate"], target.max_migration_rate))
+    if metrics["overloaded"]:
+        broken.append(("overloaded", 1.0, 0.0))
     return broken
 
 
@@ -121,9 +132,10 @@ def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: Capacity
     if lo is None:  # no rate the replay's clock can hold meets it: say which limit fails at the lowest
         last = probes[-1]
         metric, value, limit = last["failures"][0]
+        why = "the queue grows through the run" if metric == "overloaded" else f"{metric} = {value:.4g} > {limit:.4g}"
         return {"rate_scale": None, "next_rate_scale": last["rate_scale"], "metrics": last["metrics"], "monotone": True,
                 "failed_below_at_scale": None,
-                "infeasible": f"{metric} = {value:.4g} > {limit:.4g} even at {last['rate_scale']:.3g}x the trace's rate",
+                "infeasible": f"{why} even at {last['rate_scale']:.3g}x the trace's rate",
                 "probes": without_metrics()}
     while hi is not None and hi / lo > 1 + target.tolerance:
         mid = math.sqrt(lo * hi)
@@ -165,6 +177,14 @@ def capacity_job(ctx: ReplayContext, policy: str, table: dict, target: CapacityT
         return {**found, "target": {"replicas": None, "metrics": None}}
     need = replicas_for(ctx, policy, table, target, target_scale, found["rate_scale"])
     return {**found, "target": need}
+
+
+def sustainable_scale(ctx: ReplayContext, policy: str, table: dict) -> dict:
+    """The highest rate scale at which the queue stops growing (`find_capacity` with no SLO and no
+    migration limit): {"rate_scale": the scale or None, "next_rate_scale": the first scale tried
+    above it}."""
+    found = find_capacity(ctx, policy, table, STABLE)
+    return {"rate_scale": found["rate_scale"], "next_rate_scale": found["next_rate_scale"]}
 
 
 def capacity_scale(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget) -> float:

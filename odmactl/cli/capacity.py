@@ -30,7 +30,7 @@ def capacity(
     policies: Annotated[str, typer.Option(help="comma-separated policies")] = "static,paged,s3,odma",
     config: Annotated[Optional[Path], typer.Option(help="config TOML (plan's output): its [allocator] and [scheduler] apply")] = None,
     predictor: Annotated[Optional[str], typer.Option(help="`odmactl fit` artifact folder, `oracle` or `none` "
-                                                          "(default: the --config's [meta] predictor; odma and s3 need one)")] = None,
+                                                          "(default: the --config's [plan] predictor; odma and s3 need one)")] = None,
     tp: Annotated[str, typer.Option(help="tensor-parallel sizes to try, comma-separated")] = "1",
     max_migration_rate: Annotated[float, typer.Option(help="most migrations per request odma and s3 may cause")] = 0.005,
     target_rate: Annotated[Optional[float], typer.Option(help="requests/s to size the deployment for (default: the trace's peak 10-minute rate)")] = None,
@@ -41,6 +41,8 @@ def capacity(
     max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,
     max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="prefill token budget of one iteration (default max(max_model_len, 2048))")] = None,
     kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
+    allow_mismatch: Annotated[bool, typer.Option(help="apply a --config planned for another device, model, kv_dtype, tp "
+                                                     "or KV pool (a warning instead of an error)")] = False,
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool per engine, e.g. '8 GiB' (default: the profile's)")] = None,
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the result (every probe included) as JSON")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="write a PNG of TTFT p99 and TPOT p99 against the offered rate")] = None,
@@ -67,6 +69,7 @@ def capacity(
     spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor,
                         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens, kv_pool_bytes=parse_kv_pool(kv_pool),
+                        allow_mismatch=allow_mismatch,
                         policies=tuple(chosen), tps=_sizes(tp), slo=Slo.parse(slo),
                         max_migration_rate=max_migration_rate, target_rate_per_s=target_rate, config=config,
                         workers=workers, executor=executor, max_replicas=max_replicas)

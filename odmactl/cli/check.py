@@ -19,7 +19,7 @@ def check(
     model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
     policy: Annotated[str, typer.Option(help="the policy the config is for")] = "odma",
     predictor: Annotated[Optional[str], typer.Option(help="`odmactl fit` artifact folder, `oracle` or `none` "
-                                                          "(default: the config's [meta] predictor; odma and s3 need one)")] = None,
+                                                          "(default: the config's [plan] predictor; odma and s3 need one)")] = None,
     min_utilization: Annotated[Optional[float], typer.Option(help="fail when kv_utilization is below this (0-1)")] = None,
     max_migration_rate: Annotated[Optional[float], typer.Option(help="fail when migration_rate is above this")] = None,
     max_overflow_rate: Annotated[Optional[float], typer.Option(help="fail when (migrations + preemptions) / requests is above this")] = None,
@@ -28,10 +28,13 @@ def check(
     baseline: Annotated[Optional[str], typer.Option(help="policy min_tps_gain compares with (default static)")] = None,
     rate: Annotated[Optional[float], typer.Option(help="rescale arrivals to this many requests/s")] = None,
     offline: Annotated[bool, typer.Option(help="every request arrives at t=0")] = False,
-    limit: Annotated[Optional[int], typer.Option(help="replay only the first N requests")] = None,
+    skip: Annotated[int, typer.Option(help="leave out the first N requests (e.g. the part plan searched on)")] = 0,
+    limit: Annotated[Optional[int], typer.Option(help="replay only the first N requests (after --skip)")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's)")] = None,
     tp: Annotated[int, typer.Option(help="tensor parallelism: split the model over this many devices of the profile, as vLLM does")] = 1,
     kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
+    allow_mismatch: Annotated[bool, typer.Option(help="apply a --config planned for another device, model, kv_dtype, tp "
+                                                     "or KV pool (a warning instead of an error)")] = False,
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: the profile's)")] = None,
     junit: Annotated[Optional[Path], typer.Option(help="write the verdicts as JUnit XML")] = None,
     markdown_path: Annotated[Optional[Path], typer.Option("--markdown", help="write a markdown summary (for a pull request)")] = None,
@@ -42,12 +45,14 @@ def check(
     """Replay a trace with a config and test it against thresholds: exit 0 when all hold, 1 when one fails."""
     import time
 
+    from odmactl.capacity.search import sustainable_scale
     from odmactl.core.atomic import atomic_output
     from odmactl.gate.check import prepare_check, run_check
     from odmactl.render.console_replay import render_check
     from odmactl.render.json import to_json
     from odmactl.render.junit import junit_xml
     from odmactl.render.markdown import check_markdown
+    from odmactl.render.warnings import replay_warnings
     from odmactl.run.spec import LoadOptions, ReplaySpec
     from odmactl.trace.schema import read_trace
 
@@ -59,11 +64,12 @@ def check(
     check_policy_names(setup.policies)
     check_outputs([junit, markdown_path, out_path], force, input_paths(trace_path, config, predictor, device, model))
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, config=config,
-                      load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit), max_model_len=max_model_len,
-                      kv_pool_bytes=parse_kv_pool(kv_pool), tp=tp)
+                      load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit, skip=skip), max_model_len=max_model_len,
+                      kv_pool_bytes=parse_kv_pool(kv_pool), tp=tp, allow_mismatch=allow_mismatch)
     frame = read_trace(trace_path)
     with progress_for(json_out) as progress:
-        outcome = run_check(frame, spec, policy, setup, progress=progress, started=started)
+        outcome = run_check(frame, spec, policy, setup, progress=progress, started=started,
+                            sustainable=sustainable_scale)
     doc = outcome.doc
     doc["trace"]["path"] = str(trace_path)
     if out_path is not None:
@@ -71,8 +77,8 @@ def check(
             tmp.write_text(to_json(doc) + "\n")
     if junit is not None:
         with atomic_output(junit, force=force) as tmp:
-            tmp.write_text(junit_xml(outcome.verdicts, f"{trace_path.name} / {config.name} / {policy}", outcome.seconds),
-                           encoding="utf-8")
+            tmp.write_text(junit_xml(outcome.verdicts, f"{trace_path.name} / {config.name} / {policy}", outcome.seconds,
+                                     replay_warnings(doc)), encoding="utf-8")
     if markdown_path is not None:
         with atomic_output(markdown_path, force=force) as tmp:
             tmp.write_text(check_markdown(outcome.verdicts, doc, policy, config), encoding="utf-8")

@@ -63,7 +63,7 @@ def parse_kv_pool(kv_pool: str | None) -> int | None:
 def input_paths(*values: str | Path | None) -> list[Path]:
     """The values that name an existing file or directory: the inputs an output must not touch
     (a --device or --model given as a path, a --predictor folder, a trace, a config), and what
-    those read in turn: the predictor a config's [meta] names, the encoder folder a predictor uses."""
+    those read in turn: the predictor a config's [plan] names, the encoder folder a predictor uses."""
     named = [Path(v) for v in values if v is not None and str(v) and Path(v).exists()]
     found = list(named)
     for path in named:
@@ -76,11 +76,12 @@ def input_paths(*values: str | Path | None) -> list[Path]:
 
 
 def _config_predictor(config: Path) -> list[Path]:
-    """The predictor folder a config's [meta] names, if it is one (a config that does not read is
-    reported by the command itself)."""
+    """The predictor folder a config's [plan] (or older [meta]) names, if it is one (a config that
+    does not read is reported by the command itself)."""
     try:
         with open(config, "rb") as fh:
-            named = tomllib.load(fh).get("meta", {}).get("predictor")
+            data = tomllib.load(fh)
+        named = data.get("plan", data.get("meta", {})).get("predictor")
     except (OSError, ValueError, AttributeError):
         return []
     if not isinstance(named, str):

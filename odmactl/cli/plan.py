@@ -22,6 +22,7 @@ def plan(
     objective: Annotated[str, typer.Option(help="what to maximise: tps, utilization, or capacity (the request rate sustained within --slo)")] = "tps",
     slo: Annotated[Optional[str], typer.Option(help="with --objective capacity: latency limits, e.g. ttft_p99=2s,tpot_p99=100ms")] = None,
     max_migration_rate: Annotated[float, typer.Option(help="most overflows (migrations + preemptions) per request the recommendation may cause")] = 0.005,
+    max_rejection_rate: Annotated[float, typer.Option(help="most rejected requests (prompts past max_model_len) per request")] = 0.0,
     ttft_p99: Annotated[Optional[float], typer.Option(help="most seconds of TTFT p99 the recommendation may cause")] = None,
     holdout: Annotated[float, typer.Option(help="share of the trace, at its end, held out to validate on")] = 0.3,
     replays: Annotated[int, typer.Option(help="candidates replayed after the cheap bounds")] = 12,
@@ -36,8 +37,13 @@ def plan(
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: the profile's)")] = None,
     force: Annotated[bool, typer.Option(help="replace --out / --report if they exist")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the plan (search, replays, validation) as JSON")] = False,
-) -> None:
-    """Search ODMA's buckets, gamma, tau, large pool and refit on the trace's earlier part; validate on its later part."""
+) -> int:
+    """Search ODMA's buckets, gamma, tau, large pool and refit on the trace's earlier part; validate on its later part.
+
+    Exit 0 when the recommendation passes its own [thresholds] on the later part (the config is
+    written), 1 when it does not (no config; the report, if asked, says why)."""
+    from odmactl.allocator import AllocatorConfig
+    from odmactl.cli.app import print_error
     from odmactl.core.atomic import atomic_output
     from odmactl.plan.config import config_document, config_text, plan_command
     from odmactl.plan.search import plan as run_plan
@@ -45,7 +51,9 @@ def plan(
     from odmactl.render.console_replay import render_plan
     from odmactl.render.html import write_plan_report
     from odmactl.render.json import to_json
+    from odmactl.render.plan_text import config_heading, failure_message
     from odmactl.run.config import predictor_for_config
+    from odmactl.run.serving import serving
     from odmactl.trace.schema import read_trace
 
     check_outputs([out_path, report], force, input_paths(trace_path, predictor, device, model))
@@ -53,7 +61,7 @@ def plan(
 
     spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, objective=objective,
                     slo=None if slo is None else Slo.parse(slo),
-                    max_overflow_rate=max_migration_rate, ttft_p99_s=ttft_p99, holdout=holdout, replays=replays,
+                    max_overflow_rate=max_migration_rate, max_rejection_rate=max_rejection_rate, ttft_p99_s=ttft_p99, holdout=holdout, replays=replays,
                     workers=workers, executor=executor, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens,
                     kv_pool_bytes=parse_kv_pool(kv_pool), tp=tp)
@@ -61,14 +69,24 @@ def plan(
     with progress_for(json_out) as progress:
         doc = run_plan(frame, spec, progress=progress)
     doc["trace"]["path"] = str(trace_path)
-    config = config_document(doc, plan_command(trace_path, spec, out_path), predictor_for_config(predictor, out_path))
-    text = config_text(config)
+    setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes, tp=spec.tp)
+    config = config_document(doc, setup, plan_command(trace_path, spec, out_path),
+                             predictor_for_config(predictor, out_path), str(trace_path),
+                             AllocatorConfig.from_mapping(doc["validation"]["odma"]["config"]))
+    text = config_text(config, config_heading(doc))
+    holds = doc["holds"]
+    written = [p for p in (report, out_path if holds else None) if p is not None]
     if report is not None:  # the report first: a run stopped between the two leaves no new config beside an old report
         with atomic_output(report, force=force) as tmp:
-            write_plan_report(doc, config, tmp)
-    with atomic_output(out_path, force=force) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+            write_plan_report(doc, config if holds else None, tmp)
+    if holds:
+        with atomic_output(out_path, force=force) as tmp:
+            tmp.write_text(text, encoding="utf-8")
     if json_out:
-        print(to_json({"out": str(out_path), **doc}))
+        print(to_json({"out": str(out_path) if holds else None, **doc}))
     else:
-        render_plan(out, doc, [str(p) for p in (out_path, report) if p is not None])
+        render_plan(out, doc, [str(p) for p in written])
+    if not holds:
+        print_error(failure_message(doc, out_path))
+        return 1
+    return 0

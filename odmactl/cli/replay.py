@@ -20,11 +20,12 @@ def replay(
     policy: Annotated[Optional[str], typer.Option(help="allocator policy: static, paged, s3, odma (default odma)")] = None,
     compare: Annotated[Optional[str], typer.Option(help="comma-separated policies replayed on the same trace, side by side")] = None,
     predictor: Annotated[Optional[str], typer.Option(help="`odmactl fit` artifact folder, `oracle` (true lengths) or `none` "
-                                                          "(default: the --config's [meta] predictor; odma and s3 need one)")] = None,
+                                                          "(default: the --config's [plan] predictor; odma and s3 need one)")] = None,
     config: Annotated[Optional[Path], typer.Option(help="config TOML with [allocator] and [scheduler] tables (plan's output)")] = None,
     rate: Annotated[Optional[float], typer.Option(help="rescale arrivals to this many requests/s")] = None,
     offline: Annotated[bool, typer.Option(help="every request arrives at t=0")] = False,
-    limit: Annotated[Optional[int], typer.Option(help="replay only the first N requests")] = None,
+    skip: Annotated[int, typer.Option(help="leave out the first N requests (e.g. the part plan searched on)")] = 0,
+    limit: Annotated[Optional[int], typer.Option(help="replay only the first N requests (after --skip)")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the trace's longest, within model and pool)")] = None,
     max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,
     max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="prefill token budget of one iteration, as vLLM's "
@@ -33,6 +34,8 @@ def replay(
     kv_dtype: Annotated[str, typer.Option(help="KV precision: fp16, bf16, fp8, int8, int4, oaken")] = "fp16",
     stepping: Annotated[bool, typer.Option(help="advance token by token instead of in closed form (slow; a check)")] = False,
     seed: Annotated[int, typer.Option(help="seed for generated arrivals (--rate on a trace without timestamps)")] = 0,
+    allow_mismatch: Annotated[bool, typer.Option(help="apply a --config planned for another device, model, kv_dtype, tp "
+                                                     "or KV pool (a warning instead of an error)")] = False,
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: what the device profile leaves)")] = None,
     on_device: Annotated[bool, typer.Option(help="also run every decode iteration on the torch device given by --device and time it")] = False,
     profile: Annotated[Optional[str], typer.Option(help="with --on-device: the device profile the measured steps are compared with "
@@ -70,16 +73,17 @@ def replay(
     elif profile is not None or scale != 1.0:
         raise OdmaError("--profile and --scale apply to --on-device replays only")
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, config=config,
-                      load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit, seed=seed),
+                      load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit, seed=seed, skip=skip),
                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, fast_forward=not stepping,
-                      kv_pool_bytes=pool_bytes, tp=tp)
+                      kv_pool_bytes=pool_bytes, tp=tp, allow_mismatch=allow_mismatch)
     frame = read_trace(trace_path)
     with progress_for(json_out) as progress:
         if device_spec is None:
+            from odmactl.capacity.search import sustainable_scale
             from odmactl.run.replay import run_policies
 
-            doc = run_policies(frame, policies, spec, progress=progress)
+            doc = run_policies(frame, policies, spec, progress=progress, sustainable=sustainable_scale)
         else:
             from odmactl.device.replay import replay_on_device
 

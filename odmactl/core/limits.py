@@ -17,6 +17,7 @@ MAX_WINDOW_REQUESTS = 10_000_000  # ODMA's refit window and interval
 MAX_TP = 64  # devices in one tensor-parallel group
 MAX_WORKERS = 256  # plan's worker processes
 MAX_REPLAYS = 10_000  # plan's full replays
+MAX_REQUESTS = 1 << 40  # requests counted in a trace: --skip
 MAX_EPOCHS = 10_000  # predictor training epochs
 MAX_SEED = (1 << 63) - 1  # numpy's and torch's generators both take it
 MAX_GAMMA = 1_000.0

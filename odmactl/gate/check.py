@@ -55,9 +55,10 @@ def prepare_check(config: Path, policy: str, flags: dict) -> CheckSetup:
 
 
 def run_check(frame: pl.DataFrame, spec: ReplaySpec, policy: str, setup: CheckSetup, progress=None,
-              started: float | None = None) -> CheckOutcome:
-    """Replay and judge; `started` (perf_counter) is when the check began, for the JUnit time."""
+              started: float | None = None, sustainable=None) -> CheckOutcome:
+    """Replay and judge; `started` (perf_counter) is when the check began, for the JUnit time;
+    `sustainable` as run_policies takes it (an overloaded policy's rate)."""
     started = time.perf_counter() if started is None else started
-    doc = run_policies(frame, setup.policies, spec, progress=progress, tables=setup.tables)
+    doc = run_policies(frame, setup.policies, spec, progress=progress, tables=setup.tables, sustainable=sustainable)
     verdicts = evaluate(doc, policy, setup.thresholds)
     return CheckOutcome(doc, verdicts, time.perf_counter() - started)

@@ -1,6 +1,8 @@
 """Which replayed candidate plan recommends: the best by the objective (TPS, utilization, or the rate
 it sustains at the SLO) among those that keep the constraints, the overflow rate held to its limit
-with a margin for sampling noise."""
+with a margin for sampling noise. The constraints are the gate plan writes as [thresholds]
+(plan/config.thresholds) and checks on the held-out part, the margin added, and TTFT p99 when
+--ttft-p99 is given."""
 
 from __future__ import annotations
 
@@ -24,9 +26,9 @@ def overflow_bound(m: dict) -> float:
 def choose(replayed: list[tuple[dict, dict]], spec: PlanSpec) -> tuple[int, bool]:
     """Index of the chosen (estimate, metrics) pair and whether it meets every constraint."""
     def violation(m: dict) -> float:
-        # rejections the policy caused (a prompt past max_model_len is rejected whatever the policy)
+        # rejections, counted as check's max_rejection_rate counts them (plan/config.thresholds)
         over = max(0.0, overflow_bound(m) - spec.max_overflow_rate) + \
-            (m["rejections"] - m["rejected_prompt_too_long"]) / max(m["requests"], 1)
+            max(0.0, m["rejections"] / max(m["requests"], 1) - spec.max_rejection_rate)
         if spec.ttft_p99_s is not None:
             over += max(0.0, m["ttft_p99"] / spec.ttft_p99_s - 1.0)
         if spec.objective == "capacity" and m["capacity_rate_scale"] <= 0:  # no rate meets the SLO

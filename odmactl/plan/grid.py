@@ -8,13 +8,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from odmactl.allocator.config import NEVER
 from odmactl.predict.source import PREDICTOR_CHOICES
-from odmactl.rules.buckets import bucket_levels
+from odmactl.rules.buckets import LEVEL_SHAPES, shaped_levels
 from odmactl.rules.hedge import HedgeTable, fit_hedge_tables
 from odmactl.sim.workload import Workload
 
 BUCKETS = (4, 6, 8, 12, 16, 32, 64, 128, 256)
-LEVELS = ("equal", "tail")
+LEVELS = LEVEL_SHAPES
 GAMMAS = (0.0, 0.25, 0.5, 1.0, 2.0)
 COVERAGE_FRACTIONS = (0.5, 0.7, 0.85, 1.0, 1.2)  # of the predictor's coverage gamma
 TAUS = (0.5, 0.8, math.inf)
@@ -38,26 +39,21 @@ class Candidate:
     refit_every: int
     hedge_groups: int = 0  # > 0: a hedge table over this many groups of L_hat replaces gamma
     hedge_limit: float = 0.0  # the share of requests the table may outgrow where it is fitted
+    max_model_len: int = 0  # > 0: a max_model_len cap below plan's default (`model_len_caps`); 0: the default
 
     def quantile_levels(self) -> tuple[float, ...]:
-        equal = bucket_levels(self.num_buckets)
-        if self.levels == "equal":
-            return equal
-        return tuple(round(1.0 - (1.0 - level) ** 2, 6) for level in equal)
+        return shaped_levels(self.num_buckets, self.levels)
 
     @property
-    def boundary_key(self) -> tuple[int, str, int, int]:
+    def boundary_key(self) -> tuple[int, str, int, int, int]:
         """What its boundaries over a workload depend on: candidates that share it share them."""
-        return (self.num_buckets, self.levels, self.refit_window, self.refit_every)
-
-    @property
-    def config_tau(self) -> float:
-        """tau as [allocator] and the plan JSON write it: never is 1e9 (TOML and JSON have no infinity)."""
-        return self.tau if math.isfinite(self.tau) else 1.0e9
+        return (self.num_buckets, self.levels, self.refit_window, self.refit_every, self.max_model_len)
 
     def allocator_table(self) -> dict:
-        return {"num_buckets": self.num_buckets, "quantile_levels": list(self.quantile_levels()),
-                "gamma": self.gamma, "tau": self.config_tau,
+        """Its [allocator] settings as a config writes them: the levels by their shape's name, tau
+        "never" when infinite (AllocatorConfig reads both)."""
+        return {"num_buckets": self.num_buckets, "quantile_levels": self.levels,
+                "gamma": self.gamma, "tau": tau_setting(self.tau),
                 "large_pool_fraction": self.large_pool_fraction, "refit_window": self.refit_window,
                 "refit_every": self.refit_every}
 
@@ -66,8 +62,14 @@ class Candidate:
         tau = f"{self.tau:g}" if math.isfinite(self.tau) else "never"
         large = f"{self.large_pool_fraction:.0%}"
         hedge = f"hedge={self.hedge_groups}@{self.hedge_limit:.2%}" if self.hedge_groups else f"gamma={self.gamma:g}"
+        cap = f" max_len={self.max_model_len}" if self.max_model_len else ""
         return (f"B={self.num_buckets} {self.levels} {hedge} tau={tau} "
-                f"large={large} refit={self.refit_window}/{self.refit_every}")
+                f"large={large} refit={self.refit_window}/{self.refit_every}{cap}")
+
+
+def tau_setting(tau: float) -> float | str:
+    """tau as a config and the JSON write it: "never" for infinity (TOML and JSON have none)."""
+    return tau if math.isfinite(tau) else NEVER
 
 
 def candidate_grid(coverage_gamma: float | None = None, max_overflow_rate: float | None = None) -> list[Candidate]:
@@ -83,6 +85,25 @@ def candidate_grid(coverage_gamma: float | None = None, max_overflow_rate: float
                  for b in BUCKETS for lv in LEVELS for k in HEDGE_GROUPS for share in HEDGE_LIMIT_FRACTIONS
                  for f in LARGE_FRACTIONS for w, e in REFITS]
     return grid
+
+
+CAP_ROUND_TOKENS = 1024  # a max_model_len cap is rounded up to this
+
+
+def model_len_caps(kv_tokens: np.ndarray, default_len: int, max_rejection_rate: float) -> list[int]:
+    """The max_model_len values plan searches: its default, then, when some requests may go
+    unserved (--max-rejection-rate r > 0), caps below it that leave at most r and r/2 of the search
+    part's requests past them (rejected, or truncated at the cap): the (1 - r) and (1 - r/2)
+    quantiles of their KV tokens, rounded up to CAP_ROUND_TOKENS. A lower cap shrinks the large
+    pool's blocks, which is where a long tail costs ODMA the most."""
+    caps = [default_len]
+    if max_rejection_rate > 0 and kv_tokens.size:
+        for share in (max_rejection_rate, max_rejection_rate / 2):
+            q = float(np.quantile(kv_tokens, 1.0 - share, method="higher"))
+            cap = -(-int(q) // CAP_ROUND_TOKENS) * CAP_ROUND_TOKENS
+            if CAP_ROUND_TOKENS <= cap < default_len and cap not in caps:
+                caps.append(cap)
+    return caps
 
 
 def coverage_gamma(predictor: str) -> float | None:

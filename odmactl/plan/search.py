@@ -12,7 +12,10 @@ hedge-table candidates):
                          gamma at which its headroom u covers 99% of held-back lengths: predictor.py)
   tau                    0.5, 0.8, or never (u > tau sends a request to the large pool)
   large_pool_fraction    0.05, 0.1, 0.2, 0.3 of the KV pool (at least one max_model_len block: without
-                         one, a request longer than the last boundary could never be served)
+                         one, a request longer than the last boundary could never be served; never
+                         more than half the pool, as max_model_len is at most half of it)
+  max_model_len          plan's default (`plan_max_model_len`), and with --max-rejection-rate > 0
+                         caps below it (grid.model_len_caps)
   refit window / every   10,000 / 1,000 (the papers) and 2,000 / 200 (faster drift)
   hedge table            with a fitted predictor, in place of gamma and tau (odmactl/rules/hedge.py): 8, 16
                          or 32 groups of L_hat, each with its own output reservation, fitted to let at
@@ -36,11 +39,14 @@ hedge-table candidates):
    those that keep the overflow rate (migrations plus preemptions, per request: an overflow the large pool cannot take
    preempts the request) within the migration-rate limit with a margin for sampling noise (the
    count plus one Poisson standard error, sqrt(count), must keep it: `overflow_bound`), reject
-   nothing a policy could serve (a prompt past max_model_len is rejected by all) and, when asked,
-   keep TTFT p99 within its bound; when none does, the one closest to doing so.
+   no more than --max-rejection-rate (the gate's rejection limit) and, when asked, keep TTFT p99
+   within its bound; when none does, the one closest to doing so.
 3. Validation on time: the chosen config, static (at max_model_len, and at 8,192 when that is
    tighter), paged and s3 are replayed on the held-out later part; those are the expected metrics
-   written to the config and the report.
+   written to the config and the report. The chosen config is replayed as `check` replays it
+   (`_validate`), and judged by the [thresholds] plan writes with check's evaluation (`_gate`):
+   plan writes the config only when that gate passes (`holds`). `verdict` says which policy wins
+   by the objective; `pool_fit` which requests the deployment cannot serve whole.
 
 Deterministic: candidates are evaluated independently and collected in grid order, so the result
 does not depend on the number of workers.
@@ -51,21 +57,34 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import tomllib
 
 import numpy as np
 import polars as pl
 
 from odmactl.capacity.run import trace_rates
-from odmactl.capacity.search import CapacityTarget, capacity_scale
-from odmactl.core.errors import ConfigError
+from odmactl.capacity.search import CapacityTarget, capacity_scale, sustainable_scale
+from odmactl.core.errors import ConfigError, OdmaError
+from odmactl.gate.thresholds import evaluate
 from odmactl.plan.bounds import distinct, estimate_all, rank
 from odmactl.plan.choose import choose
-from odmactl.plan.grid import HEDGE_FIT_SHARE, Candidate, candidate_grid, coverage_gamma, fit_hedges, with_hedge
+from odmactl.plan.grid import (
+    HEDGE_FIT_SHARE,
+    Candidate,
+    candidate_grid,
+    coverage_gamma,
+    fit_hedges,
+    model_len_caps,
+    tau_setting,
+    with_hedge,
+)
 from odmactl.plan.spec import PlanSpec
 from odmactl.rules.buckets import quantile_boundaries
+from odmactl.run.config import config_tables
 from odmactl.run.executors import run_jobs
-from odmactl.run.replay import prepare
+from odmactl.run.replay import prepare, run_policies
 from odmactl.run.serving import serving
+from odmactl.run.spec import LoadOptions, ReplaySpec
 from odmactl.sim.workload import Workload
 
 STATIC_TIGHT_TOKENS = 8192
@@ -77,7 +96,7 @@ def trace_digest(frame: pl.DataFrame) -> str:
 
 
 def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
-    """Search, replay, choose and validate; returns the JSON-ready plan document."""
+    """Search, replay, choose, validate and gate; returns the JSON-ready plan document."""
     setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes, tp=spec.tp)
     if spec.predictor == "none":
         raise ConfigError("plan sizes ODMA's blocks from predicted lengths: give --predictor P/ (from `odmactl fit`) "
@@ -86,58 +105,72 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
         raise ConfigError(f"plan needs at least 200 requests to search and validate on, the trace has {frame.height}")
     if spec.objective == "capacity":
         trace_rates(frame["arrival_s"].to_numpy().astype(float))  # the arrivals must spread over time to be scaled
-    ctx, label = prepare(frame, spec, setup)
+    half_pool = half_pool_tokens(setup.pool_tokens)
+    if spec.max_model_len is not None and spec.max_model_len > half_pool:
+        raise ConfigError(f"--max-model-len {spec.max_model_len:,} is more than half the KV pool ({setup.pool_tokens:,} "
+                          f"tokens on {deployment_name(setup)}): ODMA's large pool holds at least one max_model_len "
+                          f"block and may take at most half the pool ({half_pool:,} tokens)",
+                          hint=f"a --max-model-len up to {half_pool:,}, or more memory: a larger --tp or device")
+    kv = frame["prompt_tokens"].cast(pl.Int64) + frame["output_tokens"].cast(pl.Int64)
+    chosen_len = spec.max_model_len or plan_max_model_len(int(kv.max()), setup)
+    ctx, label = prepare(frame, dataclasses.replace(spec, max_model_len=chosen_len), setup)
     workload, max_len = ctx.workload, ctx.max_len
+    fit = pool_fit(workload, setup, spec, max_len)
     too_long = int((workload.prompt_tokens >= max_len).sum())
     if too_long > workload.size // 2:
         raise ConfigError(f"{too_long:,} of the {workload.size:,} requests have prompts of max_model_len ({max_len:,} "
                           f"tokens) or more and can never be served (KV pool {setup.pool_tokens:,} tokens on "
-                          f"{setup.device.name}): nothing worth planning is left", hint="a larger --kv-pool or device, "
-                          "or a larger --max-model-len")
+                          f"{deployment_name(setup)}): nothing worth planning is left",
+                          hint=fit_hint(fit) or "a larger --kv-pool or device, or a larger --max-model-len")
     split = int(round(frame.height * (1.0 - spec.holdout)))
     search_w, hold_w = workload.take(0, split), workload.take(split, frame.height)
     pool_tokens = setup.pool_tokens
 
-    grid = candidate_grid(coverage_gamma(spec.predictor), spec.max_overflow_rate)
+    base = candidate_grid(coverage_gamma(spec.predictor), spec.max_overflow_rate)
+    caps = [max_len] if spec.max_model_len is not None else \
+        model_len_caps(search_w.kv_tokens(max_len), max_len, spec.max_rejection_rate)
     # hedge tables: fitted on the earlier part of the search part, measured (bounds and replays) on
     # the rest, so that choosing one sees how it holds up on requests it was not fitted on
     fit_rows = int(split * HEDGE_FIT_SHARE)
     later_w = search_w.take(fit_rows, split)
-    hedges = fit_hedges(search_w.take(0, fit_rows), max_len, grid)
-    estimates = estimate_all([c for c in grid if not c.hedge_groups], search_w, max_len, pool_tokens,
-                             spec.workers, progress=progress)
-    estimates += estimate_all([c for c in grid if c.hedge_groups], later_w, max_len, pool_tokens,
-                              spec.workers, progress=progress, hedges=hedges, label="plan: bounds of hedge tables")
+    grid, estimates, hedges = [], [], {}
+    for cap in caps:  # every candidate at every max_model_len searched
+        part = [c if cap == max_len else dataclasses.replace(c, max_model_len=cap) for c in base]
+        grid += part
+        hedges[cap] = fit_hedges(search_w.take(0, fit_rows), cap, part)
+        task = "plan: bounds" if len(caps) == 1 else f"plan: bounds at max_model_len {cap:,}"
+        estimates += estimate_all([c for c in part if not c.hedge_groups], search_w, cap, pool_tokens,
+                                  spec.workers, progress=progress, label=task)
+        estimates += estimate_all([c for c in part if c.hedge_groups], later_w, cap, pool_tokens,
+                                  spec.workers, progress=progress, hedges=hedges[cap], label=task + " (hedge tables)")
     ranked, pruned = rank(estimates, spec.objective, spec.max_overflow_rate)
     if not ranked:  # nothing keeps migrations near the limit by the bounds: replay the closest ones
         ranked = sorted(estimates, key=lambda e: (e["overflow_rate"], -e["kv_utilization"]))
     shortlist = distinct(ranked)[: spec.replays]
-    search_ctx = dataclasses.replace(ctx, workload=search_w)
-    later_ctx = dataclasses.replace(ctx, workload=later_w)
-    search_jobs = [(later_ctx, with_hedge(e["candidate"], hedges)) if e["candidate"].hedge_groups
-                   else (search_ctx, e["candidate"].allocator_table()) for e in shortlist]
+
+    def job(c: Candidate) -> tuple:
+        cap = c.max_model_len or max_len
+        if c.hedge_groups:
+            return dataclasses.replace(ctx, workload=later_w, max_len=cap), with_hedge(c, hedges[cap])
+        return dataclasses.replace(ctx, workload=search_w, max_len=cap), c.allocator_table()
+
+    search_jobs = [job(e["candidate"]) for e in shortlist]
     metrics = run_jobs(search_jobs, spec.workers, "plan: replay candidates", progress, executor=spec.executor)
-    if spec.objective == "capacity":  # each candidate's sustainable rate at the SLO, found by replay
-        target = CapacityTarget(spec.slo, spec.max_overflow_rate)
+    target = CapacityTarget(spec.slo, spec.max_overflow_rate) if spec.objective == "capacity" else None
+    if target is not None:  # each candidate's sustainable rate at the SLO, found by replay
         scales = run_jobs([(c, "odma", table, target) for c, table in search_jobs], spec.workers,
                           "plan: capacity of the candidates", progress, fn=capacity_scale, executor=spec.executor)
         metrics = [{**m, "capacity_rate_scale": scale} for m, scale in zip(metrics, scales)]
     replayed = list(zip(shortlist, metrics))
     best, feasible = choose(replayed, spec)
     chosen = shortlist[best]["candidate"]
-
-    # validation on the later part: the recommendation and the baselines
-    hold_ctx = dataclasses.replace(ctx, workload=hold_w)
+    max_len = chosen.max_model_len or max_len
+    ctx = dataclasses.replace(ctx, max_len=max_len)
+    fit = pool_fit(workload, setup, spec, max_len, capped=bool(chosen.max_model_len))
     final_table = {**with_hedge(chosen, fit_hedges(search_w, max_len, [chosen])),
                    "boundaries_tokens": _final_boundaries(search_w, chosen, max_len)}
-    runs = [("odma", "odma", final_table, max_len), ("static", "static", {}, max_len)]
-    if max_len > STATIC_TIGHT_TOKENS:
-        runs.append((f"static@{STATIC_TIGHT_TOKENS}", "static", {}, STATIC_TIGHT_TOKENS))
-    runs += [("paged", "paged", {}, max_len), ("s3", "s3", {}, max_len)]
-    jobs = [(hold_ctx if length == max_len else dataclasses.replace(hold_ctx, max_len=length), table, policy, True)
-            for _, policy, table, length in runs]
-    done = run_jobs(jobs, spec.workers, "plan: validate on the later part", progress)
-    validation = {name: result for (name, *_), result in zip(runs, done)}
+    validation = _validate(frame, spec, dataclasses.replace(ctx, workload=hold_w), split, final_table, target, progress)
+    gate = _gate(validation["odma"], spec)
     return {
         "trace": {"requests": frame.height, "search_requests": split, "holdout_requests": frame.height - split,
                   "digest": trace_digest(frame)},
@@ -145,11 +178,18 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
         "predictor": label,
         "kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token, "max_model_len": max_len,
         "max_num_seqs": ctx.scheduler.max_num_seqs, "max_num_batched_tokens": ctx.scheduler.batched_tokens(max_len),
-        "objective": spec.objective, "max_overflow_rate": spec.max_overflow_rate, "ttft_p99_s": spec.ttft_p99_s,
+        "objective": spec.objective, "max_overflow_rate": spec.max_overflow_rate,
+        "max_rejection_rate": spec.max_rejection_rate, "ttft_p99_s": spec.ttft_p99_s,
         "slo": None if spec.slo is None else dict(spec.slo.limits_s),
+        "pool_fit": fit, "max_model_lens_searched": caps,
         "candidates": len(grid), "pruned": pruned, "replayed": len(replayed),
         "constraints_met_on_search": feasible,
         "chosen": {"label": chosen.label, "allocator": final_table},
+        "gate": gate,
+        # written only when the gate passes on the held-out part and, where plan had limits the
+        # gate has not (--ttft-p99, the capacity objective's SLO), a candidate met them on the search part
+        "holds": gate["passed"] and (feasible or (spec.ttft_p99_s is None and spec.objective != "capacity")),
+        "verdict": verdict(validation, spec.objective),
         "search": {"estimates": [_estimate_row(e) for e in estimates],
                    "replays": [{**_estimate_row(e), "allocator": table, "measured": m}
                                for (e, m), (_, table) in zip(replayed, search_jobs)]},
@@ -157,6 +197,173 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
         "against_baselines": _against(validation),
         "holdout_histogram": _histogram(hold_w, max_len),
     }
+
+
+def plan_max_model_len(longest_tokens: int, setup) -> int:
+    """plan's max_model_len when --max-model-len is not given: the trace's longest request (prompt +
+    output KV tokens) rounded up to a power of two, headroom for the longer requests of the traffic
+    the plan will serve (engines are commonly set so), within the model's positions and half the KV
+    pool (`half_pool_tokens`)."""
+    value = 1 << max(0, longest_tokens - 1).bit_length()
+    positions = setup.full_model.max_position_embeddings
+    if positions:
+        value = min(value, positions)
+    return min(value, half_pool_tokens(setup.pool_tokens))
+
+
+def half_pool_tokens(pool_tokens: int, granularity: int = 16) -> int:
+    """The longest max_model_len plan allows: half the KV pool, rounded down to the granularity
+    (ODMA's large pool holds at least one max_model_len block and may take at most half the pool)."""
+    return max(granularity, pool_tokens // 2 // granularity * granularity)
+
+
+def deployment_name(setup) -> str:
+    return f"{setup.tp} x {setup.device.name}" if setup.tp > 1 else setup.device.name
+
+
+TP_OPTIONS = (2, 4, 8)  # the tensor-parallel sizes pool_fit suggests, when the profile has a link
+
+
+def pool_fit(w: Workload, setup, spec: PlanSpec, max_len: int, capped: bool = False) -> dict:
+    """Which requests the plan cannot serve whole: KV (prompt + output) past max_model_len (a prompt
+    at or past it is rejected, a longer output truncated there), and past the whole pool, and why
+    max_model_len is what it is ("limit": given, a cap searched, half the pool, the model); when
+    half the pool limits it, the pool and the share past half of it (the longest max_model_len
+    plan allows) at larger tensor-parallel sizes of the same device."""
+    kv = w.prompt_tokens.astype(np.int64) + w.output_tokens.astype(np.int64)
+    n = max(w.size, 1)
+    half = half_pool_tokens(setup.pool_tokens)
+    if spec.max_model_len is not None:
+        limit = "the --max-model-len given"
+    elif capped:
+        limit = "a cap searched within --max-rejection-rate"
+    elif max_len == half and half < out_longest(kv, setup):
+        limit = f"half the KV pool of {setup.pool_tokens:,} tokens, the most ODMA's large pool may take"
+    else:
+        limit = "the model's positions"
+    out = {"pool_tokens": setup.pool_tokens, "half_pool_tokens": half, "limit": limit,
+           "max_model_len": max_len, "longest_tokens": int(kv.max()) if kv.size else 0,
+           "over_max_model_len": float((kv > max_len).sum() / n),
+           "rejected_prompt": float((w.prompt_tokens >= max_len).sum() / n),
+           "over_pool": float((kv > setup.pool_tokens).sum() / n),
+           "limited_by_pool": limit.startswith("half"), "options": []}
+    if out["over_max_model_len"] > 0 and out["limited_by_pool"]:
+        for tp in (t for t in TP_OPTIONS if t > setup.tp):
+            try:
+                bigger = serving(spec.device, spec.model, spec.kv_dtype, None, tp=tp)
+            except OdmaError:  # no link for this size, heads it cannot split, or no pool: not an option
+                continue
+            half = half_pool_tokens(bigger.pool_tokens)
+            out["options"].append({"tp": tp, "pool_tokens": bigger.pool_tokens,
+                                   "over_half_pool": float((kv > half).sum() / n)})
+    return out
+
+
+def out_longest(kv: np.ndarray, setup) -> int:
+    """The max_model_len the trace asks for: its longest request, within the model's positions."""
+    longest = int(kv.max()) if kv.size else 0
+    positions = setup.full_model.max_position_embeddings
+    return min(longest, positions) if positions else longest
+
+
+def fit_hint(fit: dict) -> str | None:
+    """The tensor-parallel size that serves every request whole, or the best one, as a hint."""
+    options = fit["options"]
+    if not options:
+        return None
+    whole = next((o for o in options if o["over_half_pool"] == 0), None)
+    if whole is not None:
+        return f"--tp {whole['tp']} ({whole['pool_tokens']:,} KV tokens) serves every request whole"
+    best = min(options, key=lambda o: o["over_half_pool"])
+    return f"--tp {best['tp']} ({best['pool_tokens']:,} KV tokens) leaves {best['over_half_pool']:.1%} too long; " \
+           "a device with more memory"
+
+
+def _validate(frame: pl.DataFrame, spec: PlanSpec, hold_ctx, split: int, final_table: dict,
+              target: CapacityTarget | None, progress) -> dict:
+    """The recommendation and the baselines on the held-out part. The recommendation is replayed
+    as `check` replays a config: its [allocator] and [scheduler] as the config writes them, read
+    back, on the trace from request `split` on (`--skip`), through run_policies; the baselines as
+    before on the same requests. An overloaded run gets the rate it sustains; with the capacity
+    objective every run gets its rate at the SLO."""
+    from odmactl.plan.config import allocator_table, config_text
+
+    tables = config_tables(tomllib.loads(config_text({
+        "allocator": allocator_table(final_table, hold_ctx.max_len),
+        "scheduler": {"max_num_seqs": hold_ctx.scheduler.max_num_seqs,
+                      "max_num_batched_tokens": hold_ctx.scheduler.batched_tokens(hold_ctx.max_len)}}, "")), None)
+    check_spec = ReplaySpec(device=spec.device, model=spec.model, kv_dtype=spec.kv_dtype, predictor=spec.predictor,
+                            kv_pool_bytes=spec.kv_pool_bytes, tp=spec.tp, load=LoadOptions(skip=split))
+    held = run_policies(frame, ["odma"], check_spec, tables=tables, sustainable=sustainable_scale)["results"]["odma"]
+    runs = [("static", "static", {}, hold_ctx.max_len)]
+    if hold_ctx.max_len > STATIC_TIGHT_TOKENS:
+        runs.append((f"static@{STATIC_TIGHT_TOKENS}", "static", {}, STATIC_TIGHT_TOKENS))
+    runs += [("paged", "paged", {}, hold_ctx.max_len), ("s3", "s3", {}, hold_ctx.max_len)]
+    contexts = [hold_ctx if length == hold_ctx.max_len else dataclasses.replace(hold_ctx, max_len=length)
+                for *_, length in runs]
+    done = run_jobs([(c, table, policy, True) for c, (_, policy, table, _) in zip(contexts, runs)], spec.workers,
+                    "plan: validate on the later part", progress)
+    validation = {"odma": {"policy": "odma", "max_model_len": hold_ctx.max_len, "metrics": held["metrics"],
+                           "series": held["series"], "config": held["config"], "queue": held["queue"]}}
+    validation.update({name: result for (name, *_), result in zip(runs, done)})
+    jobs = [(name, c, policy, table) for c, (name, policy, table, _) in zip(contexts, runs)
+            if validation[name]["queue"]["overloaded"]]
+    found = run_jobs([(c, policy, table) for _, c, policy, table in jobs], spec.workers,
+                     "plan: rates the overloaded sustain", progress, fn=sustainable_scale)
+    for (name, *_), scale in zip(jobs, found):
+        validation[name]["queue"]["sustainable"] = scale
+    if target is not None:
+        every = [(hold_ctx, "odma", tables["allocator"])] + [(c, policy, table)
+                                                              for c, (_, policy, table, _) in zip(contexts, runs)]
+        scales = run_jobs([(c, policy, table, target) for c, policy, table in every], spec.workers,
+                          "plan: capacity on the later part", progress, fn=capacity_scale)
+        for name, scale in zip(validation, scales):
+            validation[name]["metrics"] = {**validation[name]["metrics"], "capacity_rate_scale": scale}
+    return validation
+
+
+def _gate(odma: dict, spec: PlanSpec) -> dict:
+    """The recommendation's held-out replay against the [thresholds] plan writes, judged by
+    gate.thresholds.evaluate, the evaluation `check` runs."""
+    from odmactl.plan.config import thresholds
+
+    limits = thresholds(spec, odma["metrics"]["kv_utilization"])
+    verdicts = evaluate({"results": {"odma": odma}}, "odma", limits)
+    return {"passed": all(v.passed for v in verdicts), "thresholds": dataclasses.asdict(limits),
+            "verdicts": [dataclasses.asdict(v) | {"text": v.text} for v in verdicts]}
+
+
+OBJECTIVE_METRIC = {"tps": "tps", "utilization": "kv_utilization", "capacity": "capacity_rate_scale"}
+REGRESSION_SHARE = 0.10  # a latency p99 this much above static's is flagged as a regression
+TIE_SHARE = 0.001  # policies within this share of the best value tie with it
+
+
+def verdict(validation: dict, objective: str) -> dict:
+    """What wins on the held-out part: the best policy by the objective's metric (the recommendation
+    among them, first when it ties) of those that serve at least the requests it serves (no more
+    rejected or truncated), those within TIE_SHARE of it,
+    how the recommendation compares with each, and its latency regressions against static (p99
+    TTFT or TPOT more than REGRESSION_SHARE above static's)."""
+    key = OBJECTIVE_METRIC[objective]
+    values = {name: v["metrics"][key] for name, v in validation.items()}
+    unserved = {name: v["metrics"]["rejections"] + v["metrics"]["truncated"] for name, v in validation.items()}
+    # a policy that rejects or truncates more requests than the recommendation serves other work: no contest
+    comparable = [name for name in values if unserved[name] <= unserved["odma"]]
+    top = max(values[name] for name in comparable)
+    leaders = [name for name in comparable if values[name] >= top * (1.0 - TIE_SHARE)]
+    best = "odma" if "odma" in leaders else max(leaders, key=lambda name: values[name])
+    tied = [name for name in leaders if name != best]
+    odma = values["odma"]
+    compared = {name: {"value": value, "odma_change": odma / value - 1.0 if value > 0 else None,
+                       "comparable": name in comparable, "unserved": unserved[name]}
+                for name, value in values.items() if name != "odma"}
+    static = validation["static"]["metrics"]
+    mine = validation["odma"]["metrics"]
+    regressions = [{"metric": m, "odma": mine[m], "static": static[m]} for m in ("ttft_p99", "tpot_p99")
+                   if mine[m] > static[m] * (1.0 + REGRESSION_SHARE)]
+    return {"metric": key, "best": best, "tied_with": tied, "odma_is_best": best == "odma", "odma_value": odma,
+            "best_value": values[best],
+            "against": compared, "regressions_vs_static": regressions}
 
 
 def _against(validation: dict) -> dict:
@@ -190,6 +397,6 @@ def _estimate_row(e: dict) -> dict:
     num_buckets and levels) and its cheap estimate."""
     c: Candidate = e["candidate"]
     settings = {f.name: getattr(c, f.name) for f in dataclasses.fields(Candidate)}
-    settings["tau"] = c.config_tau
+    settings["tau"] = tau_setting(c.tau)
     return {"label": c.label, "settings": settings,
             "estimate": {k: e[k] for k in ("overflow_rate", "kv_utilization", "capacity_index", "routed_large")}}

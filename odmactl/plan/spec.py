@@ -21,6 +21,7 @@ class PlanSpec(ServingSpec):
     predictor: str = "oracle"
     objective: str = "tps"
     max_overflow_rate: float = 0.005  # --max-migration-rate: (migrations + preemptions) / requests
+    max_rejection_rate: float = 0.0  # --max-rejection-rate: rejected / requests (prompts past max_model_len)
     ttft_p99_s: float | None = None
     holdout: float = 0.3
     replays: int = 12
@@ -34,6 +35,8 @@ class PlanSpec(ServingSpec):
             raise ConfigError(f"--objective expects one of {', '.join(OBJECTIVES)}, got '{self.objective}'")
         if not 0.0 <= self.max_overflow_rate <= 1.0:
             raise ConfigError(f"--max-migration-rate must be in [0, 1], got {self.max_overflow_rate}")
+        if not 0.0 <= self.max_rejection_rate < 1.0:
+            raise ConfigError(f"--max-rejection-rate must be in [0, 1), got {self.max_rejection_rate}")
         if self.ttft_p99_s is not None and not self.ttft_p99_s > 0:
             raise ConfigError(f"--ttft-p99 must be > 0 seconds, got {self.ttft_p99_s}")
         low, high = HOLDOUT_RANGE

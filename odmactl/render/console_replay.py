@@ -8,7 +8,14 @@ from rich.table import Table
 
 from odmactl.core.units import format_bytes, format_seconds
 from odmactl.render.metrics import CAPACITY_KEYS, METRICS, PLAN_KEYS, REPLAY_KEYS, format_metric, metric_rows
+from odmactl.render.plan_text import holdout_title, plan_headline
 from odmactl.render.tables import deployment, narrow_table
+from odmactl.render.warnings import mismatch_lines, replay_warnings
+
+
+def _warn(console: Console, lines: list[str]) -> None:
+    for line in lines:
+        console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False)
 
 
 def _policies_table(results: dict, keys: tuple[str, ...], title: str | None = None) -> Table:
@@ -41,6 +48,7 @@ def render_replay(console: Console, doc: dict) -> None:
     measured = {p: r["on_device"] for p, r in doc["results"].items() if "on_device" in r}
     if measured:
         _render_on_device(console, measured)
+    _warn(console, replay_warnings(doc))
 
 
 def _render_on_device(console: Console, measured: dict[str, dict]) -> None:
@@ -84,12 +92,15 @@ def render_check(console: Console, doc: dict, policy: str, verdicts: list, passe
                       "[green]pass[/]" if v.passed else "[bold red]FAIL[/]")
     console.print(table)
     console.print(_policies_table(doc["results"], REPLAY_KEYS))
+    _warn(console, replay_warnings(doc))
     console.print("[bold green]PASS[/]" if passed else
                   f"[bold red]FAIL[/]: {sum(not v.passed for v in verdicts)} of {len(verdicts)} thresholds violated")
 
 
 def render_plan(console: Console, doc: dict, written: list[str]) -> None:
-    """The recommendation, then every policy on the held-out part, side by side."""
+    """The headline (`plan_headline`), the recommendation, then every policy on the held-out part."""
+    for style, line in plan_headline(doc):
+        console.print(f"[{style}]{escape(line)}[/]", highlight=False)
     t = doc["trace"]
     console.print(escape(f"{t['path']}: {t['requests']:,} requests, {deployment(doc)}, predictor "
                          f"{doc['predictor']}; searched on the first {t['search_requests']:,}, validated on the last "
@@ -100,25 +111,16 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
     a = doc["chosen"]["allocator"]
     bounds = a["boundaries_tokens"]
     shown = str(bounds) if len(bounds) <= 16 else f"{len(bounds)} from {bounds[0]:,} to {bounds[-1]:,} (all in the config)"
-    console.print(f"[bold]recommended[/]: {doc['chosen']['label']}; boundaries {escape(shown)} "
+    console.print(f"[bold]recommended[/]: {escape(doc['chosen']['label'])}; boundaries {escape(shown)} "
                   f"tokens, max_model_len {doc['max_model_len']:,}", highlight=False)
     if doc["objective"] == "capacity":
         chosen = next(r for r in doc["search"]["replays"] if r["label"] == doc["chosen"]["label"])
         limits = ", ".join(f"{m} <= {format_seconds(v)}" for m, v in doc["slo"].items())
         console.print(escape(f"capacity objective: the pick sustains {chosen['measured']['capacity_rate_scale']:.3f}x the "
                              f"search part's arrival rate within {limits} (bisected by replay)"), highlight=False)
-    console.print(_policies_table(doc["validation"], PLAN_KEYS, title="held-out later part"))
-    lines = [f"{name}: KV utilization {d['kv_utilization_points']:+.1f} points, TPS {format_metric('tps_gain', d['tps_gain'])}"
-             for name, d in doc["against_baselines"].items()]
-    console.print(escape("recommended odma against " + "; ".join(lines)), highlight=False)
-    faster = [name for name, d in doc["against_baselines"].items() if d["tps_gain"] < 0]
-    if faster:
-        console.print(f"[yellow]note:[/] {escape(', '.join(faster))} served more tokens per second than the recommended "
-                      "odma on the held-out part", highlight=False)
-    if not doc["constraints_met_on_search"]:
-        console.print("[bold red]warning:[/] no replayed candidate met every constraint on the search part; the "
-                      "closest is recommended (the config says constraints_met_on_search = false)", highlight=False)
-    console.print(escape(f"wrote {', '.join(written)}"), highlight=False)
+    keys = PLAN_KEYS + (("capacity_rate_scale",) if doc["objective"] == "capacity" else ())
+    console.print(_policies_table(doc["validation"], keys, title=holdout_title(doc)))
+    console.print(escape(f"wrote {', '.join(written)}" if written else "wrote nothing"), highlight=False)
 
 
 def capacity_value(row: dict, key: str) -> str:
@@ -155,6 +157,7 @@ def render_capacity(console: Console, doc: dict) -> None:
     if odd:
         console.print(escape(f"warning: the SLO failed below the reported rate for {', '.join(odd)} (not monotone): "
                              "see failed_below_at_scale in --json"), highlight=False)
+    _warn(console, mismatch_lines(doc))
     console.print(escape(f"rates bracketed to {doc['tolerance']:.0%}: the SLO holds at the rate shown and fails "
                          "at the next one tried; rejected requests (never fit) do not count against it"),
                   highlight=False)

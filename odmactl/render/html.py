@@ -17,7 +17,9 @@ import numpy as np
 
 from odmactl.core.units import format_bytes
 from odmactl.render.metrics import CAPACITY_KEYS, METRICS, PLAN_KEYS, format_metric, metric_rows
+from odmactl.render.plan_text import failure_message, holdout_title, plan_headline
 from odmactl.render.tables import deployment
+from odmactl.render.warnings import mismatch_lines
 from odmactl.rules.s3 import s3_capacities
 
 
@@ -97,15 +99,31 @@ def _occupancy(doc: dict) -> str:
     return _png(fig)
 
 
-def write_plan_report(doc: dict, config: dict, path: Path) -> None:
+HEADLINE_COLOURS = {"bold red": "#b00020", "bold yellow": "#8a6d00", "yellow": "#8a6d00", "bold green": "#1b6e20",
+                    "green": "#1b6e20"}
+
+
+def write_plan_report(doc: dict, config: dict | None, path: Path) -> None:
+    """The report; `config` is the config written, None when the recommendation failed its gate
+    (the report then says why and shows the closest candidate's settings)."""
     import matplotlib
 
     matplotlib.use("Agg")
     esc = html.escape
     t = doc["trace"]
     head = "".join(f"<th>{esc(name)}</th>" for name in doc["validation"])
+    keys = PLAN_KEYS + (("capacity_rate_scale",) if doc["objective"] == "capacity" else ())
     body = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>"
-                   for row in metric_rows(doc["validation"], PLAN_KEYS))
+                   for row in metric_rows(doc["validation"], keys))
+    headline = "".join(f'<p style="color:{HEADLINE_COLOURS[style]}"><b>{esc(line)}</b></p>'
+                       for style, line in plan_headline(doc))
+    if config is None:
+        headline += f'<p style="color:#b00020"><b>{esc(failure_message(doc, "the config"))}</b></p>'
+        settings = {"max_model_len_tokens": doc["max_model_len"], **doc["chosen"]["allocator"]}
+    else:
+        settings = config["allocator"]
+    engine = "" if config is None else "<h2>[engine.vllm]: the vLLM launch settings</h2><table>" + "".join(
+        f"<tr><td>{esc(k)}</td><td>{esc(str(v))}</td></tr>" for k, v in config["engine"]["vllm"].items()) + "</table>"
     replays = "".join(f"<tr><td>{esc(r['label'])}</td><td>{format_metric('kv_utilization', r['estimate']['kv_utilization'])}</td>"
                       f"<td>{format_metric('overflow_rate', r['estimate']['overflow_rate'])}</td>"
                       f"<td>{format_metric('kv_utilization', r['measured']['kv_utilization'])}</td>"
@@ -113,13 +131,15 @@ def write_plan_report(doc: dict, config: dict, path: Path) -> None:
                       f"<td>{format_metric('tps', r['measured']['tps'])}</td>"
                       f"<td>{format_metric('rejections', r['measured']['rejections'])}</td></tr>"
                       for r in doc["search"]["replays"])
-    allocator = "".join(f"<tr><td>{esc(k)}</td><td>{esc(str(v))}</td></tr>" for k, v in config["allocator"].items())
+    allocator = "".join(f"<tr><td>{esc(k)}</td><td style=\"text-align:left\">{esc(str(v))}</td></tr>"
+                        for k, v in settings.items())
     text = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>odmactl plan: {esc(t['path'])}</title>
 <style>body{{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child{{text-align:left}}img{{max-width:100%}}</style>
 </head><body>
 <h1>odmactl plan</h1>
+{headline}
 <p><code>{esc(t['path'])}</code>: {t['requests']:,} requests; {esc(deployment(doc))}; predictor
 <code>{esc(doc['predictor'])}</code>; KV pool {format_bytes(doc['kv_pool_bytes'])}; max_model_len {doc['max_model_len']:,}.
 Searched on the first {t['search_requests']:,} requests, validated on the last {t['holdout_requests']:,}.</p>
@@ -128,8 +148,10 @@ Searched on the first {t['search_requests']:,} requests, validated on the last {
 Recommended: <b>{esc(doc['chosen']['label'])}</b>{'' if doc['constraints_met_on_search'] else
 ' (no replayed candidate met every constraint: the closest is shown)'}.</p>
 <h2>Held-out later part: the recommendation against the baselines</h2>
+<p>{esc(holdout_title(doc))}</p>
 <table><tr><th>metric</th>{head}</tr>{body}</table>
-<h2>Recommended [allocator]</h2><table>{allocator}</table>
+<h2>{'Recommended' if config is not None else 'Closest candidate (not written)'} [allocator]</h2><table>{allocator}</table>
+{engine}
 <h2>Utilization against overflow rate: the Pareto front</h2><img src="data:image/png;base64,{_pareto(doc)}">
 <h2>Bucket boundaries over the held-out lengths</h2><img src="data:image/png;base64,{_boundaries(doc)}">
 <h2>Pool occupancy over time (held-out part)</h2><img src="data:image/png;base64,{_occupancy(doc)}">
@@ -157,12 +179,14 @@ def write_capacity_report(doc: dict, path: Path) -> None:
     notes += "".join(f"<li>{esc(r['policy'])} tp {r['tp']}: the SLO failed below the reported rate (not monotone)</li>"
                      for r in doc["rows"] if not r["monotone"])
     target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the trace's busiest 10 minutes)" if doc["target_is_peak"] else "")
+    warned = "".join(f'<p style="color:#8a6d00"><b>warning: {esc(line)}</b></p>' for line in mismatch_lines(doc))
     text = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>odmactl capacity: {esc(t['path'])}</title>
 <style>body{{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child{{text-align:left;white-space:nowrap}}img{{max-width:100%}}</style>
 </head><body>
 <h1>odmactl capacity</h1>
+{warned}
 <p><code>{esc(t['path'])}</code>: {t['requests']:,} requests at {t['mean_rate_per_s']:,.3f} req/s; {esc(doc['model'])} on
 {esc(doc['device'])}; predictor <code>{esc(doc['predictor'])}</code>. SLO: <b>{esc(doc['slo_label'])}</b>; odma and s3 at most
 {format_metric('migration_rate', doc['max_migration_rate'])} migrations. Rates bracketed to {doc['tolerance']:.0%} by replay;

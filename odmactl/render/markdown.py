@@ -6,6 +6,7 @@ from pathlib import Path
 
 from odmactl.render.metrics import CHECK_SUMMARY_KEYS, metric_rows
 from odmactl.render.tables import deployment
+from odmactl.render.warnings import replay_warnings
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -27,4 +28,7 @@ def check_markdown(verdicts: list, doc: dict, policy: str, config: Path | None) 
                             [[v.name, v.metric, f"{v.comparison} {v.threshold_text}", v.value_text,
                               "pass" if v.passed else "**FAIL**"] for v in verdicts])
     lines += [""] + markdown_table(["metric", *doc["results"]], metric_rows(doc["results"], CHECK_SUMMARY_KEYS))
+    warnings = replay_warnings(doc)
+    if warnings:
+        lines += [""] + [f"> **warning:** {line}" for line in warnings]
     return "\n".join(lines) + "\n"

@@ -53,6 +53,8 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
     Metric("rejections", "rejected", "", COUNT),
     Metric("peak_concurrency", "peak conc.", "", COUNT),
     Metric("completed", "completed", "", COUNT),
+    Metric("truncated", "truncated", "", COUNT),
+    Metric("capacity_rate_scale", "rate at SLO", "x trace", ".3f"),
     Metric("tps_gain", "TPS gain", "%", GAIN),
     # odmactl capacity: per engine (a replica of tp devices) and per device, at the SLO
     Metric("max_rate_per_replica", "req/s per engine", "", ",.2f"),
@@ -68,8 +70,8 @@ CAPACITY_KEYS = ("max_rate_per_replica", "max_rate_per_device", "output_tps_per_
 
 REPLAY_KEYS = ("kv_utilization", "pool_occupancy", "tps", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
                "migration_rate", "overflow_rate", "preemptions", "rejections", "peak_concurrency", "completed")
-PLAN_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate", "rejections", "preemptions", "ttft_p99",
-             "tpot_p99", "peak_concurrency")
+PLAN_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate", "rejections", "truncated", "preemptions",
+             "ttft_p99", "tpot_p99", "peak_concurrency")
 CHECK_SUMMARY_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate", "rejections", "ttft_p99",
                       "peak_concurrency")
 

@@ -7,6 +7,8 @@ from bisect import bisect_left
 
 import numpy as np
 
+LEVEL_SHAPES = ("equal", "tail")  # named quantile levels (`shaped_levels`)
+
 
 def bucket_levels(num_buckets: int, levels: tuple[float, ...] | None = None) -> tuple[float, ...]:
     """The quantile levels of B buckets: `levels` when given (strictly increasing in (0, 1], the last
@@ -14,6 +16,18 @@ def bucket_levels(num_buckets: int, levels: tuple[float, ...] | None = None) -> 
     if levels:
         return tuple(float(x) for x in levels)
     return tuple(i / num_buckets for i in range(1, num_buckets + 1))
+
+
+def shaped_levels(num_buckets: int, shape: str) -> tuple[float, ...]:
+    """The levels a shape names: "equal" is i/B (ODMA eq. 2, equal occupancy); "tail" is
+    1 - (1 - i/B)^2, finer buckets in the long tail, where rounding a request up costs the most
+    (rounded to 6 places, as a config writes them)."""
+    equal = bucket_levels(num_buckets)
+    if shape == "equal":
+        return equal
+    if shape == "tail":
+        return tuple(round(1.0 - (1.0 - level) ** 2, 6) for level in equal)
+    raise ValueError(f"unknown level shape {shape!r} (known: {', '.join(LEVEL_SHAPES)})")
 
 
 def quantile_boundaries(kv_tokens: np.ndarray, num_buckets: int, *, granularity_tokens: int = 16,

@@ -67,7 +67,7 @@ def group_costs(prompt: np.ndarray, output: np.ndarray, max_len: int,
     reservation is one max_model_len block (`overflow_to_max`) or its own length (no cost)."""
     kv = np.minimum(prompt + output, max_len)
     outgrown_cost = np.full(kv.size, float(max_len)) if overflow_to_max else kv.astype(np.float64)
-    candidates = np.unique(output)
+    candidates = np.unique(np.maximum(output, 1))  # a request generates a token (a prompt at max_len: none fits)
     reserved = np.empty(candidates.size)
     over = np.empty(candidates.size)
     for lo in range(0, candidates.size, 256):

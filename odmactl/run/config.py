@@ -1,5 +1,11 @@
-"""The config TOML `plan` writes and `replay --config` and `check` read: its tables, and how it
-names the predictor it was planned with."""
+"""The config TOML `plan` writes and `replay --config`, `check` and `capacity --config` read: its
+tables, how it names the predictor it was planned with, and how a run differs from what it was
+planned for (`mismatches`).
+
+Tables: [allocator], [scheduler] and [thresholds] are settings the commands apply; [plan] records
+what the config was planned for (device, model, kv_dtype, tp, the KV pool, the predictor, the trace,
+the expected metrics); [engine.*] restates the settings in serving engines' terms (plan/engine.py)
+and is not read back. A config from before [plan] keeps that record in [meta], read the same way."""
 
 from __future__ import annotations
 
@@ -11,9 +17,13 @@ from odmactl.allocator import AllocatorConfig
 from odmactl.core.errors import ConfigError
 from odmactl.core.tomltable import TomlTable, load_toml
 from odmactl.predict.source import PREDICTOR_CHOICES
+from odmactl.run.serving import Serving
 from odmactl.sim.loop import SchedulerSettings
 
 CONFIG_TABLES = ("allocator", "scheduler", "thresholds")
+RECORD_TABLES = ("plan", "engine")  # what plan records and restates; "meta" is [plan]'s older name
+# [plan] keys a run is compared with (`mismatches`), and the type each must have
+PLAN_RECORD = {"device": str, "model": str, "kv_dtype": str, "tp": int, "kv_pool_bytes": int, "predictor": str}
 RUN_ONLY = ("fast_forward", "series_points")  # SchedulerSettings a command sets, never a config file
 
 
@@ -27,7 +37,7 @@ def predictor_for_config(predictor: str, config_path: Path) -> str:
 
 
 def predictor_from_config(named: str, config_path: Path) -> str:
-    """The predictor a config's [meta] names (`predictor_for_config`), resolved against its folder."""
+    """The predictor a config's [plan] names (`predictor_for_config`), resolved against its folder."""
     if named in PREDICTOR_CHOICES or Path(named).is_absolute():
         return named
     return str(config_path.parent / named)
@@ -43,27 +53,48 @@ def scheduler_settings(table: dict, source: Path | None = None, **overrides) -> 
 def read_config(path: Path | None) -> dict[str, dict]:
     """The tables of a config TOML (plan's output), checked (`config_tables`); all empty without one."""
     if path is None:
-        return {name: {} for name in CONFIG_TABLES + ("meta",)}
+        return {name: {} for name in CONFIG_TABLES + ("plan",)}
     return config_tables(load_toml(path), path)
 
 
 def config_tables(data: dict, source: Path | None) -> dict[str, dict]:
     """A parsed config's tables: "allocator", "scheduler" and "thresholds" (read by gate/), each {}
-    when absent, and "meta" (plan's record: the predictor it chose with, the expected metrics);
-    unknown tables refused, and bad allocator and scheduler settings, naming `source` and the key."""
+    when absent, and "plan" (plan's record, from [plan] or an older config's [meta]); unknown tables
+    refused, and bad allocator and scheduler settings and record keys, naming `source` and the key."""
     top = TomlTable(data, source)
+    known = CONFIG_TABLES + RECORD_TABLES + ("meta",)
     for key in top.data:
-        if key not in CONFIG_TABLES and not key.startswith("meta"):
-            raise top.error(key, f"unknown table '{key}' (known: {', '.join(CONFIG_TABLES)}, meta*)")
+        if key not in known:
+            raise top.error(key, f"unknown table '{key}' (known: {', '.join(known)})")
     tables: dict[str, dict] = {}
-    for name in CONFIG_TABLES:
+    for name in CONFIG_TABLES + RECORD_TABLES:
         table = top.table(name, required=False)
         tables[name] = dict(table.data) if table is not None else {}
+    record = "plan" if "plan" in top.data or "meta" not in top.data else "meta"
     meta = top.table("meta", required=False)
-    tables["meta"] = dict(meta.data) if meta is not None else {}
-    if not isinstance(tables["meta"].get("predictor", ""), str):
-        raise ConfigError("'predictor' must be a string (an `odmactl fit` artifact folder, oracle or none)",
-                          file=source, key="meta.predictor")
+    if record == "meta":
+        tables["plan"] = dict(meta.data)
+    for key, kind in PLAN_RECORD.items():
+        value = tables["plan"].get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise ConfigError(f"expected {'a string' if kind is str else 'a whole number'}, got {value!r}",
+                              file=source, key=f"{record}.{key}")
+    del tables["engine"]
     AllocatorConfig.from_mapping(tables["allocator"], source=source, prefix="allocator")  # bad keys now
     scheduler_settings(tables["scheduler"], source)
     return tables
+
+
+def mismatches(record: dict, setup: Serving, kv_dtype: str) -> list[str]:
+    """How a run's deployment differs from the one a config's [plan] record (`record`) was planned
+    for: device, model, KV precision, tensor parallelism and KV pool, one line each (a key the
+    record lacks, as in an older config, is not compared)."""
+    ran = {"device": setup.device.name, "model": setup.full_model.name, "kv_dtype": kv_dtype, "tp": setup.tp,
+           "kv_pool_bytes": setup.pool_bytes}
+    out = []
+    for key, value in ran.items():
+        planned = record.get(key)
+        if planned is not None and planned != value:
+            out.append(f"{key}: planned for {planned:,}, run with {value:,}" if isinstance(value, int)
+                       else f"{key}: planned for {planned}, run with {value}")
+    return out

@@ -17,12 +17,12 @@ EXECUTORS = ("process", "ray")
 
 def replay_candidate(ctx: ReplayContext, table: dict, policy: str = "odma", series: bool = False) -> dict:
     """One replay of `policy` with the [allocator] settings `table` on the context's workload: its
-    metrics, or (series=True) metrics, time series and the config used."""
+    metrics, or (series=True) metrics, time series, the config used and the queue's growth."""
     result, config, _, _ = replay_policy(ctx, policy, table)
     if not series:
         return result.metrics
     return {"policy": policy, "max_model_len": ctx.max_len, "metrics": result.metrics, "series": result.series,
-            "config": config.to_mapping()}
+            "config": config.to_mapping(), "queue": result.queue}
 
 
 def run_jobs(jobs: list[tuple], workers: int, label: str, progress=None, fn=None, executor: str = "process") -> list:

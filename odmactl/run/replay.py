@@ -18,7 +18,7 @@ import polars as pl
 
 from odmactl.allocator import ALLOCATORS, AllocatorConfig, make_allocator
 from odmactl.core.errors import ConfigError
-from odmactl.run.config import predictor_from_config, read_config, scheduler_settings
+from odmactl.run.config import mismatches, predictor_from_config, read_config, scheduler_settings
 from odmactl.run.serving import Serving, default_max_model_len, serving
 from odmactl.run.spec import LoadOptions, ReplaySpec, ServingSpec
 from odmactl.run.workload import build_workload
@@ -36,6 +36,7 @@ class ReplayContext:
     workload: Workload
     max_len: int
     scheduler: SchedulerSettings
+    mismatches: tuple[str, ...] = ()  # how the deployment differs from the config's [plan] (allowed)
 
 
 class DeviceHooks(Protocol):
@@ -89,15 +90,22 @@ def prepare(frame: pl.DataFrame, spec: ServingSpec, setup: Serving, *, load: Loa
             tables: dict[str, dict] | None = None, config: Path | None = None, fast_forward: bool = True,
             policies: tuple[str, ...] = ()) -> tuple[ReplayContext, str]:
     """The context a command replays `policies` on, and the predictor's label: the load shaped, the
-    predictor named by the spec, else by the config's [meta] (what plan chose with); a policy that
+    predictor named by the spec, else by the config's [plan] (what plan chose with); a policy that
     sizes blocks from predictions (`uses_predictions`) is refused when neither names one, unless
     the spec says `none`. max_model_len from the spec, the config (`tables`, read from `config`),
-    or the trace's longest request; the scheduler from the config's [scheduler] and the spec."""
+    or the trace's longest request; the scheduler from the config's [scheduler] and the spec. A
+    config planned for another deployment (run/config.mismatches) is refused unless the spec allows
+    it; the context keeps what differs."""
     if tables is None:
         tables = read_config(config)
     predictor = spec.predictor
-    if predictor is None and "predictor" in tables["meta"]:
-        named = tables["meta"]["predictor"]
+    found = mismatches(tables["plan"], setup, spec.kv_dtype)
+    if found and not spec.allow_mismatch:
+        raise ConfigError(f"{config or 'the config'} was planned for another deployment: " + "; ".join(found),
+                          file=None, hint="run with the deployment it was planned for, re-plan for this one "
+                          "(`odmactl plan`), or pass --allow-mismatch to apply its settings anyway")
+    if predictor is None and "predictor" in tables["plan"]:
+        named = tables["plan"]["predictor"]
         predictor = predictor_from_config(named, config) if config is not None else named
     if predictor is None:
         needing = [p for p in policies if ALLOCATORS[p].uses_predictions]
@@ -121,7 +129,7 @@ def prepare(frame: pl.DataFrame, spec: ServingSpec, setup: Serving, *, load: Loa
                           f"({max_len:,}): a prompt of max_model_len could never be scheduled (vLLM refuses it too "
                           "without chunked prefill)", hint="raise --max-num-batched-tokens (or [scheduler] max_num_batched_tokens "
                           "in the config) or lower --max-model-len")
-    return ReplayContext(setup, workload, max_len, scheduler), label
+    return ReplayContext(setup, workload, max_len, scheduler, tuple(found)), label
 
 
 def _arrivals_label(load: LoadOptions, workload: Workload) -> str:
@@ -136,10 +144,12 @@ def _arrivals_label(load: LoadOptions, workload: Workload) -> str:
 
 def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, progress=None,
                  tables: dict[str, dict] | None = None, device: DeviceHooks | None = None,
-                 setup: Serving | None = None) -> dict:
+                 setup: Serving | None = None, sustainable=None) -> dict:
     """Replay the trace once per policy; returns the JSON-ready document (settings, one result each).
     `tables` is `read_config(spec.config)` when the caller has read it already; `setup` the serving
-    when the caller has built it (an on-device replay scales the model)."""
+    when the caller has built it (an on-device replay scales the model). A policy whose queue grew
+    through the run (sim/metrics.queue_growth) gets `sustainable(ctx, policy, table)` in its
+    "queue" section, when the caller passes that search (capacity/search.sustainable_scale)."""
     if tables is None:
         tables = read_config(spec.config)
     if setup is None:
@@ -150,8 +160,16 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
     for policy in policies:
         tick = (lambda label_, done, total, p=policy: progress(f"replay {p}", done, total)) if progress else None
         result, config, notes, section = replay_policy(ctx, policy, tables["allocator"], tick, device)
+        queue = dict(result.queue)
+        if queue["overloaded"] and sustainable is not None and device is None:
+            label_ = f"replay {policy}: overloaded, the rate it sustains"
+            if progress:
+                progress(label_, 0, 1)
+            queue["sustainable"] = sustainable(ctx, policy, tables["allocator"])
+            if progress:
+                progress(label_, 1, 1)
         results[policy] = {"metrics": result.metrics, "config": config.to_mapping(), "notes": notes,
-                           "allocator": result.allocator, "series": result.series}
+                           "allocator": result.allocator, "queue": queue, "series": result.series}
         if section is not None:
             results[policy]["on_device"] = section
     workload, scheduler = ctx.workload, ctx.scheduler
@@ -166,6 +184,6 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
         "kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token, "max_model_len": ctx.max_len,
         "predictor": label, "scheduler": {"max_num_seqs": scheduler.max_num_seqs,
                                           "max_num_batched_tokens": scheduler.batched_tokens(ctx.max_len)},
-        "time_advance": advance,
+        "time_advance": advance, "mismatches": list(ctx.mismatches),
         "results": results,
     }

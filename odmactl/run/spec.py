@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from odmactl.core.errors import ConfigError
-from odmactl.core.limits import MAX_NUM_SEQS, MAX_TOKENS, MAX_TP, check_seed, check_whole
+from odmactl.core.limits import MAX_NUM_SEQS, MAX_REQUESTS, MAX_TOKENS, MAX_TP, check_seed, check_whole
 
 
 def _positive_int(value: object, flag: str, high: int | None) -> None:
@@ -21,12 +21,14 @@ def _positive_int(value: object, flag: str, high: int | None) -> None:
 @dataclass(frozen=True)
 class LoadOptions:
     """`offline`: everything arrives at t=0; `rate_per_s`: timestamps rescaled to this mean rate
-    (Poisson arrivals, seeded, for a trace without timestamps); `limit`: the first N requests."""
+    (Poisson arrivals, seeded, for a trace without timestamps); `skip`: leave out the first N
+    requests (the part plan validated on starts after its search part); `limit`: then the first N."""
 
     rate_per_s: float | None = None
     offline: bool = False
     limit: int | None = None
     seed: int = 0
+    skip: int = 0
 
     def __post_init__(self) -> None:
         if self.rate_per_s is not None and not (self.rate_per_s > 0 and math.isfinite(self.rate_per_s)):
@@ -36,15 +38,16 @@ class LoadOptions:
         if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1):
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
         check_seed(self.seed)
+        check_whole(self.skip, 0, MAX_REQUESTS, "--skip")
 
 
 @dataclass(frozen=True)
 class ServingSpec:
     """The deployment a replay models: a model on a device profile (on `tp` of them, tensor
     parallel) at a KV precision, its KV pool (None: what the profile leaves), max_model_len and the
-    batch caps (None: derived or the
-    config's), and where predicted lengths come from (a fit artifact, `oracle` or `none`; None:
-    the config's [meta] predictor where the command reads a config)."""
+    batch caps (None: derived or the config's), and where predicted lengths come from (a fit
+    artifact, `oracle` or `none`; None: the config's [plan] predictor where the command reads a
+    config). A config planned for another deployment is refused unless `allow_mismatch`."""
 
     device: str
     model: str
@@ -55,6 +58,7 @@ class ServingSpec:
     max_num_batched_tokens: int | None = None
     kv_pool_bytes: int | None = None
     tp: int = 1  # tensor parallelism: the model split over this many devices of the profile
+    allow_mismatch: bool = False  # run a config's settings on another deployment than its [plan] (a warning)
 
     def __post_init__(self) -> None:
         _positive_int(self.max_model_len, "--max-model-len", MAX_TOKENS)

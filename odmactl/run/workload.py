@@ -28,7 +28,11 @@ def shape_arrivals(arrival_s: np.ndarray, load: LoadOptions) -> np.ndarray:
 
 
 def build_workload(frame: pl.DataFrame, load: LoadOptions, predictor: str) -> tuple[Workload, pl.DataFrame, str]:
-    """(the workload, the frame it was built from after --limit, the predictor's label)."""
+    """(the workload, the frame it was built from after --skip and --limit, the predictor's label)."""
+    if load.skip:
+        if load.skip >= frame.height:
+            raise ConfigError(f"--skip {load.skip:,} leaves none of the trace's {frame.height:,} requests")
+        frame = frame.slice(load.skip)
     if load.limit is not None:
         frame = frame.head(min(load.limit, frame.height))
     arrival_s = shape_arrivals(frame["arrival_s"].to_numpy().astype(np.float64), load)

@@ -20,6 +20,7 @@ class ReplayResult:
     allocator: dict[str, object]
     ttft_s: np.ndarray = field(repr=False)
     tpot_s: np.ndarray = field(repr=False)
+    queue: dict = field(default_factory=dict)  # `queue_growth`: whether the run was overloaded, and why
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,36 @@ def p50_p99(values: np.ndarray) -> tuple[float, float]:
     """The 50th and 99th percentiles (0 for no values); one selection for both levels, the same
     values as two np.percentile calls."""
     return tuple(float(v) for v in np.percentile(values, [50, 99])) if values.size else (0.0, 0.0)
+
+
+OVERLOAD_PARTS = 4  # the run's requests split by arrival into this many equal parts
+OVERLOAD_SPAN_SHARE = 0.05  # the last part's median wait must pass this share of the arrival span
+
+
+def queue_growth(timeline: Timeline) -> dict:
+    """Whether the queue grew through the run (overload), from the served requests' waits for
+    their first token (TTFT): they are split by arrival into OVERLOAD_PARTS equal parts, and the run
+    is overloaded when the last part's median wait is the longest of all, longer than the first
+    part's, and longer than OVERLOAD_SPAN_SHARE of the arrivals' span. A server that keeps up
+    drains its bursts, so its waits do not keep rising to the end, and they stay far below the
+    span (seconds against minutes or hours); an overloaded one is still behind when the arrivals
+    stop, by a wait that grows with the span. Not judged (overloaded False) for fewer than
+    OVERLOAD_PARTS served requests or when they all arrive at once (offline)."""
+    ok = timeline.done_ps >= 0
+    arrival = timeline.arrival_ps[ok]
+    span_s = float(arrival[-1] - arrival[0]) / PS if arrival.size else 0.0
+    every = timeline.arrival_ps
+    every_span_s = float(every[-1] - every[0]) / PS if every.size else 0.0
+    out = {"overloaded": False, "wait_p50_by_part_s": [], "arrival_span_s": span_s,
+           "arrival_rate_per_s": (every.size - 1) / every_span_s if every_span_s > 0 else None}
+    if arrival.size < OVERLOAD_PARTS or span_s <= 0:
+        return out
+    waits = (timeline.first_ps[ok] - arrival) / PS
+    medians = [float(np.median(part)) for part in np.array_split(waits, OVERLOAD_PARTS)]  # arrival order
+    last = medians[-1]
+    out["wait_p50_by_part_s"] = medians
+    out["overloaded"] = bool(last >= max(medians) and last > medians[0] and last > OVERLOAD_SPAN_SHARE * span_s)
+    return out
 
 
 def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
@@ -89,6 +120,8 @@ def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
         "prefill_iterations": c["prefill_iterations"],
         "makespan_s": span_ps / PS,
     }
+    queue = queue_growth(tl)
+    metrics["overloaded"] = queue["overloaded"]
     rows = series.rows
     series_out = {
         "time_s": [r[0] / PS for r in rows],
@@ -97,4 +130,4 @@ def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
         "queue_length": [r[3] for r in rows],
         "bucket_boundaries": [{"time_s": ts, "boundaries_tokens": b} for ts, b in boundaries],
     }
-    return ReplayResult(alloc.name, metrics, series_out, alloc.stats().to_dict(), ttft, tpot)
+    return ReplayResult(alloc.name, metrics, series_out, alloc.stats().to_dict(), ttft, tpot, queue)

@@ -1,0 +1,67 @@
+"""A plan in a serving engine's terms: the [engine.vllm] and [engine.odma] tables of the config.
+
+Every value is derived from the deployment plan replayed (device and model profiles, tp, KV pool,
+max_model_len, scheduler) and the recommended allocator settings, never copied from elsewhere:
+
+[engine.vllm] (vLLM's and Cambricon-vLLM's engine arguments, `vllm serve MODEL <serve_args>`):
+  tensor_parallel_size     tp
+  max_model_len            the max_model_len replayed
+  max_num_seqs             the scheduler's batch cap
+  max_num_batched_tokens   the scheduler's prefill budget of one iteration
+  block_size               the paged baseline's block (16 tokens, vLLM's default on CUDA)
+  num_gpu_blocks_override  the KV pool in blocks: pool tokens // block_size. Under tensor parallelism
+                           every worker holds the same block count, each for its share of the KV
+                           heads, so the count is the group's pool tokens over the block size
+  gpu_memory_utilization   the share of one device's memory the engine may take: its weights shard,
+                           the activation reserve and its share of the KV pool, over the device's
+                           capacity (rounded down to 4 places, so the pool still fits)
+  kv_cache_dtype           "auto" for 16-bit KV, "fp8" for fp8; int8, int4 and Oaken have no vLLM
+                           KV cache type (the key is left out and `note` says so)
+
+[engine.odma] (an engine with ODMA's allocator: one contiguous block per request):
+  kv_pool_bytes, kv_bytes_per_token   the pool and a token's KV bytes over the tp group
+  large_pool_bytes, large_pool_blocks the large pool as the allocator sizes it (whole max_model_len
+                                      blocks), main_pool_bytes the rest
+  bucket_block_bytes                  the starting bucket table in bytes: each [allocator]
+                                      boundary's block (the allocator refits it online)
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from odmactl.allocator import AllocatorConfig
+from odmactl.allocator.odma import large_pool_bytes
+from odmactl.run.serving import Serving
+
+VLLM_KV_CACHE_DTYPE = {"fp16": "auto", "bf16": "auto", "fp8": "fp8"}
+VLLM_ARGS = ("tensor_parallel_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+             "num_gpu_blocks_override", "gpu_memory_utilization", "kv_cache_dtype")
+
+
+def vllm_settings(setup: Serving, kv_dtype: str, max_len: int, max_num_seqs: int, max_num_batched_tokens: int) -> dict:
+    """[engine.vllm]: the launch settings the plan corresponds to (the module docstring)."""
+    block = AllocatorConfig().block_size_tokens
+    device = setup.device
+    per_device_bytes = setup.model.weight_bytes + device.activation_reserve_bytes + setup.pool_bytes / setup.tp
+    utilization = int(per_device_bytes / device.capacity_bytes * 10_000) / 10_000
+    out: dict = {"tensor_parallel_size": setup.tp, "max_model_len": max_len, "max_num_seqs": max_num_seqs,
+                 "max_num_batched_tokens": max_num_batched_tokens, "block_size": block,
+                 "num_gpu_blocks_override": setup.pool_tokens // block, "gpu_memory_utilization": utilization}
+    if kv_dtype in VLLM_KV_CACHE_DTYPE:
+        out["kv_cache_dtype"] = VLLM_KV_CACHE_DTYPE[kv_dtype]
+    else:
+        out["note"] = f"vLLM has no {kv_dtype} KV cache: this plan needs an engine that stores KV at {kv_dtype}"
+    out["serve_args"] = " ".join(f"--{key.replace('_', '-')} {shlex.quote(str(out[key]))}"
+                                 for key in VLLM_ARGS if key in out)
+    return out
+
+
+def odma_settings(setup: Serving, allocator: AllocatorConfig) -> dict:
+    """[engine.odma]: the pools and the starting bucket table in bytes (the module docstring)."""
+    block_bytes = allocator.max_model_len_tokens * setup.bytes_per_token
+    large = large_pool_bytes(setup.pool_bytes, block_bytes, allocator)
+    return {"kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token,
+            "main_pool_bytes": setup.pool_bytes - large, "large_pool_bytes": large,
+            "large_pool_blocks": large // block_bytes,
+            "bucket_block_bytes": [b * setup.bytes_per_token for b in allocator.boundaries_tokens]}

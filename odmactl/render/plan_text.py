@@ -1,0 +1,97 @@
+"""What plan's console output and HTML report say in words: the headline, the held-out table's
+title with the gate's bounds, why no config was written, and the config's opening comment."""
+
+from __future__ import annotations
+
+from odmactl.render.metrics import METRICS, format_metric
+from odmactl.render.tables import deployment
+from odmactl.render.warnings import overload_line
+
+
+def plan_headline(doc: dict) -> list[tuple[str, str]]:
+    """What plan's output says first, as (style, plain line) pairs: requests the deployment cannot
+    serve whole and what fixes it, which policy wins on the held-out part by the objective and how
+    the recommendation compares with each, latency regressions against static, the gate's outcome
+    and overloads. The console and the HTML report print the same lines."""
+    lines: list[tuple[str, str]] = []
+    fit = doc["pool_fit"]
+    if fit["over_max_model_len"] > 0:
+        why = fit["limit"]
+        line = (f"{fit['over_max_model_len']:.1%} of the requests do not fit max_model_len {fit['max_model_len']:,} "
+                f"({why}): {fit['rejected_prompt']:.1%} are rejected (prompt at or past it), the rest truncated; "
+                f"the longest needs {fit['longest_tokens']:,} KV tokens")
+        if fit["over_pool"] > 0:
+            line += f"; {fit['over_pool']:.1%} need more than the whole pool"
+        if fit["options"]:
+            line += "; " + ", ".join(f"--tp {o['tp']}: {o['pool_tokens']:,} tokens, " +
+                                     ("all fit" if o["over_half_pool"] == 0 else f"{o['over_half_pool']:.1%} too long")
+                                     for o in fit["options"])
+        lines.append(("bold yellow", line))
+    v = doc["verdict"]
+    metric = v["metric"]
+    title = METRICS[metric].title + (f" ({METRICS[metric].unit})" if METRICS[metric].unit not in ("", "%") else "")
+    def versus(name: str, a: dict) -> str:
+        if not a["comparable"]:
+            return f"{name} {format_metric(metric, a['value'])} (no contest: {a['unserved']:,} rejected or truncated)"
+        change = "" if a["odma_change"] is None else f" ({format_metric('tps_gain', a['odma_change'])} for odma)"
+        return f"{name} {format_metric(metric, a['value'])}{change}"
+
+    against = "; ".join(versus(name, a) for name, a in v["against"].items() if name != v["best"])
+    if v["odma_is_best"] and v["tied_with"]:
+        lines.append(("bold yellow", f"the recommended odma ties for best on the held-out part by {title} with "
+                                     f"{', '.join(v['tied_with'])}: {format_metric(metric, v['odma_value'])}; {against}"))
+    elif v["odma_is_best"]:
+        lines.append(("bold green", f"the recommended odma is best on the held-out part by {title}: "
+                                    f"{format_metric(metric, v['odma_value'])}; {against}"))
+    else:
+        lines.append(("bold red", f"{v['best']} is best on the held-out part by {title}, not odma: {v['best']} "
+                                  f"{format_metric(metric, v['best_value'])} against the recommended odma's "
+                                  f"{format_metric(metric, v['odma_value'])}; {against}"))
+    for r in v["regressions_vs_static"]:
+        lines.append(("bold yellow", f"latency regression against static: odma's {METRICS[r['metric']].title} "
+                                     f"{format_metric(r['metric'], r['odma'])} {METRICS[r['metric']].unit} against "
+                                     f"{format_metric(r['metric'], r['static'])} {METRICS[r['metric']].unit}"))
+    gate = doc["gate"]
+    checks = "; ".join(x["text"] for x in gate["verdicts"])
+    if gate["passed"]:
+        lines.append(("green", f"gate on the held-out part ([thresholds], as `check` runs it): PASS: {checks}"))
+    else:
+        lines.append(("bold red", f"gate on the held-out part ([thresholds], as `check` runs it): FAIL: {checks}"))
+    if not doc["constraints_met_on_search"]:
+        style = "bold yellow" if doc["holds"] else "bold red"
+        lines.append((style, "no replayed candidate met every constraint on the search part (with the margin for "
+                             "sampling noise); the closest is shown"))
+    line = overload_line(doc["validation"])
+    if line is not None:
+        lines.append(("yellow", line))
+    return lines
+
+
+def holdout_title(doc: dict) -> str:
+    """The held-out table's title, with the gate's bounds."""
+    g = doc["gate"]["thresholds"]
+    return (f"held-out later part; gate: overflow rate <= {format_metric('overflow_rate', g['max_overflow_rate'])}, "
+            f"rejected <= {format_metric('rejection_rate', g['max_rejection_rate'])}, KV util >= "
+            f"{format_metric('kv_utilization', g['min_utilization'])}")
+
+
+def failure_message(doc: dict, out_path) -> str:
+    """Why plan wrote no config: the constraints that fail and the candidate that came closest."""
+    failed = [x["text"] for x in doc["gate"]["verdicts"] if not x["passed"]]
+    where = "on the held-out part: " + "; ".join(failed) if failed else \
+        "on the search part (no replayed candidate met --ttft-p99 or the SLO)"
+    fix = ""
+    if doc["pool_fit"]["options"] and doc["pool_fit"]["over_max_model_len"] > 0:
+        whole = [o["tp"] for o in doc["pool_fit"]["options"] if o["over_half_pool"] == 0]
+        fix = f" ({doc['pool_fit']['over_max_model_len']:.1%} of the requests do not fit" + \
+              (f"; --tp {whole[0]} serves them all)" if whole else "; a device with more memory serves more)")
+    return (f"no config written to {out_path}: the closest candidate, {doc['chosen']['label']}, fails plan's own gate "
+            f"{where}{fix}")
+
+
+def config_heading(doc: dict) -> str:
+    """The comment lines a config starts with."""
+    return (f"odmactl plan: ODMA settings for {deployment(doc)}.\n"
+            "[plan]: what it was planned for and expects (check, replay and capacity compare it with each run);\n"
+            "[allocator], [scheduler], [thresholds]: what they apply; [engine.*]: the same in engines' terms\n"
+            "(README: \"Applying a plan\").")

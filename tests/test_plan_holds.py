@@ -1,0 +1,252 @@
+"""Plans that hold (issue 28): plan and check judge a config by one evaluation, a plan that fails its
+own gate writes no config, the large pool never takes more than half the KV pool, a config run on
+another deployment is refused, an overloaded replay says so, and the engine settings are derived
+from the profiles."""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+
+import numpy as np
+import pytest
+
+from odmactl.allocator import AllocatorConfig
+from odmactl.core.errors import ConfigError
+from odmactl.sim.metrics import OVERLOAD_SPAN_SHARE, Timeline, queue_growth
+from odmactl.sim.workload import PS
+
+DEVICE, MODEL = "mlu370-x4", "DeepSeek-R1-Distill-Qwen-7B"
+
+
+@pytest.fixture(scope="module")
+def trace(conv_sample_head):
+    return conv_sample_head(1500)
+
+
+@pytest.fixture(scope="module")
+def planned(trace, tmp_path_factory):
+    """A plan of the sample's first 1,500 requests (oracle): its JSON document and its config path."""
+    import contextlib
+    import io
+
+    from odmactl.cli import main
+
+    folder = tmp_path_factory.mktemp("planned")
+    out = folder / "odma.toml"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["plan", str(trace), "--device", DEVICE, "--model", MODEL, "--out", str(out),
+                     "--replays", "4", "--predictor", "oracle", "--json"])
+    assert code == 0
+    return json.loads(printed.getvalue()), out
+
+
+def test_plan_and_check_judge_the_held_out_part_alike(cli, trace, planned):
+    """check --skip (the search part) on the written config replays what plan validated on and
+    gives the same metrics and the same verdicts: one evaluation, so they cannot disagree."""
+    doc, out = planned
+    assert doc["gate"]["passed"] and doc["out"] == str(out)
+    config = tomllib.loads(out.read_text())
+    skip = config["plan"]["search_requests"]
+    assert skip == doc["trace"]["search_requests"] and f"--skip {skip}" in config["plan"]["validated_on"]
+    r = cli("check", trace, "--config", out, "--device", DEVICE, "--model", MODEL, "--skip", skip, "--json")
+    assert r.code == 0, r.err
+    checked = json.loads(r.out)
+    assert checked["metrics"]["odma"] == doc["validation"]["odma"]["metrics"]
+    assert [(v["name"], v["value"], v["passed"]) for v in checked["verdicts"]] == \
+        [(v["name"], v["value"], v["passed"]) for v in doc["gate"]["verdicts"]]
+    assert config["plan"]["expected"]["overflow_rate"] == checked["metrics"]["odma"]["overflow_rate"]
+
+
+def test_a_plan_that_fails_its_gate_writes_no_config(cli, trace, tmp_path):
+    """With max_model_len 1,024 some prompts are rejected by every policy; with no rejections
+    allowed the pick fails its gate: exit 1, the report says why, no config is written; allowing
+    them (--max-rejection-rate) passes and writes it."""
+    out, report = tmp_path / "c.toml", tmp_path / "r.html"
+    args = ["plan", trace, "--device", DEVICE, "--model", MODEL, "--predictor", "oracle", "--replays", "2",
+            "--max-model-len", "1024", "--out", out]
+    r = cli(*args, "--report", report, "--json")
+    assert r.code == 1 and not out.exists() and report.exists()
+    doc = json.loads(r.out)
+    rejected = doc["validation"]["odma"]["metrics"]["rejections"]
+    assert rejected > 0 and doc["out"] is None and not doc["gate"]["passed"]
+    failed = [v for v in doc["gate"]["verdicts"] if not v["passed"]]
+    assert [v["name"] for v in failed] == ["max_rejection_rate"]
+    assert "no config written" in r.err and "max_rejection_rate" not in r.err and "rejection_rate" in r.err
+    assert doc["chosen"]["label"] in r.err and "Traceback" not in r.err
+    assert "no config written" in " ".join(report.read_text().split())
+    share = rejected / doc["trace"]["holdout_requests"]
+    r = cli(*args, "--max-rejection-rate", f"{share + 0.01:.4f}")
+    assert r.code == 0 and out.exists(), r.err
+    assert tomllib.loads(out.read_text())["thresholds"]["max_rejection_rate"] == pytest.approx(share + 0.01, abs=1e-4)
+
+
+def test_the_large_pool_never_takes_more_than_half_the_pool(cli, trace, tmp_path):
+    """A pool of 12,000 tokens: plan's max_model_len stops at half of it (the default would cover
+    the trace's longest request), the large pool too, and the headline says how many requests
+    do not fit first; a --max-model-len past half the pool is refused."""
+    from odmactl.allocator.odma import large_pool_bytes
+    from odmactl.run.serving import serving
+
+    setup = serving(DEVICE, MODEL)
+    pool = f"{12_000 * setup.bytes_per_token} B"
+    out = tmp_path / "c.toml"
+    r = cli("plan", trace, "--device", DEVICE, "--model", MODEL, "--predictor", "oracle", "--replays", "2",
+            "--kv-pool", pool, "--max-rejection-rate", "0.5", "--out", out, "--json")
+    doc = json.loads(r.out)
+    # the default stops at half the pool; with rejections allowed, lower caps are searched too
+    searched = doc["max_model_lens_searched"]
+    assert searched[0] == 6000 == doc["pool_fit"]["half_pool_tokens"] and len(searched) > 1
+    assert all(cap < 6000 for cap in searched[1:]) and doc["max_model_len"] in searched
+    assert len({r["label"] for r in doc["search"]["estimates"]}) == doc["candidates"]
+    odma = AllocatorConfig.from_mapping(doc["validation"]["odma"]["config"])
+    assert odma.max_model_len_tokens == doc["max_model_len"] <= 6000
+    pool_bytes = doc["kv_pool_bytes"]
+    assert large_pool_bytes(pool_bytes, odma.max_model_len_tokens * setup.bytes_per_token, odma) <= pool_bytes // 2
+    if doc["gate"]["passed"]:
+        config = tomllib.loads(out.read_text())
+        assert config["allocator"]["max_model_len_tokens"] == config["engine"]["vllm"]["max_model_len"] == \
+            doc["max_model_len"]
+    r = cli("plan", trace, "--device", DEVICE, "--model", MODEL, "--predictor", "oracle", "--replays", "2",
+            "--kv-pool", pool, "--out", tmp_path / "e.toml", "--json")
+    doc = json.loads(r.out)
+    assert doc["max_model_lens_searched"] == [6000] and doc["pool_fit"]["limited_by_pool"]
+    assert doc["pool_fit"]["over_max_model_len"] > 0 and doc["validation"]["odma"]["metrics"]["peak_concurrency"] > 1
+    r = cli("plan", trace, "--device", DEVICE, "--model", MODEL, "--predictor", "oracle", "--replays", "2",
+            "--kv-pool", pool, "--out", tmp_path / "e.toml", "--force")
+    text = " ".join(r.out.split())
+    assert text.index("do not fit max_model_len 6,000 (half the KV pool of 12,000 tokens") < text.index("best on")
+    r = cli("plan", trace, "--device", DEVICE, "--model", MODEL, "--predictor", "oracle", "--kv-pool", pool,
+            "--max-model-len", "6016", "--out", tmp_path / "d.toml")
+    assert r.code == 1 and "more than half the KV pool" in r.err and not (tmp_path / "d.toml").exists()
+
+
+def test_a_config_run_on_another_deployment_is_refused_unless_allowed(cli, trace, planned, tmp_path):
+    _, out = planned
+    for args, words in [(["--device", "a100-80gb-sxm", "--model", MODEL], "device: planned for MLU370-X4"),
+                        (["--device", DEVICE, "--model", "llama-3-8b"], "model: planned for DeepSeek"),
+                        (["--device", DEVICE, "--model", MODEL, "--kv-dtype", "fp8"], "kv_dtype: planned for fp16"),
+                        (["--device", DEVICE, "--model", MODEL, "--kv-pool", "1 GiB"], "kv_pool_bytes")]:
+        for command in ("check", "replay"):
+            r = cli(command, trace, "--config", out, *args)
+            assert r.code == 1 and words in r.err and "--allow-mismatch" in r.err, (command, r.err)
+    r = cli("capacity", trace, "--config", out, "--device", DEVICE, "--model", MODEL, "--tp", "1,2",
+            "--slo", "ttft_p99=5s", "--policies", "odma")
+    assert r.code == 1 and "tp: planned for 1, run with 2" in r.err, r.err
+    md, junit = tmp_path / "c.md", tmp_path / "c.xml"
+    r = cli("check", trace, "--config", out, "--device", "a100-80gb-sxm", "--model", MODEL, "--allow-mismatch",
+            "--markdown", md, "--junit", junit)
+    assert "warning:" in r.out and "device: planned for MLU370-X4, run with A100-80GB-SXM" in " ".join(r.out.split())
+    assert "device: planned for MLU370-X4" in md.read_text() and 'name="warning"' in junit.read_text()
+
+
+def test_a_kv_pool_past_the_device_is_refused(cli, trace):
+    r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--kv-pool", "64 GiB", "--policy", "static")
+    assert r.code == 1 and "does not fit MLU370-X4" in r.err
+
+
+def _timeline(arrival_s, first_s) -> Timeline:
+    n = len(arrival_s)
+    arrival = (np.asarray(arrival_s) * PS).astype(np.int64)
+    first = (np.asarray(first_s) * PS).astype(np.int64)
+    ones = np.ones(n, dtype=np.int64)
+    return Timeline(arrival, first, first + PS, ones, ones, ones, int(arrival[0]))
+
+
+def test_queue_growth_by_hand():
+    """100 requests over 99 s. Waits rising to 20 s (over 5% of the span, 4.95 s) through the run:
+    overloaded. Bursts that drain (the same wait in every part), a rise below the share, and a
+    peak in the middle are not."""
+    arrival = np.arange(100.0)
+    rising = queue_growth(_timeline(arrival, arrival + np.linspace(0.1, 20.0, 100)))
+    assert rising["overloaded"] and rising["arrival_span_s"] == 99.0
+    assert rising["wait_p50_by_part_s"][-1] > OVERLOAD_SPAN_SHARE * 99.0
+    assert rising["arrival_rate_per_s"] == pytest.approx(1.0)
+    assert not queue_growth(_timeline(arrival, arrival + np.tile(np.linspace(0.1, 9.0, 5), 20)))["overloaded"]
+    assert not queue_growth(_timeline(arrival, arrival + np.linspace(0.1, 4.0, 100)))["overloaded"]
+    middle = np.concatenate([np.linspace(0.1, 30.0, 50), np.linspace(30.0, 0.1, 50)])
+    assert not queue_growth(_timeline(arrival, arrival + middle))["overloaded"]
+    assert not queue_growth(_timeline(np.zeros(100), np.linspace(0.1, 20.0, 100)))["overloaded"]  # offline
+
+
+def test_an_overloaded_replay_says_so_with_the_rate_it_sustains(cli, trace, tmp_path):
+    """The sample at 20 req/s swamps an MLU370: the replay flags it, finds the scale at which the
+    queue stops growing by replay, and the check's markdown carries the warning."""
+    r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "static", "--rate", "20", "--json")
+    queue = json.loads(r.out)["results"]["static"]["queue"]
+    assert queue["overloaded"] and 0 < queue["sustainable"]["rate_scale"] < 1
+    scale = queue["sustainable"]["rate_scale"]
+    r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "static", "--rate", str(20 * scale),
+            "--json")
+    assert not json.loads(r.out)["results"]["static"]["queue"]["overloaded"]
+    r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "static", "--rate", "20")
+    assert f"keeps up, times the trace's: static {scale:.3g}x (" in " ".join(r.out.split())
+    r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "static", "--offline", "--json")
+    assert not json.loads(r.out)["results"]["static"]["queue"]["overloaded"]
+
+
+def test_engine_settings_are_derived_from_the_profiles(planned):
+    """[engine.vllm]'s block count and memory share recomputed from the device and model profiles."""
+    from odmactl.hw.profiles import load_device, load_model
+    from odmactl.plan.engine import vllm_settings
+    from odmactl.run.serving import serving
+
+    doc, out = planned
+    config = tomllib.loads(out.read_text())
+    device, model = load_device(DEVICE), load_model(MODEL)
+    pool_bytes = int(device.capacity_bytes * device.memory_fraction - model.weight_bytes
+                     - device.activation_reserve_bytes)
+    kv_bytes = 2 * model.num_layers * model.num_kv_heads * model.head_dim * 2  # K and V, fp16
+    vllm = config["engine"]["vllm"]
+    assert vllm["num_gpu_blocks_override"] == pool_bytes // kv_bytes // 16 == config["plan"]["kv_pool_tokens"] // 16
+    assert vllm["gpu_memory_utilization"] == pytest.approx(device.memory_fraction, abs=1e-4)
+    assert vllm["max_model_len"] == config["allocator"]["max_model_len_tokens"] == doc["max_model_len"]
+    assert vllm["tensor_parallel_size"] == 1 and vllm["kv_cache_dtype"] == "auto" and vllm["block_size"] == 16
+    assert f"--num-gpu-blocks-override {vllm['num_gpu_blocks_override']}" in vllm["serve_args"]
+    # tp 2 on an A100 with a smaller pool: the blocks are the group's tokens, the share per device
+    a100, llama = load_device("a100-80gb-sxm"), load_model("llama-3-8b")
+    setup = serving("a100-80gb-sxm", "llama-3-8b", kv_pool_bytes=20 * 2 ** 30, tp=2)
+    got = vllm_settings(setup, "fp8", 8192, 128, 8192)
+    per_token = 2 * llama.num_layers * llama.num_kv_heads * llama.head_dim * 2
+    assert got["num_gpu_blocks_override"] == 20 * 2 ** 30 // per_token // 16
+    share = (llama.weight_bytes / 2 + a100.activation_reserve_bytes + 10 * 2 ** 30) / a100.capacity_bytes
+    assert got["gpu_memory_utilization"] == math.floor(share * 10_000) / 10_000 and got["kv_cache_dtype"] == "fp8"
+    assert "note" in vllm_settings(setup, "int4", 8192, 128, 8192)
+
+
+def test_the_config_is_readable(planned):
+    """[allocator] names the level shape and writes tau "never" (no 1e9, no per-bucket levels), the
+    boundaries once; [plan] records the deployment check compares."""
+    doc, out = planned
+    text = out.read_text()
+    config = tomllib.loads(text)
+    allocator = config["allocator"]
+    assert allocator["quantile_levels"] in ("equal", "tail") and "1000000000" not in text
+    assert text.count("boundaries_tokens") == 1
+    long = [line for line in text.splitlines() if len(line) > 100]  # a command line is a single string
+    assert all(line.startswith(("generated_by = ", "serve_args = ")) for line in long), long
+    assert isinstance(allocator["tau"], float) or allocator["tau"] == "never"
+    for key in ("device", "model", "kv_dtype", "tp", "kv_pool_bytes", "kv_pool_tokens", "predictor", "trace_digest"):
+        assert key in config["plan"], key
+    assert config["plan"]["kv_pool_bytes"] == doc["kv_pool_bytes"]
+    read = AllocatorConfig.from_mapping(allocator)
+    assert len(read.quantile_levels) == read.num_buckets and read.boundaries_tokens == tuple(allocator["boundaries_tokens"])
+
+
+def test_allocator_settings_by_name():
+    config = AllocatorConfig.from_mapping({"num_buckets": 4, "quantile_levels": "tail", "tau": "never"})
+    assert config.quantile_levels == (0.4375, 0.75, 0.9375, 1.0) and config.tau == math.inf
+    assert config.to_mapping()["tau"] == "never"
+    for bad, key in [({"tau": "sometimes"}, "allocator.tau"), ({"tau": -1}, "allocator.tau"),
+                     ({"quantile_levels": "steep"}, "allocator.quantile_levels"), ({"tau": True}, "allocator.tau")]:
+        with pytest.raises(ConfigError) as caught:
+            AllocatorConfig.from_mapping(bad, source="c.toml", prefix="allocator")
+        assert caught.value.key == key or key in str(caught.value)
+
+
+@pytest.mark.parametrize("value, words", [("-1", "--skip"), ("1500", "leaves none"), ("x", "--skip")])
+def test_skip_is_checked(cli, trace, value, words):
+    r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "static", "--skip", value)
+    assert r.code in (1, 2) and words in r.err and "Traceback" not in r.err, r.err
