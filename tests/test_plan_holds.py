@@ -128,7 +128,7 @@ def test_a_config_run_on_another_deployment_is_refused_unless_allowed(cli, trace
     for args, words in [(["--device", "a100-80gb-sxm", "--model", MODEL], "device: planned for MLU370-X4"),
                         (["--device", DEVICE, "--model", "llama-3-8b"], "model: planned for DeepSeek"),
                         (["--device", DEVICE, "--model", MODEL, "--kv-dtype", "fp8"], "kv_dtype: planned for fp16"),
-                        (["--device", DEVICE, "--model", MODEL, "--kv-pool", "1 GiB"], "kv_pool_bytes")]:
+                        (["--device", DEVICE, "--model", MODEL, "--kv-pool", "1 GiB"], "kv_pool_tokens")]:
         for command in ("check", "replay"):
             r = cli(command, trace, "--config", out, *args)
             assert r.code == 1 and words in r.err and "--allow-mismatch" in r.err, (command, r.err)
@@ -140,6 +140,34 @@ def test_a_config_run_on_another_deployment_is_refused_unless_allowed(cli, trace
             "--markdown", md, "--junit", junit)
     assert "warning:" in r.out and "device: planned for MLU370-X4, run with A100-80GB-SXM" in " ".join(r.out.split())
     assert "device: planned for MLU370-X4" in md.read_text() and 'name="warning"' in junit.read_text()
+    r = cli("check", trace, "--config", out, "--device", "a100-80gb-sxm", "--model", MODEL, "--allow-mismatch", "--json")
+    assert json.loads(r.out)["mismatches"][0] == "device: planned for MLU370-X4, run with A100-80GB-SXM"
+
+
+def test_hand_edited_records_and_settings_are_checked(cli, trace, planned, tmp_path):
+    """A config's [plan] record is checked where it is read: types, ranges, [plan] with [meta];
+    a name in another case is the same device; a scalar where a list belongs is named."""
+    _, out = planned
+    text = out.read_text()
+    for old, new, words in [('tp = 1\n', 'tp = 0\n', "plan.tp"), ('device = "MLU370-X4"', 'device = ""', "plan.device"),
+                            ('quantile_levels = "', 'quantile_levels = 3\n# "', "allocator.quantile_levels"),
+                            ("[plan]\n", "[meta]\ndevice = 'x'\n\n[plan]\n", "not both")]:
+        bad = tmp_path / "bad.toml"
+        bad.write_text(text.replace(old, new, 1))
+        r = cli("check", trace, "--config", bad, "--device", DEVICE, "--model", MODEL)
+        assert r.code == 1 and words in r.err and "internal error" not in r.err, (new, r.err)
+    same = tmp_path / "case.toml"
+    same.write_text(text.replace('device = "MLU370-X4"', 'device = "mlu370-x4"', 1))
+    r = cli("check", trace, "--config", same, "--device", DEVICE, "--model", MODEL)
+    assert "planned for another deployment" not in r.err, r.err
+
+
+def test_plan_refuses_what_no_engine_could_run(cli, trace, tmp_path):
+    for args, words in [(["--tp", "4", "--max-model-len", "200000"], "past DeepSeek-R1-Distill-Qwen-7B's 131,072 positions"),
+                        (["--kv-pool", "60 KiB"], "plan needs half of it")]:
+        r = cli("plan", trace, "--device", DEVICE, "--model", MODEL, "--predictor", "oracle", *args,
+                "--out", tmp_path / "c.toml")
+        assert r.code == 1 and words in r.err and not (tmp_path / "c.toml").exists(), r.err
 
 
 def test_a_kv_pool_past_the_device_is_refused(cli, trace):
@@ -182,7 +210,7 @@ def test_an_overloaded_replay_says_so_with_the_rate_it_sustains(cli, trace, tmp_
             "--json")
     assert not json.loads(r.out)["results"]["static"]["queue"]["overloaded"]
     r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "static", "--rate", "20")
-    assert f"keeps up, times the trace's: static {scale:.3g}x (" in " ".join(r.out.split())
+    assert f"times the arrival rate of the requests replayed: static {scale:.3g}x (" in " ".join(r.out.split())
     r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "static", "--offline", "--json")
     assert not json.loads(r.out)["results"]["static"]["queue"]["overloaded"]
 

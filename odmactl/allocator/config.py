@@ -71,6 +71,8 @@ class AllocatorConfig:
                 raise ConfigError(problem, key=name)
         if self.static_slot not in STATIC_SLOTS:
             raise ConfigError(f"expected one of {', '.join(STATIC_SLOTS)}, got {self.static_slot!r}", key="static_slot")
+        if self.max_new_tokens is not None and whole_number_problem(self.max_new_tokens, 1, MAX_TOKENS) is not None:
+            raise ConfigError(whole_number_problem(self.max_new_tokens, 1, MAX_TOKENS), key="max_new_tokens")
         if self.static_slot == "prompt_plus_max_new" and not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
             raise ConfigError("static_slot = 'prompt_plus_max_new' needs max_new_tokens >= 1", key="max_new_tokens")
         if self.refit_mode not in REFIT_MODES:
@@ -114,6 +116,11 @@ class AllocatorConfig:
             object.__setattr__(self, "tau", math.inf)
         elif isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)):
             raise ConfigError(f"expected a number >= 0 or \"{NEVER}\", got {self.tau!r}", key="tau")
+        for name in SEQUENCES:
+            value = getattr(self, name)
+            if not isinstance(value, (tuple, list)) and not (name == "quantile_levels" and isinstance(value, str)):
+                known = f" or one of {', '.join(LEVEL_SHAPES)}" if name == "quantile_levels" else ""
+                raise ConfigError(f"expected a list{known}, got {value!r}", key=name)
         if isinstance(self.quantile_levels, str):
             if self.quantile_levels not in LEVEL_SHAPES:
                 raise ConfigError(f"expected a list of levels or one of {', '.join(LEVEL_SHAPES)}, got "
@@ -126,8 +133,8 @@ class AllocatorConfig:
                      prefix: str = "") -> AllocatorConfig:
         """Build from a TOML table (`prefix` its name in the file, e.g. "allocator"); an unknown key or
         a bad value names the file and the key."""
-        def sequence(value):
-            return value if isinstance(value, str) else tuple(value)
+        def sequence(value):  # a list as a tuple; anything else as it is, for the checks to name
+            return tuple(value) if isinstance(value, list) else value
 
         return TomlTable(dict(data), source, prefix).to_dataclass(cls, convert={name: sequence for name in SEQUENCES})
 

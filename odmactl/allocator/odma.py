@@ -61,7 +61,7 @@ class OdmaAllocator(ContiguousAllocator):
             bounds = quantile_boundaries(window, config.num_buckets, granularity_tokens=config.granularity_tokens,
                                          max_tokens=max_len, levels=config.quantile_levels)
             config = dataclasses.replace(config, boundaries_tokens=bounds)
-            notes["initial_boundaries"] = f"quantiles of the first {window.size} requests' KV lengths"
+            notes["initial_boundaries"] = f"quantiles of the first {window.size:,} requests' KV lengths"
         block = max_len * bytes_per_token
         if config.large_pool_bytes is None and pool_bytes * config.large_pool_fraction < block:
             if block > pool_bytes:

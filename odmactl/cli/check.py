@@ -72,9 +72,10 @@ def check(
                             sustainable=sustainable_scale)
     doc = outcome.doc
     doc["trace"]["path"] = str(trace_path)
-    if out_path is not None:
+    if out_path is not None:  # the replay, with the verdicts
         with atomic_output(out_path, force=force) as tmp:
-            tmp.write_text(to_json(doc) + "\n")
+            summary = outcome.document(policy, config)
+            tmp.write_text(to_json({**doc, "passed": summary["passed"], "verdicts": summary["verdicts"]}) + "\n")
     if junit is not None:
         with atomic_output(junit, force=force) as tmp:
             tmp.write_text(junit_xml(outcome.verdicts, f"{trace_path.name} / {config.name} / {policy}", outcome.seconds,

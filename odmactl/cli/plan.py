@@ -87,6 +87,7 @@ def plan(
     else:
         render_plan(out, doc, [str(p) for p in written])
     if not holds:
-        print_error(failure_message(doc, out_path))
+        kept = f" (the existing {out_path} is left as it was)" if out_path.exists() else ""
+        print_error(failure_message(doc, out_path) + kept)
         return 1
     return 0

@@ -42,7 +42,9 @@ class CheckOutcome:
         """What `check --json` prints: the verdicts and every replayed policy's metrics."""
         return {"passed": self.passed, "policy": policy, "config": str(config),
                 "verdicts": [dataclasses.asdict(v) for v in self.verdicts],
-                "metrics": {p: r["metrics"] for p, r in self.doc["results"].items()}}
+                "metrics": {p: r["metrics"] for p, r in self.doc["results"].items()},
+                "mismatches": self.doc["mismatches"],
+                "queue": {p: r["queue"] for p, r in self.doc["results"].items()}}
 
 
 def prepare_check(config: Path, policy: str, flags: dict) -> CheckSetup:

@@ -23,20 +23,28 @@ def overflow_bound(m: dict) -> float:
     return (count + OVERFLOW_MARGIN_SE * math.sqrt(count)) / requests
 
 
+def violation(m: dict, spec: PlanSpec, margin: bool = True) -> float:
+    """How far a replay's metrics are from the constraints (0: it meets them all): the overflow rate
+    (with the margin for sampling noise, `overflow_bound`, unless `margin` is False), rejections
+    as check's max_rejection_rate counts them (plan/config.thresholds), TTFT p99 when bounded, and
+    with the capacity objective a rate that meets the SLO."""
+    overflow = overflow_bound(m) if margin else m["overflow_rate"]
+    over = max(0.0, overflow - spec.max_overflow_rate) + \
+        max(0.0, m["rejections"] / max(m["requests"], 1) - spec.max_rejection_rate)
+    if spec.ttft_p99_s is not None:
+        over += max(0.0, m["ttft_p99"] / spec.ttft_p99_s - 1.0)
+    if spec.objective == "capacity" and m["capacity_rate_scale"] <= 0:  # no rate meets the SLO
+        over += 1.0
+    return over
+
+
 def choose(replayed: list[tuple[dict, dict]], spec: PlanSpec) -> tuple[int, bool]:
     """Index of the chosen (estimate, metrics) pair and whether it meets every constraint."""
-    def violation(m: dict) -> float:
-        # rejections, counted as check's max_rejection_rate counts them (plan/config.thresholds)
-        over = max(0.0, overflow_bound(m) - spec.max_overflow_rate) + \
-            max(0.0, m["rejections"] / max(m["requests"], 1) - spec.max_rejection_rate)
-        if spec.ttft_p99_s is not None:
-            over += max(0.0, m["ttft_p99"] / spec.ttft_p99_s - 1.0)
-        if spec.objective == "capacity" and m["capacity_rate_scale"] <= 0:  # no rate meets the SLO
-            over += 1.0
-        return over
+    def violation_of(m: dict) -> float:
+        return violation(m, spec)
 
     key = {"tps": "tps", "utilization": "kv_utilization", "capacity": "capacity_rate_scale"}[spec.objective]
-    feasible = [i for i, (_, m) in enumerate(replayed) if violation(m) == 0.0]
+    feasible = [i for i, (_, m) in enumerate(replayed) if violation_of(m) == 0.0]
     if feasible:
         return max(feasible, key=lambda i: (replayed[i][1][key], replayed[i][1]["kv_utilization"], -i)), True
-    return min(range(len(replayed)), key=lambda i: (violation(replayed[i][1]), -replayed[i][1][key], i)), False
+    return min(range(len(replayed)), key=lambda i: (violation_of(replayed[i][1]), -replayed[i][1][key], i)), False

@@ -88,17 +88,19 @@ def candidate_grid(coverage_gamma: float | None = None, max_overflow_rate: float
 
 
 CAP_ROUND_TOKENS = 1024  # a max_model_len cap is rounded up to this
+MAX_UNSERVED_SHARE = 0.5  # no cap leaves more of the requests past it (plan refuses such a trace, too)
 
 
 def model_len_caps(kv_tokens: np.ndarray, default_len: int, max_rejection_rate: float) -> list[int]:
     """The max_model_len values plan searches: its default, then, when some requests may go
-    unserved (--max-rejection-rate r > 0), caps below it that leave at most r and r/2 of the search
-    part's requests past them (rejected, or truncated at the cap): the (1 - r) and (1 - r/2)
-    quantiles of their KV tokens, rounded up to CAP_ROUND_TOKENS. A lower cap shrinks the large
+    unserved (--max-rejection-rate r > 0, taken as at most MAX_UNSERVED_SHARE), caps below it that
+    leave at most r and r/2 of the search part's requests past them (rejected, or truncated at the
+    cap): the (1 - r) and (1 - r/2) quantiles of their KV tokens, rounded up to CAP_ROUND_TOKENS. A lower cap shrinks the large
     pool's blocks, which is where a long tail costs ODMA the most."""
     caps = [default_len]
-    if max_rejection_rate > 0 and kv_tokens.size:
-        for share in (max_rejection_rate, max_rejection_rate / 2):
+    allowed = min(max_rejection_rate, MAX_UNSERVED_SHARE)
+    if allowed > 0 and kv_tokens.size:
+        for share in (allowed, allowed / 2):
             q = float(np.quantile(kv_tokens, 1.0 - share, method="higher"))
             cap = -(-int(q) // CAP_ROUND_TOKENS) * CAP_ROUND_TOKENS
             if CAP_ROUND_TOKENS <= cap < default_len and cap not in caps:

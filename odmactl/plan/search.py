@@ -62,14 +62,17 @@ import tomllib
 import numpy as np
 import polars as pl
 
+from odmactl.allocator import AllocatorConfig
+from odmactl.allocator.odma import large_pool_bytes
 from odmactl.capacity.run import trace_rates
 from odmactl.capacity.search import CapacityTarget, capacity_scale, sustainable_scale
 from odmactl.core.errors import ConfigError, OdmaError
 from odmactl.gate.thresholds import evaluate
 from odmactl.plan.bounds import distinct, estimate_all, rank
-from odmactl.plan.choose import choose
+from odmactl.plan.choose import choose, violation
 from odmactl.plan.grid import (
     HEDGE_FIT_SHARE,
+    MAX_UNSERVED_SHARE,
     Candidate,
     candidate_grid,
     coverage_gamma,
@@ -106,6 +109,14 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     if spec.objective == "capacity":
         trace_rates(frame["arrival_s"].to_numpy().astype(float))  # the arrivals must spread over time to be scaled
     half_pool = half_pool_tokens(setup.pool_tokens)
+    if half_pool < MIN_MODEL_LEN:
+        raise ConfigError(f"the KV pool of {deployment_name(setup)} holds {setup.pool_tokens:,} tokens; plan needs "
+                          f"half of it to hold a request of {MIN_MODEL_LEN} tokens at least",
+                          hint="a larger --kv-pool, --tp or device")
+    positions = setup.full_model.max_position_embeddings
+    if spec.max_model_len is not None and positions and spec.max_model_len > positions:
+        raise ConfigError(f"--max-model-len {spec.max_model_len:,} is past {setup.full_model.name}'s "
+                          f"{positions:,} positions (vLLM refuses it too)", hint=f"a --max-model-len up to {positions:,}")
     if spec.max_model_len is not None and spec.max_model_len > half_pool:
         raise ConfigError(f"--max-model-len {spec.max_model_len:,} is more than half the KV pool ({setup.pool_tokens:,} "
                           f"tokens on {deployment_name(setup)}): ODMA's large pool holds at least one max_model_len "
@@ -117,7 +128,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     workload, max_len = ctx.workload, ctx.max_len
     fit = pool_fit(workload, setup, spec, max_len)
     too_long = int((workload.prompt_tokens >= max_len).sum())
-    if too_long > workload.size // 2:
+    if too_long > workload.size * MAX_UNSERVED_SHARE:
         raise ConfigError(f"{too_long:,} of the {workload.size:,} requests have prompts of max_model_len ({max_len:,} "
                           f"tokens) or more and can never be served (KV pool {setup.pool_tokens:,} tokens on "
                           f"{deployment_name(setup)}): nothing worth planning is left",
@@ -184,11 +195,12 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
         "pool_fit": fit, "max_model_lens_searched": caps,
         "candidates": len(grid), "pruned": pruned, "replayed": len(replayed),
         "constraints_met_on_search": feasible,
-        "chosen": {"label": chosen.label, "allocator": final_table},
+        "chosen": {"label": chosen.label, "allocator": final_table,
+                   "large_pool_bytes": _large_pool(validation["odma"]["config"], setup)},
         "gate": gate,
-        # written only when the gate passes on the held-out part and, where plan had limits the
-        # gate has not (--ttft-p99, the capacity objective's SLO), a candidate met them on the search part
-        "holds": gate["passed"] and (feasible or (spec.ttft_p99_s is None and spec.objective != "capacity")),
+        # written only when the gate passes on the held-out part and the pick met every constraint on
+        # the search part, but for the margin for sampling noise
+        "holds": gate["passed"] and (feasible or violation(metrics[best], spec, margin=False) == 0.0),
         "verdict": verdict(validation, spec.objective),
         "search": {"estimates": [_estimate_row(e) for e in estimates],
                    "replays": [{**_estimate_row(e), "allocator": table, "measured": m}
@@ -211,10 +223,13 @@ def plan_max_model_len(longest_tokens: int, setup) -> int:
     return min(value, half_pool_tokens(setup.pool_tokens))
 
 
+MIN_MODEL_LEN = 64  # plan refuses a pool whose half holds fewer KV tokens
+
+
 def half_pool_tokens(pool_tokens: int, granularity: int = 16) -> int:
     """The longest max_model_len plan allows: half the KV pool, rounded down to the granularity
     (ODMA's large pool holds at least one max_model_len block and may take at most half the pool)."""
-    return max(granularity, pool_tokens // 2 // granularity * granularity)
+    return pool_tokens // 2 // granularity * granularity
 
 
 def deployment_name(setup) -> str:
@@ -247,7 +262,7 @@ def pool_fit(w: Workload, setup, spec: PlanSpec, max_len: int, capped: bool = Fa
            "rejected_prompt": float((w.prompt_tokens >= max_len).sum() / n),
            "over_pool": float((kv > setup.pool_tokens).sum() / n),
            "limited_by_pool": limit.startswith("half"), "options": []}
-    if out["over_max_model_len"] > 0 and out["limited_by_pool"]:
+    if out["over_max_model_len"] > 0 and out["limited_by_pool"] and spec.kv_pool_bytes is None:
         for tp in (t for t in TP_OPTIONS if t > setup.tp):
             try:
                 bigger = serving(spec.device, spec.model, spec.kv_dtype, None, tp=tp)
@@ -379,6 +394,13 @@ def _against(validation: dict) -> dict:
                      "tps_gain": odma["tps"] / m["tps"] - 1.0 if m["tps"] > 0 else math.inf,
                      "migration_rate_difference": odma["migration_rate"] - m["migration_rate"]}
     return out
+
+
+def _large_pool(config: dict, setup) -> int:
+    """The large pool the pick's held-out replay ran with: its fraction of the pool, raised to one
+    max_model_len block when smaller (OdmaAllocator.complete_config), in whole blocks."""
+    odma = AllocatorConfig.from_mapping(config)
+    return large_pool_bytes(setup.pool_bytes, odma.max_model_len_tokens * setup.bytes_per_token, odma)
 
 
 def _histogram(w: Workload, max_len: int, bins: int = 80) -> dict:

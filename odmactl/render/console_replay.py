@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -15,7 +17,13 @@ from odmactl.render.warnings import mismatch_lines, replay_warnings
 
 def _warn(console: Console, lines: list[str]) -> None:
     for line in lines:
-        console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False)
+        _wrapped(console, f"warning: {line}", "yellow")
+
+
+def _wrapped(console: Console, line: str, style: str) -> None:
+    """A long line in `style`, wrapped at the console's width without trailing spaces."""
+    for piece in textwrap.wrap(line, width=max(console.width, 40), break_on_hyphens=False) or [""]:
+        console.print(f"[{style}]{escape(piece)}[/]", highlight=False, soft_wrap=True)
 
 
 def _policies_table(results: dict, keys: tuple[str, ...], title: str | None = None) -> Table:
@@ -100,26 +108,34 @@ def render_check(console: Console, doc: dict, policy: str, verdicts: list, passe
 def render_plan(console: Console, doc: dict, written: list[str]) -> None:
     """The headline (`plan_headline`), the recommendation, then every policy on the held-out part."""
     for style, line in plan_headline(doc):
-        console.print(f"[{style}]{escape(line)}[/]", highlight=False)
+        _wrapped(console, line, style)
     t = doc["trace"]
-    console.print(escape(f"{t['path']}: {t['requests']:,} requests, {deployment(doc)}, predictor "
-                         f"{doc['predictor']}; searched on the first {t['search_requests']:,}, validated on the last "
-                         f"{t['holdout_requests']:,}"), highlight=False)
-    console.print(f"{doc['candidates']:,} candidates: {doc['pruned']:,} pruned by the cheap bounds, {doc['replayed']} "
-                  f"replayed; objective {doc['objective']}, overflow rate + 1 s.e. <= {doc['max_overflow_rate']:.2%}"
-                  + (f", TTFT p99 <= {doc['ttft_p99_s']:g} s" if doc["ttft_p99_s"] else ""), highlight=False)
+    _wrapped(console, f"{t['path']}: {t['requests']:,} requests, {deployment(doc)}, predictor {doc['predictor']}; "
+                      f"searched on the first {t['search_requests']:,}, validated on the last {t['holdout_requests']:,}",
+             "default")
+    _wrapped(console, f"{doc['candidates']:,} candidates: {doc['pruned']:,} pruned by the cheap bounds, "
+                      f"{doc['replayed']} replayed; objective {doc['objective']}, overflow rate + 1 s.e. <= "
+                      f"{doc['max_overflow_rate']:.2%}" + (f", TTFT p99 <= {doc['ttft_p99_s']:g} s" if doc["ttft_p99_s"] else ""),
+             "default")
     a = doc["chosen"]["allocator"]
     bounds = a["boundaries_tokens"]
-    shown = str(bounds) if len(bounds) <= 16 else f"{len(bounds)} from {bounds[0]:,} to {bounds[-1]:,} (all in the config)"
-    console.print(f"[bold]recommended[/]: {escape(doc['chosen']['label'])}; boundaries {escape(shown)} "
-                  f"tokens, max_model_len {doc['max_model_len']:,}", highlight=False)
+    merged = f" ({a['num_buckets'] - len(bounds)} of B merged: equal after rounding)" if len(bounds) < a["num_buckets"] else ""
+    shown = f"boundaries {bounds} tokens{merged}" if len(bounds) <= 16 else \
+        f"{len(bounds)} boundaries{merged} from {bounds[0]:,} to {bounds[-1]:,} tokens (all in the config)"
+    large = doc["chosen"]["large_pool_bytes"]
+    blocks = large // (doc["max_model_len"] * doc["kv_bytes_per_token"])
+    what = "recommended" if doc["holds"] else "closest candidate (no config written)"
+    _wrapped(console, f"{what}: {doc['chosen']['label']}; {shown}; max_model_len "
+                      f"{doc['max_model_len']:,}; large pool {large / doc['kv_pool_bytes']:.1%} of the KV pool "
+                      f"({blocks} max_model_len block{'s' if blocks != 1 else ''})", "bold")
     if doc["objective"] == "capacity":
         chosen = next(r for r in doc["search"]["replays"] if r["label"] == doc["chosen"]["label"])
         limits = ", ".join(f"{m} <= {format_seconds(v)}" for m, v in doc["slo"].items())
         console.print(escape(f"capacity objective: the pick sustains {chosen['measured']['capacity_rate_scale']:.3f}x the "
                              f"search part's arrival rate within {limits} (bisected by replay)"), highlight=False)
     keys = PLAN_KEYS + (("capacity_rate_scale",) if doc["objective"] == "capacity" else ())
-    console.print(_policies_table(doc["validation"], keys, title=holdout_title(doc)))
+    _wrapped(console, holdout_title(doc), "default")
+    console.print(_policies_table(doc["validation"], keys))
     console.print(escape(f"wrote {', '.join(written)}" if written else "wrote nothing"), highlight=False)
 
 

@@ -89,17 +89,18 @@ def _occupancy(doc: dict) -> str:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 3.5))
-    for name, v in doc["validation"].items():
+    for name, v in doc["validation"].items():  # from each replay's first point: one axis for all
         s = v["series"]
-        ax.step(s["time_s"], s["pool_occupancy"], where="post", linewidth=1, label=name)
-    ax.set_xlabel("time (s)")
+        start = s["time_s"][0] if s["time_s"] else 0.0
+        ax.step([t - start for t in s["time_s"]], s["pool_occupancy"], where="post", linewidth=1, label=name)
+    ax.set_xlabel("time since the held-out part's first arrival (s)")
     ax.set_ylabel("pool occupancy (reserved / pool)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _png(fig)
 
 
-HEADLINE_COLOURS = {"bold red": "#b00020", "bold yellow": "#8a6d00", "yellow": "#8a6d00", "bold green": "#1b6e20",
+HEADLINE_COLOURS = {"default": "#222", "bold red": "#b00020", "bold yellow": "#8a6d00", "yellow": "#8a6d00", "bold green": "#1b6e20",
                     "green": "#1b6e20"}
 
 
@@ -118,7 +119,7 @@ def write_plan_report(doc: dict, config: dict | None, path: Path) -> None:
     headline = "".join(f'<p style="color:{HEADLINE_COLOURS[style]}"><b>{esc(line)}</b></p>'
                        for style, line in plan_headline(doc))
     if config is None:
-        headline += f'<p style="color:#b00020"><b>{esc(failure_message(doc, "the config"))}</b></p>'
+        headline += f'<p style="color:#b00020"><b>{esc(failure_message(doc))}</b></p>'
         settings = {"max_model_len_tokens": doc["max_model_len"], **doc["chosen"]["allocator"]}
     else:
         settings = config["allocator"]
@@ -143,9 +144,9 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child{{t
 <p><code>{esc(t['path'])}</code>: {t['requests']:,} requests; {esc(deployment(doc))}; predictor
 <code>{esc(doc['predictor'])}</code>; KV pool {format_bytes(doc['kv_pool_bytes'])}; max_model_len {doc['max_model_len']:,}.
 Searched on the first {t['search_requests']:,} requests, validated on the last {t['holdout_requests']:,}.</p>
-<p>{doc['candidates']} candidates, {doc['pruned']} pruned by the cheap bounds, {doc['replayed']} replayed; objective
+<p>{doc['candidates']:,} candidates, {doc['pruned']:,} pruned by the cheap bounds, {doc['replayed']} replayed; objective
 <b>{esc(doc['objective'])}</b>, overflow rate (migrations + preemptions per request) at most {doc['max_overflow_rate']:.2%}.
-Recommended: <b>{esc(doc['chosen']['label'])}</b>{'' if doc['constraints_met_on_search'] else
+{'Recommended' if config is not None else 'Closest candidate (no config written)'}: <b>{esc(doc['chosen']['label'])}</b>{'' if doc['constraints_met_on_search'] else
 ' (no replayed candidate met every constraint: the closest is shown)'}.</p>
 <h2>Held-out later part: the recommendation against the baselines</h2>
 <p>{esc(holdout_title(doc))}</p>

@@ -30,5 +30,6 @@ def check_markdown(verdicts: list, doc: dict, policy: str, config: Path | None) 
     lines += [""] + markdown_table(["metric", *doc["results"]], metric_rows(doc["results"], CHECK_SUMMARY_KEYS))
     warnings = replay_warnings(doc)
     if warnings:
-        lines += [""] + [f"> **warning:** {line}" for line in warnings]
+        for line in warnings:
+            lines += ["", f"> **warning:** {line}"]
     return "\n".join(lines) + "\n"

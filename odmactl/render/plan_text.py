@@ -14,6 +14,7 @@ def plan_headline(doc: dict) -> list[tuple[str, str]]:
     the recommendation compares with each, latency regressions against static, the gate's outcome
     and overloads. The console and the HTML report print the same lines."""
     lines: list[tuple[str, str]] = []
+    pick = "the recommended odma" if doc["holds"] else "odma's closest candidate"
     fit = doc["pool_fit"]
     if fit["over_max_model_len"] > 0:
         why = fit["limit"]
@@ -26,6 +27,8 @@ def plan_headline(doc: dict) -> list[tuple[str, str]]:
             line += "; " + ", ".join(f"--tp {o['tp']}: {o['pool_tokens']:,} tokens, " +
                                      ("all fit" if o["over_half_pool"] == 0 else f"{o['over_half_pool']:.1%} too long")
                                      for o in fit["options"])
+        if fit["limited_by_pool"] and not any(o["over_half_pool"] == 0 for o in fit["options"]):
+            line += "; a device with more memory serves more of them"
         lines.append(("bold yellow", line))
     v = doc["verdict"]
     metric = v["metric"]
@@ -38,15 +41,21 @@ def plan_headline(doc: dict) -> list[tuple[str, str]]:
 
     against = "; ".join(versus(name, a) for name, a in v["against"].items() if name != v["best"])
     if v["odma_is_best"] and v["tied_with"]:
-        lines.append(("bold yellow", f"the recommended odma ties for best on the held-out part by {title} with "
+        lines.append(("bold yellow", f"{pick} ties for best on the held-out part by {title} with "
                                      f"{', '.join(v['tied_with'])}: {format_metric(metric, v['odma_value'])}; {against}"))
     elif v["odma_is_best"]:
-        lines.append(("bold green", f"the recommended odma is best on the held-out part by {title}: "
+        lines.append(("bold green", f"{pick} is best on the held-out part by {title}: "
                                     f"{format_metric(metric, v['odma_value'])}; {against}"))
     else:
         lines.append(("bold red", f"{v['best']} is best on the held-out part by {title}, not odma: {v['best']} "
-                                  f"{format_metric(metric, v['best_value'])} against the recommended odma's "
+                                  f"{format_metric(metric, v['best_value'])} against {pick}'s "
                                   f"{format_metric(metric, v['odma_value'])}; {against}"))
+    if metric != "kv_utilization":  # what the memory does, next to the objective
+        shares = "; ".join(f"{name} {format_metric('kv_utilization', r['metrics']['kv_utilization'])}"
+                           for name, r in doc["validation"].items() if name != "odma")
+        lines.append(("default", f"KV utilization on the held-out part: odma "
+                                 f"{format_metric('kv_utilization', doc['validation']['odma']['metrics']['kv_utilization'])}"
+                                 f"; {shares}"))
     for r in v["regressions_vs_static"]:
         lines.append(("bold yellow", f"latency regression against static: odma's {METRICS[r['metric']].title} "
                                      f"{format_metric(r['metric'], r['odma'])} {METRICS[r['metric']].unit} against "
@@ -57,10 +66,13 @@ def plan_headline(doc: dict) -> list[tuple[str, str]]:
         lines.append(("green", f"gate on the held-out part ([thresholds], as `check` runs it): PASS: {checks}"))
     else:
         lines.append(("bold red", f"gate on the held-out part ([thresholds], as `check` runs it): FAIL: {checks}"))
-    if not doc["constraints_met_on_search"]:
-        style = "bold yellow" if doc["holds"] else "bold red"
-        lines.append((style, "no replayed candidate met every constraint on the search part (with the margin for "
-                             "sampling noise); the closest is shown"))
+    if not doc["constraints_met_on_search"] and doc["holds"]:
+        lines.append(("bold yellow", "on the search part no replayed candidate met every constraint with the margin "
+                                     "for sampling noise; the closest passes the gate on the held-out part and is "
+                                     "recommended"))
+    elif not doc["constraints_met_on_search"]:
+        lines.append(("bold red", "on the search part no replayed candidate met every constraint; the closest is "
+                                  "shown"))
     line = overload_line(doc["validation"])
     if line is not None:
         lines.append(("yellow", line))
@@ -70,12 +82,12 @@ def plan_headline(doc: dict) -> list[tuple[str, str]]:
 def holdout_title(doc: dict) -> str:
     """The held-out table's title, with the gate's bounds."""
     g = doc["gate"]["thresholds"]
-    return (f"held-out later part; gate: overflow rate <= {format_metric('overflow_rate', g['max_overflow_rate'])}, "
+    return (f"on the held-out later part (gate: overflow rate <= {format_metric('overflow_rate', g['max_overflow_rate'])}, "
             f"rejected <= {format_metric('rejection_rate', g['max_rejection_rate'])}, KV util >= "
-            f"{format_metric('kv_utilization', g['min_utilization'])}")
+            f"{format_metric('kv_utilization', g['min_utilization'])}):")
 
 
-def failure_message(doc: dict, out_path) -> str:
+def failure_message(doc: dict, out_path=None) -> str:
     """Why plan wrote no config: the constraints that fail and the candidate that came closest."""
     failed = [x["text"] for x in doc["gate"]["verdicts"] if not x["passed"]]
     where = "on the held-out part: " + "; ".join(failed) if failed else \
@@ -85,7 +97,8 @@ def failure_message(doc: dict, out_path) -> str:
         whole = [o["tp"] for o in doc["pool_fit"]["options"] if o["over_half_pool"] == 0]
         fix = f" ({doc['pool_fit']['over_max_model_len']:.1%} of the requests do not fit" + \
               (f"; --tp {whole[0]} serves them all)" if whole else "; a device with more memory serves more)")
-    return (f"no config written to {out_path}: the closest candidate, {doc['chosen']['label']}, fails plan's own gate "
+    written = "no config written" + (f" to {out_path}" if out_path is not None else "")
+    return (f"{written}: the closest candidate, {doc['chosen']['label']}, fails plan's own gate "
             f"{where}{fix}")
 
 

@@ -18,14 +18,15 @@ def overload_line(results: dict[str, dict]) -> str | None:
         if found is None:
             parts.append(policy)
         elif found["rate_scale"] is None:
-            parts.append(f"{policy} (at no rate tried)")
+            parts.append(f"{policy} (not even at 2**-20 times it, the slowest rate tried)")
         else:
             at = f" ({found['rate_scale'] * rate:,.3g} req/s)" if rate else ""
             parts.append(f"{policy} {found['rate_scale']:.3g}x{at}")
     if not parts:
         return None
     return ("overloaded: the queue grew through the run, so TPS is the device's service rate and latencies grow "
-            "with the trace's length; the rate at which each keeps up, times the trace's: " + ", ".join(parts))
+            "with the trace's length; it keeps up at, times the arrival rate of the requests replayed: "
+            + ", ".join(parts))
 
 
 def mismatch_lines(doc: dict) -> list[str]:

@@ -23,7 +23,8 @@ from odmactl.sim.loop import SchedulerSettings
 CONFIG_TABLES = ("allocator", "scheduler", "thresholds")
 RECORD_TABLES = ("plan", "engine")  # what plan records and restates; "meta" is [plan]'s older name
 # [plan] keys a run is compared with (`mismatches`), and the type each must have
-PLAN_RECORD = {"device": str, "model": str, "kv_dtype": str, "tp": int, "kv_pool_bytes": int, "predictor": str}
+PLAN_RECORD = {"device": str, "model": str, "kv_dtype": str, "tp": int, "kv_pool_bytes": int, "kv_pool_tokens": int,
+               "predictor": str}
 RUN_ONLY = ("fast_forward", "series_points")  # SchedulerSettings a command sets, never a config file
 
 
@@ -70,14 +71,21 @@ def config_tables(data: dict, source: Path | None) -> dict[str, dict]:
     for name in CONFIG_TABLES + RECORD_TABLES:
         table = top.table(name, required=False)
         tables[name] = dict(table.data) if table is not None else {}
-    record = "plan" if "plan" in top.data or "meta" not in top.data else "meta"
+    if "plan" in top.data and "meta" in top.data:
+        raise top.error("meta", "a config has [plan] or, written by an older plan, [meta]: not both")
+    record = "meta" if "meta" in top.data else "plan"
     meta = top.table("meta", required=False)
     if record == "meta":
         tables["plan"] = dict(meta.data)
     for key, kind in PLAN_RECORD.items():
         value = tables["plan"].get(key)
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        if value is None:
+            continue
+        if not isinstance(value, kind) or isinstance(value, bool):
             raise ConfigError(f"expected {'a string' if kind is str else 'a whole number'}, got {value!r}",
+                              file=source, key=f"{record}.{key}")
+        if (kind is int and value < 1) or (kind is str and not value.strip()):
+            raise ConfigError(f"expected {'a name' if kind is str else 'a whole number >= 1'}, got {value!r}",
                               file=source, key=f"{record}.{key}")
     del tables["engine"]
     AllocatorConfig.from_mapping(tables["allocator"], source=source, prefix="allocator")  # bad keys now
@@ -87,13 +95,19 @@ def config_tables(data: dict, source: Path | None) -> dict[str, dict]:
 
 def mismatches(record: dict, setup: Serving, kv_dtype: str) -> list[str]:
     """How a run's deployment differs from the one a config's [plan] record (`record`) was planned
-    for: device, model, KV precision, tensor parallelism and KV pool, one line each (a key the
-    record lacks, as in an older config, is not compared)."""
-    ran = {"device": setup.device.name, "model": setup.full_model.name, "kv_dtype": kv_dtype, "tp": setup.tp,
-           "kv_pool_bytes": setup.pool_bytes}
+    for: device, model (names in any case), KV precision, tensor parallelism and KV pool (in tokens,
+    or bytes in a record without them), one line each (a key the record lacks, as in an older
+    config, is not compared)."""
+    ran = {"device": setup.device.name, "model": setup.full_model.name, "kv_dtype": kv_dtype, "tp": setup.tp}
+    if "kv_pool_tokens" in record:
+        ran["kv_pool_tokens"] = setup.pool_tokens
+    else:
+        ran["kv_pool_bytes"] = setup.pool_bytes
     out = []
     for key, value in ran.items():
         planned = record.get(key)
+        if isinstance(planned, str) and isinstance(value, str) and planned.casefold() == value.casefold():
+            continue
         if planned is not None and planned != value:
             out.append(f"{key}: planned for {planned:,}, run with {value:,}" if isinstance(value, int)
                        else f"{key}: planned for {planned}, run with {value}")

@@ -102,8 +102,9 @@ def prepare(frame: pl.DataFrame, spec: ServingSpec, setup: Serving, *, load: Loa
     found = mismatches(tables["plan"], setup, spec.kv_dtype)
     if found and not spec.allow_mismatch:
         raise ConfigError(f"{config or 'the config'} was planned for another deployment: " + "; ".join(found),
-                          file=None, hint="run with the deployment it was planned for, re-plan for this one "
-                          "(`odmactl plan`), or pass --allow-mismatch to apply its settings anyway")
+                          file=None, hint="run with the deployment it was planned for (--device, --model, --kv-dtype, "
+                          "--tp and --kv-pool as its [plan] table records them), re-plan for this one (`odmactl plan`), "
+                          "or pass --allow-mismatch to apply its settings anyway")
     if predictor is None and "predictor" in tables["plan"]:
         named = tables["plan"]["predictor"]
         predictor = predictor_from_config(named, config) if config is not None else named
