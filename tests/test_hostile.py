@@ -185,7 +185,7 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     "config_not_toml": ([*REPLAY, "--config", "{csv}"], 1, ("not valid TOML",)),
     "config_markup_key": ([*REPLAY, "--config", "markup.toml"], 1, ("[/x]",)),
     # plan
-    "plan_tiny_pool": ([*PLAN, "--kv-pool", "1 MiB"], 1, ("can never be served",)),
+    "plan_tiny_pool": ([*PLAN, "--kv-pool", "1 MiB"], 1, ("plan needs half of it",)),
     "plan_holdout": ([*PLAN, "--holdout", "0.95"], 1, ("--holdout",)),
     "plan_replays": ([*PLAN, "--replays", "0"], 1, ("--replays",)),
     "plan_workers": ([*PLAN, "--workers", "0"], 1, ("--workers",)),

@@ -17,6 +17,12 @@ STATIC_SLOTS = ("max_model_len", "prompt_plus_max_new")
 REFIT_MODES = ("inline", "deferred")
 SEQUENCES = ("boundaries_tokens", "quantile_levels", "hedge_edges", "hedge_output_tokens")  # lists in TOML
 NEVER = "never"  # tau = "never": no uncertainty sends a request to the large pool (tau infinite)
+TAU_EXPECTED = f'a number >= 0 or "{NEVER}"'
+
+
+def tau_setting(tau: float) -> float | str:
+    """tau as a config and the JSON write it: "never" for infinity (TOML and JSON have none)."""
+    return tau if math.isfinite(tau) else NEVER
 
 
 @dataclass(frozen=True)
@@ -71,8 +77,9 @@ class AllocatorConfig:
                 raise ConfigError(problem, key=name)
         if self.static_slot not in STATIC_SLOTS:
             raise ConfigError(f"expected one of {', '.join(STATIC_SLOTS)}, got {self.static_slot!r}", key="static_slot")
-        if self.max_new_tokens is not None and whole_number_problem(self.max_new_tokens, 1, MAX_TOKENS) is not None:
-            raise ConfigError(whole_number_problem(self.max_new_tokens, 1, MAX_TOKENS), key="max_new_tokens")
+        problem = None if self.max_new_tokens is None else whole_number_problem(self.max_new_tokens, 1, MAX_TOKENS)
+        if problem is not None:
+            raise ConfigError(problem, key="max_new_tokens")
         if self.static_slot == "prompt_plus_max_new" and not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
             raise ConfigError("static_slot = 'prompt_plus_max_new' needs max_new_tokens >= 1", key="max_new_tokens")
         if self.refit_mode not in REFIT_MODES:
@@ -80,7 +87,7 @@ class AllocatorConfig:
         if not (0 <= self.gamma <= MAX_GAMMA):
             raise ConfigError(f"expected a number from 0 to {MAX_GAMMA:g}, got {self.gamma!r}", key="gamma")
         if not (self.tau >= 0):
-            raise ConfigError(f"expected tau >= 0 or \"{NEVER}\", got {self.tau!r}", key="tau")
+            raise ConfigError(f"expected {TAU_EXPECTED}, got {self.tau!r}", key="tau")
         if not (0 <= self.large_pool_fraction < 1):
             raise ConfigError(f"expected a fraction in [0, 1), got {self.large_pool_fraction!r}", key="large_pool_fraction")
         if self.large_pool_bytes is not None and not (isinstance(self.large_pool_bytes, int) and self.large_pool_bytes >= 0):
@@ -112,10 +119,10 @@ class AllocatorConfig:
         name by its levels at num_buckets."""
         if isinstance(self.tau, str):
             if self.tau != NEVER:
-                raise ConfigError(f"expected a number >= 0 or \"{NEVER}\", got {self.tau!r}", key="tau")
+                raise ConfigError(f"expected {TAU_EXPECTED}, got {self.tau!r}", key="tau")
             object.__setattr__(self, "tau", math.inf)
         elif isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)):
-            raise ConfigError(f"expected a number >= 0 or \"{NEVER}\", got {self.tau!r}", key="tau")
+            raise ConfigError(f"expected {TAU_EXPECTED}, got {self.tau!r}", key="tau")
         for name in SEQUENCES:
             value = getattr(self, name)
             if not isinstance(value, (tuple, list)) and not (name == "quantile_levels" and isinstance(value, str)):
@@ -142,7 +149,7 @@ class AllocatorConfig:
         out = dataclasses.asdict(self)
         out["boundaries_tokens"] = list(self.boundaries_tokens)
         out["quantile_levels"] = list(self.quantile_levels)
-        out["tau"] = self.tau if math.isfinite(self.tau) else NEVER
+        out["tau"] = tau_setting(self.tau)
         for key in ("hedge_edges", "hedge_output_tokens"):  # written only when a table is set
             out[key] = list(getattr(self, key)) if self.hedge_edges or self.hedge_output_tokens else None
         return {k: v for k, v in out.items() if v is not None}

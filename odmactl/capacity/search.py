@@ -52,7 +52,7 @@ class CapacityTarget:
     max_replicas: int = 256
 
 
-STABLE = CapacityTarget(Slo(()), 1.0)  # only that the queue does not grow: `sustainable_scale`
+STABLE = CapacityTarget(Slo(()), math.inf)  # only that the queue does not grow: `sustainable_scale`
 
 
 def served(ctx: ReplayContext, policy: str, table: dict, scale: float, replicas: int = 1) -> dict:

@@ -40,8 +40,9 @@ def plan(
 ) -> int:
     """Search ODMA's buckets, gamma, tau, large pool and refit on the trace's earlier part; validate on its later part.
 
-    Exit 0 when the recommendation passes its own [thresholds] on the later part (the config is
-    written), 1 when it does not (no config; the report, if asked, says why)."""
+    Exit 0 when the recommendation passes its own [thresholds] on the later part and met every
+    constraint on the earlier part but the margin for sampling noise (the config is written); 1
+    otherwise (no config; the message and the report, if asked, say why)."""
     from odmactl.allocator import AllocatorConfig
     from odmactl.cli.app import print_error
     from odmactl.core.atomic import atomic_output

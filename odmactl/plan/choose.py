@@ -1,13 +1,15 @@
 """Which replayed candidate plan recommends: the best by the objective (TPS, utilization, or the rate
 it sustains at the SLO) among those that keep the constraints, the overflow rate held to its limit
-with a margin for sampling noise. The constraints are the gate plan writes as [thresholds]
-(plan/config.thresholds) and checks on the held-out part, the margin added, and TTFT p99 when
---ttft-p99 is given."""
+with a margin for sampling noise. The constraints are the limits of the gate plan writes as
+[thresholds] (plan/config.thresholds: overflow and rejection rates; its utilization floor follows
+from the pick), the margin added, TTFT p99 when --ttft-p99 is given, and with the capacity
+objective a rate that meets the SLO."""
 
 from __future__ import annotations
 
 import math
 
+from odmactl.gate.thresholds import rejection_rate
 from odmactl.plan.spec import PlanSpec
 
 OVERFLOW_MARGIN_SE = 1.0  # a replay's overflow count plus one standard error must keep the limit
@@ -23,28 +25,40 @@ def overflow_bound(m: dict) -> float:
     return (count + OVERFLOW_MARGIN_SE * math.sqrt(count)) / requests
 
 
-def violation(m: dict, spec: PlanSpec, margin: bool = True) -> float:
-    """How far a replay's metrics are from the constraints (0: it meets them all): the overflow rate
-    (with the margin for sampling noise, `overflow_bound`, unless `margin` is False), rejections
-    as check's max_rejection_rate counts them (plan/config.thresholds), TTFT p99 when bounded, and
-    with the capacity objective a rate that meets the SLO."""
+OBJECTIVE_METRIC = {"tps": "tps", "utilization": "kv_utilization", "capacity": "capacity_rate_scale"}
+
+
+def _shortfalls(m: dict, spec: PlanSpec, margin: bool) -> list[tuple[float, str]]:
+    """(how far past, what) for each constraint a replay's metrics miss: the overflow rate (with the
+    margin for sampling noise, `overflow_bound`, unless `margin` is False), the rejection rate as
+    check counts it (gate/thresholds.rejection_rate), TTFT p99 when bounded, and with the capacity
+    objective a rate that meets the SLO."""
     overflow = overflow_bound(m) if margin else m["overflow_rate"]
-    over = max(0.0, overflow - spec.max_overflow_rate) + \
-        max(0.0, m["rejections"] / max(m["requests"], 1) - spec.max_rejection_rate)
+    rejected = rejection_rate(m)
+    out = [(overflow - spec.max_overflow_rate, f"overflow rate{' + 1 s.e.' if margin else ''} {overflow:.3%} > "
+                                               f"{spec.max_overflow_rate:.3%}"),
+           (rejected - spec.max_rejection_rate, f"rejection rate {rejected:.3%} > {spec.max_rejection_rate:.3%}")]
     if spec.ttft_p99_s is not None:
-        over += max(0.0, m["ttft_p99"] / spec.ttft_p99_s - 1.0)
-    if spec.objective == "capacity" and m["capacity_rate_scale"] <= 0:  # no rate meets the SLO
-        over += 1.0
-    return over
+        out.append((m["ttft_p99"] / spec.ttft_p99_s - 1.0, f"TTFT p99 {m['ttft_p99']:.3g} s > {spec.ttft_p99_s:g} s"))
+    if spec.objective == "capacity":
+        out.append((1.0 if m["capacity_rate_scale"] <= 0 else 0.0, "no rate meets the SLO"))
+    return [(excess, what) for excess, what in out if excess > 0]
+
+
+def violation(m: dict, spec: PlanSpec, margin: bool = True) -> float:
+    """How far a replay's metrics are from the constraints (0: it meets them all; `_shortfalls`)."""
+    return sum(excess for excess, _ in _shortfalls(m, spec, margin))
+
+
+def unmet(m: dict, spec: PlanSpec, margin: bool = True) -> list[str]:
+    """The constraints a replay's metrics miss, in words."""
+    return [what for _, what in _shortfalls(m, spec, margin)]
 
 
 def choose(replayed: list[tuple[dict, dict]], spec: PlanSpec) -> tuple[int, bool]:
     """Index of the chosen (estimate, metrics) pair and whether it meets every constraint."""
-    def violation_of(m: dict) -> float:
-        return violation(m, spec)
-
-    key = {"tps": "tps", "utilization": "kv_utilization", "capacity": "capacity_rate_scale"}[spec.objective]
-    feasible = [i for i, (_, m) in enumerate(replayed) if violation_of(m) == 0.0]
+    key = OBJECTIVE_METRIC[spec.objective]
+    feasible = [i for i, (_, m) in enumerate(replayed) if violation(m, spec) == 0.0]
     if feasible:
         return max(feasible, key=lambda i: (replayed[i][1][key], replayed[i][1]["kv_utilization"], -i)), True
-    return min(range(len(replayed)), key=lambda i: (violation_of(replayed[i][1]), -replayed[i][1][key], i)), False
+    return min(range(len(replayed)), key=lambda i: (violation(replayed[i][1], spec), -replayed[i][1][key], i)), False

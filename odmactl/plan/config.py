@@ -58,7 +58,7 @@ def config_document(doc: dict, setup: Serving, command: str, predictor: str, tra
     record = {
         "generated_by": command, "policy": "odma", "device": doc["device"], "model": doc["model"],
         "kv_dtype": doc["kv_dtype"], "tp": doc["tp"], "kv_pool_bytes": doc["kv_pool_bytes"],
-        "kv_pool_tokens": doc["kv_pool_bytes"] // doc["kv_bytes_per_token"],
+        "kv_pool_tokens": setup.pool_tokens,
         "kv_bytes_per_token": doc["kv_bytes_per_token"], "predictor": predictor, "trace": trace,
         "trace_digest": t["digest"], "trace_requests": t["requests"], "search_requests": t["search_requests"],
         "holdout_requests": t["holdout_requests"],

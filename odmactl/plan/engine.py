@@ -14,9 +14,11 @@ max_model_len, scheduler) and the recommended allocator settings, never copied f
                            heads, so the count is the group's pool tokens over the block size
   gpu_memory_utilization   the share of one device's memory the engine may take: its weights shard,
                            the activation reserve and its share of the KV pool, over the device's
-                           capacity (rounded down to 4 places, so the pool still fits)
+                           capacity (rounded down to 4 places: never more than plan assumed; the
+                           block count fixes the pool itself)
   kv_cache_dtype           "auto" for 16-bit KV, "fp8" for fp8; int8, int4 and Oaken have no vLLM
-                           KV cache type (the key is left out and `note` says so)
+                           KV cache type: then only the first five are written, with a `note`
+                           (the block count and memory share hold only at that precision)
 
 [engine.odma] (an engine with ODMA's allocator: one contiguous block per request):
   kv_pool_bytes, kv_bytes_per_token   the pool and a token's KV bytes over the tp group
@@ -46,14 +48,14 @@ def vllm_settings(setup: Serving, kv_dtype: str, max_len: int, max_num_seqs: int
     per_device_bytes = setup.model.weight_bytes + device.activation_reserve_bytes + setup.pool_bytes / setup.tp
     utilization = int(per_device_bytes / device.capacity_bytes * 10_000) / 10_000
     out: dict = {"tensor_parallel_size": setup.tp, "max_model_len": max_len, "max_num_seqs": max_num_seqs,
-                 "max_num_batched_tokens": max_num_batched_tokens, "block_size": block,
-                 "num_gpu_blocks_override": setup.pool_tokens // block, "gpu_memory_utilization": utilization}
-    if kv_dtype in VLLM_KV_CACHE_DTYPE:
-        out["kv_cache_dtype"] = VLLM_KV_CACHE_DTYPE[kv_dtype]
-    else:
-        out["note"] = f"vLLM has no {kv_dtype} KV cache: this plan needs an engine that stores KV at {kv_dtype}"
-    out["serve_args"] = " ".join(f"--{key.replace('_', '-')} {shlex.quote(str(out[key]))}"
-                                 for key in VLLM_ARGS if key in out)
+                 "max_num_batched_tokens": max_num_batched_tokens, "block_size": block}
+    if kv_dtype not in VLLM_KV_CACHE_DTYPE:  # its blocks at 16 bits would not fit: no memory settings, no command
+        out["note"] = (f"vLLM has no {kv_dtype} KV cache: the pool and block count of this plan hold only at "
+                       f"{kv_dtype}, in an engine that stores KV so")
+        return out
+    out.update(num_gpu_blocks_override=setup.pool_tokens // block, gpu_memory_utilization=utilization,
+               kv_cache_dtype=VLLM_KV_CACHE_DTYPE[kv_dtype])
+    out["serve_args"] = " ".join(f"--{key.replace('_', '-')} {shlex.quote(str(out[key]))}" for key in VLLM_ARGS)
     return out
 
 

@@ -8,14 +8,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from odmactl.allocator.config import NEVER
+from odmactl.allocator.config import NEVER, tau_setting
 from odmactl.predict.source import PREDICTOR_CHOICES
 from odmactl.rules.buckets import LEVEL_SHAPES, shaped_levels
 from odmactl.rules.hedge import HedgeTable, fit_hedge_tables
 from odmactl.sim.workload import Workload
 
 BUCKETS = (4, 6, 8, 12, 16, 32, 64, 128, 256)
-LEVELS = LEVEL_SHAPES
 GAMMAS = (0.0, 0.25, 0.5, 1.0, 2.0)
 COVERAGE_FRACTIONS = (0.5, 0.7, 0.85, 1.0, 1.2)  # of the predictor's coverage gamma
 TAUS = (0.5, 0.8, math.inf)
@@ -39,7 +38,7 @@ class Candidate:
     refit_every: int
     hedge_groups: int = 0  # > 0: a hedge table over this many groups of L_hat replaces gamma
     hedge_limit: float = 0.0  # the share of requests the table may outgrow where it is fitted
-    max_model_len: int = 0  # > 0: a max_model_len cap below plan's default (`model_len_caps`); 0: the default
+    max_model_len_tokens: int = 0  # > 0: a max_model_len cap below plan's default (`model_len_caps`); 0: the default
 
     def quantile_levels(self) -> tuple[float, ...]:
         return shaped_levels(self.num_buckets, self.levels)
@@ -47,7 +46,7 @@ class Candidate:
     @property
     def boundary_key(self) -> tuple[int, str, int, int, int]:
         """What its boundaries over a workload depend on: candidates that share it share them."""
-        return (self.num_buckets, self.levels, self.refit_window, self.refit_every, self.max_model_len)
+        return (self.num_buckets, self.levels, self.refit_window, self.refit_every, self.max_model_len_tokens)
 
     def allocator_table(self) -> dict:
         """Its [allocator] settings as a config writes them: the levels by their shape's name, tau
@@ -59,17 +58,12 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        tau = f"{self.tau:g}" if math.isfinite(self.tau) else "never"
+        tau = f"{self.tau:g}" if math.isfinite(self.tau) else NEVER
         large = f"{self.large_pool_fraction:.0%}"
         hedge = f"hedge={self.hedge_groups}@{self.hedge_limit:.2%}" if self.hedge_groups else f"gamma={self.gamma:g}"
-        cap = f" max_len={self.max_model_len}" if self.max_model_len else ""
+        cap = f" max_len={self.max_model_len_tokens}" if self.max_model_len_tokens else ""
         return (f"B={self.num_buckets} {self.levels} {hedge} tau={tau} "
                 f"large={large} refit={self.refit_window}/{self.refit_every}{cap}")
-
-
-def tau_setting(tau: float) -> float | str:
-    """tau as a config and the JSON write it: "never" for infinity (TOML and JSON have none)."""
-    return tau if math.isfinite(tau) else NEVER
 
 
 def candidate_grid(coverage_gamma: float | None = None, max_overflow_rate: float | None = None) -> list[Candidate]:
@@ -78,11 +72,11 @@ def candidate_grid(coverage_gamma: float | None = None, max_overflow_rate: float
     gammas = list(GAMMAS)
     if coverage_gamma is not None and coverage_gamma > 0:
         gammas += [g for g in (round(f * coverage_gamma, 3) for f in COVERAGE_FRACTIONS) if g not in gammas]
-    grid = [Candidate(b, lv, g, t, f, w, e) for b in BUCKETS for lv in LEVELS for g in gammas for t in TAUS
+    grid = [Candidate(b, lv, g, t, f, w, e) for b in BUCKETS for lv in LEVEL_SHAPES for g in gammas for t in TAUS
             for f in LARGE_FRACTIONS for w, e in REFITS]
     if coverage_gamma is not None and max_overflow_rate:
         grid += [Candidate(b, lv, 0.0, math.inf, f, w, e, k, round(share * max_overflow_rate, 6))
-                 for b in BUCKETS for lv in LEVELS for k in HEDGE_GROUPS for share in HEDGE_LIMIT_FRACTIONS
+                 for b in BUCKETS for lv in LEVEL_SHAPES for k in HEDGE_GROUPS for share in HEDGE_LIMIT_FRACTIONS
                  for f in LARGE_FRACTIONS for w, e in REFITS]
     return grid
 

@@ -2,7 +2,7 @@
 the later part, against static, paged and s3.
 
 The search space (`candidate_grid`, 2,160 candidates; with a fitted predictor up to 4,320, and 1,728
-hedge-table candidates):
+hedge-table candidates; all of them at each max_model_len searched):
   num_buckets B          4, 6, 8, 12, 16, 32, 64, 128, 256 (fine buckets round a well-hedged need up
                          the least)
   quantile levels        "equal": i/B (ODMA eq. 2, equal occupancy); "tail": 1 - (1 - i/B)^2, finer
@@ -14,8 +14,8 @@ hedge-table candidates):
   large_pool_fraction    0.05, 0.1, 0.2, 0.3 of the KV pool (at least one max_model_len block: without
                          one, a request longer than the last boundary could never be served; never
                          more than half the pool, as max_model_len is at most half of it)
-  max_model_len          plan's default (`plan_max_model_len`), and with --max-rejection-rate > 0
-                         caps below it (grid.model_len_caps)
+  max_model_len          --max-model-len; else plan's default (`plan_max_model_len`) and, with
+                         --max-rejection-rate > 0, caps below it (grid.model_len_caps)
   refit window / every   10,000 / 1,000 (the papers) and 2,000 / 200 (faster drift)
   hedge table            with a fitted predictor, in place of gamma and tau (odmactl/rules/hedge.py): 8, 16
                          or 32 groups of L_hat, each with its own output reservation, fitted to let at
@@ -56,20 +56,21 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import tomllib
 
 import numpy as np
 import polars as pl
 
 from odmactl.allocator import AllocatorConfig
-from odmactl.allocator.odma import large_pool_bytes
 from odmactl.capacity.run import trace_rates
 from odmactl.capacity.search import CapacityTarget, capacity_scale, sustainable_scale
+from odmactl.capacity.slo import Slo
 from odmactl.core.errors import ConfigError, OdmaError
 from odmactl.gate.thresholds import evaluate
 from odmactl.plan.bounds import distinct, estimate_all, rank
-from odmactl.plan.choose import choose, violation
+from odmactl.plan.choose import OBJECTIVE_METRIC, choose, unmet, violation
+from odmactl.plan.config import allocator_table, config_text, thresholds
+from odmactl.plan.engine import odma_settings
 from odmactl.plan.grid import (
     HEDGE_FIT_SHARE,
     MAX_UNSERVED_SHARE,
@@ -82,6 +83,7 @@ from odmactl.plan.grid import (
     with_hedge,
 )
 from odmactl.plan.spec import PlanSpec
+from odmactl.render.plan_text import tp_advice
 from odmactl.rules.buckets import quantile_boundaries
 from odmactl.run.config import config_tables
 from odmactl.run.executors import run_jobs
@@ -109,14 +111,10 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     if spec.objective == "capacity":
         trace_rates(frame["arrival_s"].to_numpy().astype(float))  # the arrivals must spread over time to be scaled
     half_pool = half_pool_tokens(setup.pool_tokens)
-    if half_pool < MIN_MODEL_LEN:
+    if half_pool < MIN_MODEL_LEN_TOKENS:
         raise ConfigError(f"the KV pool of {deployment_name(setup)} holds {setup.pool_tokens:,} tokens; plan needs "
-                          f"half of it to hold a request of {MIN_MODEL_LEN} tokens at least",
+                          f"half of it to hold a request of {MIN_MODEL_LEN_TOKENS} tokens at least",
                           hint="a larger --kv-pool, --tp or device")
-    positions = setup.full_model.max_position_embeddings
-    if spec.max_model_len is not None and positions and spec.max_model_len > positions:
-        raise ConfigError(f"--max-model-len {spec.max_model_len:,} is past {setup.full_model.name}'s "
-                          f"{positions:,} positions (vLLM refuses it too)", hint=f"a --max-model-len up to {positions:,}")
     if spec.max_model_len is not None and spec.max_model_len > half_pool:
         raise ConfigError(f"--max-model-len {spec.max_model_len:,} is more than half the KV pool ({setup.pool_tokens:,} "
                           f"tokens on {deployment_name(setup)}): ODMA's large pool holds at least one max_model_len "
@@ -132,7 +130,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
         raise ConfigError(f"{too_long:,} of the {workload.size:,} requests have prompts of max_model_len ({max_len:,} "
                           f"tokens) or more and can never be served (KV pool {setup.pool_tokens:,} tokens on "
                           f"{deployment_name(setup)}): nothing worth planning is left",
-                          hint=fit_hint(fit) or "a larger --kv-pool or device, or a larger --max-model-len")
+                          hint=tp_advice(fit) or "a larger --kv-pool or device, or a larger --max-model-len")
     split = int(round(frame.height * (1.0 - spec.holdout)))
     search_w, hold_w = workload.take(0, split), workload.take(split, frame.height)
     pool_tokens = setup.pool_tokens
@@ -146,7 +144,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     later_w = search_w.take(fit_rows, split)
     grid, estimates, hedges = [], [], {}
     for cap in caps:  # every candidate at every max_model_len searched
-        part = [c if cap == max_len else dataclasses.replace(c, max_model_len=cap) for c in base]
+        part = [c if cap == max_len else dataclasses.replace(c, max_model_len_tokens=cap) for c in base]
         grid += part
         hedges[cap] = fit_hedges(search_w.take(0, fit_rows), cap, part)
         task = "plan: bounds" if len(caps) == 1 else f"plan: bounds at max_model_len {cap:,}"
@@ -160,7 +158,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     shortlist = distinct(ranked)[: spec.replays]
 
     def job(c: Candidate) -> tuple:
-        cap = c.max_model_len or max_len
+        cap = c.max_model_len_tokens or max_len
         if c.hedge_groups:
             return dataclasses.replace(ctx, workload=later_w, max_len=cap), with_hedge(c, hedges[cap])
         return dataclasses.replace(ctx, workload=search_w, max_len=cap), c.allocator_table()
@@ -175,9 +173,9 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
     replayed = list(zip(shortlist, metrics))
     best, feasible = choose(replayed, spec)
     chosen = shortlist[best]["candidate"]
-    max_len = chosen.max_model_len or max_len
+    max_len = chosen.max_model_len_tokens or max_len
     ctx = dataclasses.replace(ctx, max_len=max_len)
-    fit = pool_fit(workload, setup, spec, max_len, capped=bool(chosen.max_model_len))
+    fit = pool_fit(workload, setup, spec, max_len, capped=bool(chosen.max_model_len_tokens))
     final_table = {**with_hedge(chosen, fit_hedges(search_w, max_len, [chosen])),
                    "boundaries_tokens": _final_boundaries(search_w, chosen, max_len)}
     validation = _validate(frame, spec, dataclasses.replace(ctx, workload=hold_w), split, final_table, target, progress)
@@ -196,17 +194,18 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
         "candidates": len(grid), "pruned": pruned, "replayed": len(replayed),
         "constraints_met_on_search": feasible,
         "chosen": {"label": chosen.label, "allocator": final_table,
-                   "large_pool_bytes": _large_pool(validation["odma"]["config"], setup)},
+                   **{k: v for k, v in odma_settings(setup, AllocatorConfig.from_mapping(validation["odma"]["config"])).items()
+                      if k in ("large_pool_bytes", "large_pool_blocks")}},
         "gate": gate,
         # written only when the gate passes on the held-out part and the pick met every constraint on
         # the search part, but for the margin for sampling noise
         "holds": gate["passed"] and (feasible or violation(metrics[best], spec, margin=False) == 0.0),
+        "unmet_on_search": unmet(metrics[best], spec, margin=False),
         "verdict": verdict(validation, spec.objective),
         "search": {"estimates": [_estimate_row(e) for e in estimates],
                    "replays": [{**_estimate_row(e), "allocator": table, "measured": m}
                                for (e, m), (_, table) in zip(replayed, search_jobs)]},
         "validation": validation,
-        "against_baselines": _against(validation),
         "holdout_histogram": _histogram(hold_w, max_len),
     }
 
@@ -223,13 +222,14 @@ def plan_max_model_len(longest_tokens: int, setup) -> int:
     return min(value, half_pool_tokens(setup.pool_tokens))
 
 
-MIN_MODEL_LEN = 64  # plan refuses a pool whose half holds fewer KV tokens
+MIN_MODEL_LEN_TOKENS = 64  # plan refuses a pool whose half holds fewer KV tokens
 
 
-def half_pool_tokens(pool_tokens: int, granularity: int = 16) -> int:
-    """The longest max_model_len plan allows: half the KV pool, rounded down to the granularity
-    (ODMA's large pool holds at least one max_model_len block and may take at most half the pool)."""
-    return pool_tokens // 2 // granularity * granularity
+def half_pool_tokens(pool_tokens: int) -> int:
+    """The longest max_model_len plan allows: half the KV pool, rounded down to ODMA's granularity
+    (its large pool holds at least one max_model_len block and may take at most half the pool)."""
+    granularity_tokens = AllocatorConfig().granularity_tokens
+    return pool_tokens // 2 // granularity_tokens * granularity_tokens
 
 
 def deployment_name(setup) -> str:
@@ -242,7 +242,8 @@ TP_OPTIONS = (2, 4, 8)  # the tensor-parallel sizes pool_fit suggests, when the 
 def pool_fit(w: Workload, setup, spec: PlanSpec, max_len: int, capped: bool = False) -> dict:
     """Which requests the plan cannot serve whole: KV (prompt + output) past max_model_len (a prompt
     at or past it is rejected, a longer output truncated there), and past the whole pool, and why
-    max_model_len is what it is ("limit": given, a cap searched, half the pool, the model); when
+    max_model_len is what it is ("limit": given, a cap searched, half the pool, the model's
+    positions, the trace's longest); when
     half the pool limits it, the pool and the share past half of it (the longest max_model_len
     plan allows) at larger tensor-parallel sizes of the same device."""
     kv = w.prompt_tokens.astype(np.int64) + w.output_tokens.astype(np.int64)
@@ -254,8 +255,10 @@ def pool_fit(w: Workload, setup, spec: PlanSpec, max_len: int, capped: bool = Fa
         limit = "a cap searched within --max-rejection-rate"
     elif max_len == half and half < out_longest(kv, setup):
         limit = f"half the KV pool of {setup.pool_tokens:,} tokens, the most ODMA's large pool may take"
-    else:
+    elif max_len == setup.full_model.max_position_embeddings:
         limit = "the model's positions"
+    else:
+        limit = "the trace's longest request, rounded up to a power of two"
     out = {"pool_tokens": setup.pool_tokens, "half_pool_tokens": half, "limit": limit,
            "max_model_len": max_len, "longest_tokens": int(kv.max()) if kv.size else 0,
            "over_max_model_len": float((kv > max_len).sum() / n),
@@ -281,28 +284,13 @@ def out_longest(kv: np.ndarray, setup) -> int:
     return min(longest, positions) if positions else longest
 
 
-def fit_hint(fit: dict) -> str | None:
-    """The tensor-parallel size that serves every request whole, or the best one, as a hint."""
-    options = fit["options"]
-    if not options:
-        return None
-    whole = next((o for o in options if o["over_half_pool"] == 0), None)
-    if whole is not None:
-        return f"--tp {whole['tp']} ({whole['pool_tokens']:,} KV tokens) serves every request whole"
-    best = min(options, key=lambda o: o["over_half_pool"])
-    return f"--tp {best['tp']} ({best['pool_tokens']:,} KV tokens) leaves {best['over_half_pool']:.1%} too long; " \
-           "a device with more memory"
-
-
 def _validate(frame: pl.DataFrame, spec: PlanSpec, hold_ctx, split: int, final_table: dict,
               target: CapacityTarget | None, progress) -> dict:
     """The recommendation and the baselines on the held-out part. The recommendation is replayed
     as `check` replays a config: its [allocator] and [scheduler] as the config writes them, read
     back, on the trace from request `split` on (`--skip`), through run_policies; the baselines as
-    before on the same requests. An overloaded run gets the rate it sustains; with the capacity
+    `replay_candidate` jobs on the same requests. An overloaded run gets the rate it sustains; with the capacity
     objective every run gets its rate at the SLO."""
-    from odmactl.plan.config import allocator_table, config_text
-
     tables = config_tables(tomllib.loads(config_text({
         "allocator": allocator_table(final_table, hold_ctx.max_len),
         "scheduler": {"max_num_seqs": hold_ctx.scheduler.max_num_seqs,
@@ -317,21 +305,21 @@ def _validate(frame: pl.DataFrame, spec: PlanSpec, hold_ctx, split: int, final_t
     contexts = [hold_ctx if length == hold_ctx.max_len else dataclasses.replace(hold_ctx, max_len=length)
                 for *_, length in runs]
     done = run_jobs([(c, table, policy, True) for c, (_, policy, table, _) in zip(contexts, runs)], spec.workers,
-                    "plan: validate on the later part", progress)
+                    "plan: validate on the later part", progress, executor=spec.executor)
     validation = {"odma": {"policy": "odma", "max_model_len": hold_ctx.max_len, "metrics": held["metrics"],
                            "series": held["series"], "config": held["config"], "queue": held["queue"]}}
     validation.update({name: result for (name, *_), result in zip(runs, done)})
     jobs = [(name, c, policy, table) for c, (name, policy, table, _) in zip(contexts, runs)
             if validation[name]["queue"]["overloaded"]]
     found = run_jobs([(c, policy, table) for _, c, policy, table in jobs], spec.workers,
-                     "plan: rates the overloaded sustain", progress, fn=sustainable_scale)
+                     "plan: rates the overloaded sustain", progress, fn=sustainable_scale, executor=spec.executor)
     for (name, *_), scale in zip(jobs, found):
         validation[name]["queue"]["sustainable"] = scale
     if target is not None:
         every = [(hold_ctx, "odma", tables["allocator"])] + [(c, policy, table)
                                                               for c, (_, policy, table, _) in zip(contexts, runs)]
         scales = run_jobs([(c, policy, table, target) for c, policy, table in every], spec.workers,
-                          "plan: capacity on the later part", progress, fn=capacity_scale)
+                          "plan: capacity on the later part", progress, fn=capacity_scale, executor=spec.executor)
         for name, scale in zip(validation, scales):
             validation[name]["metrics"] = {**validation[name]["metrics"], "capacity_rate_scale": scale}
     return validation
@@ -339,18 +327,19 @@ def _validate(frame: pl.DataFrame, spec: PlanSpec, hold_ctx, split: int, final_t
 
 def _gate(odma: dict, spec: PlanSpec) -> dict:
     """The recommendation's held-out replay against the [thresholds] plan writes, judged by
-    gate.thresholds.evaluate, the evaluation `check` runs."""
-    from odmactl.plan.config import thresholds
-
+    gate.thresholds.evaluate, the evaluation `check` runs. Its utilization floor is a share of this
+    very replay's, so within plan only the overflow and rejection limits can fail; `check` on
+    later traffic holds the config to all three."""
     limits = thresholds(spec, odma["metrics"]["kv_utilization"])
     verdicts = evaluate({"results": {"odma": odma}}, "odma", limits)
     return {"passed": all(v.passed for v in verdicts), "thresholds": dataclasses.asdict(limits),
             "verdicts": [dataclasses.asdict(v) | {"text": v.text} for v in verdicts]}
 
 
-OBJECTIVE_METRIC = {"tps": "tps", "utilization": "kv_utilization", "capacity": "capacity_rate_scale"}
 REGRESSION_SHARE = 0.10  # a latency p99 this much above static's is flagged as a regression
-TIE_SHARE = 0.001  # policies within this share of the best value tie with it
+# policies within this share of the best value tie with it: TPS and utilization move by a fraction of
+# a percent with the end of a finite trace; a rate at the SLO is bracketed to the bisection's 2%
+TIE_SHARE = {"tps": 0.005, "utilization": 0.005, "capacity": CapacityTarget(Slo(()), 0.0).tolerance}
 
 
 def verdict(validation: dict, objective: str) -> dict:
@@ -365,7 +354,7 @@ def verdict(validation: dict, objective: str) -> dict:
     # a policy that rejects or truncates more requests than the recommendation serves other work: no contest
     comparable = [name for name in values if unserved[name] <= unserved["odma"]]
     top = max(values[name] for name in comparable)
-    leaders = [name for name in comparable if values[name] >= top * (1.0 - TIE_SHARE)]
+    leaders = [name for name in comparable if values[name] >= top * (1.0 - TIE_SHARE[objective])]
     best = "odma" if "odma" in leaders else max(leaders, key=lambda name: values[name])
     tied = [name for name in leaders if name != best]
     odma = values["odma"]
@@ -379,28 +368,6 @@ def verdict(validation: dict, objective: str) -> dict:
     return {"metric": key, "best": best, "tied_with": tied, "odma_is_best": best == "odma", "odma_value": odma,
             "best_value": values[best],
             "against": compared, "regressions_vs_static": regressions}
-
-
-def _against(validation: dict) -> dict:
-    """On the held-out part: the recommendation's KV-utilization lead in points, its TPS gain and
-    its migration rate minus each baseline's."""
-    odma = validation["odma"]["metrics"]
-    out = {}
-    for name, v in validation.items():
-        if name == "odma":
-            continue
-        m = v["metrics"]
-        out[name] = {"kv_utilization_points": 100.0 * (odma["kv_utilization"] - m["kv_utilization"]),
-                     "tps_gain": odma["tps"] / m["tps"] - 1.0 if m["tps"] > 0 else math.inf,
-                     "migration_rate_difference": odma["migration_rate"] - m["migration_rate"]}
-    return out
-
-
-def _large_pool(config: dict, setup) -> int:
-    """The large pool the pick's held-out replay ran with: its fraction of the pool, raised to one
-    max_model_len block when smaller (OdmaAllocator.complete_config), in whole blocks."""
-    odma = AllocatorConfig.from_mapping(config)
-    return large_pool_bytes(setup.pool_bytes, odma.max_model_len_tokens * setup.bytes_per_token, odma)
 
 
 def _histogram(w: Workload, max_len: int, bins: int = 80) -> dict:

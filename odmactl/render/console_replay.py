@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from odmactl.core.units import format_bytes, format_seconds
-from odmactl.render.metrics import CAPACITY_KEYS, METRICS, PLAN_KEYS, REPLAY_KEYS, format_metric, metric_rows
+from odmactl.render.metrics import CAPACITY_KEYS, METRICS, REPLAY_KEYS, format_metric, metric_rows, plan_keys
 from odmactl.render.plan_text import holdout_title, plan_headline
 from odmactl.render.tables import deployment, narrow_table
 from odmactl.render.warnings import mismatch_lines, replay_warnings
@@ -122,8 +122,7 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
     merged = f" ({a['num_buckets'] - len(bounds)} of B merged: equal after rounding)" if len(bounds) < a["num_buckets"] else ""
     shown = f"boundaries {bounds} tokens{merged}" if len(bounds) <= 16 else \
         f"{len(bounds)} boundaries{merged} from {bounds[0]:,} to {bounds[-1]:,} tokens (all in the config)"
-    large = doc["chosen"]["large_pool_bytes"]
-    blocks = large // (doc["max_model_len"] * doc["kv_bytes_per_token"])
+    large, blocks = doc["chosen"]["large_pool_bytes"], doc["chosen"]["large_pool_blocks"]
     what = "recommended" if doc["holds"] else "closest candidate (no config written)"
     _wrapped(console, f"{what}: {doc['chosen']['label']}; {shown}; max_model_len "
                       f"{doc['max_model_len']:,}; large pool {large / doc['kv_pool_bytes']:.1%} of the KV pool "
@@ -133,7 +132,7 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
         limits = ", ".join(f"{m} <= {format_seconds(v)}" for m, v in doc["slo"].items())
         console.print(escape(f"capacity objective: the pick sustains {chosen['measured']['capacity_rate_scale']:.3f}x the "
                              f"search part's arrival rate within {limits} (bisected by replay)"), highlight=False)
-    keys = PLAN_KEYS + (("capacity_rate_scale",) if doc["objective"] == "capacity" else ())
+    keys = plan_keys(doc["objective"])
     _wrapped(console, holdout_title(doc), "default")
     console.print(_policies_table(doc["validation"], keys))
     console.print(escape(f"wrote {', '.join(written)}" if written else "wrote nothing"), highlight=False)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from odmactl.core.units import format_bytes
-from odmactl.render.metrics import CAPACITY_KEYS, METRICS, PLAN_KEYS, format_metric, metric_rows
+from odmactl.render.metrics import CAPACITY_KEYS, METRICS, format_metric, metric_rows, plan_keys
 from odmactl.render.plan_text import failure_message, holdout_title, plan_headline
 from odmactl.render.tables import deployment
 from odmactl.render.warnings import mismatch_lines
@@ -113,7 +113,7 @@ def write_plan_report(doc: dict, config: dict | None, path: Path) -> None:
     esc = html.escape
     t = doc["trace"]
     head = "".join(f"<th>{esc(name)}</th>" for name in doc["validation"])
-    keys = PLAN_KEYS + (("capacity_rate_scale",) if doc["objective"] == "capacity" else ())
+    keys = plan_keys(doc["objective"])
     body = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>"
                    for row in metric_rows(doc["validation"], keys))
     headline = "".join(f'<p style="color:{HEADLINE_COLOURS[style]}"><b>{esc(line)}</b></p>'

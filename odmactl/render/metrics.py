@@ -76,6 +76,11 @@ CHECK_SUMMARY_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate"
                       "peak_concurrency")
 
 
+def plan_keys(objective: str) -> tuple[str, ...]:
+    """plan's held-out table: PLAN_KEYS, and the rate at the SLO under the capacity objective."""
+    return PLAN_KEYS + (("capacity_rate_scale",) if objective == "capacity" else ())
+
+
 def format_metric(key: str, value: float) -> str:
     return METRICS[key].text(value)
 

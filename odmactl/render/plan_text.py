@@ -28,7 +28,7 @@ def plan_headline(doc: dict) -> list[tuple[str, str]]:
                                      ("all fit" if o["over_half_pool"] == 0 else f"{o['over_half_pool']:.1%} too long")
                                      for o in fit["options"])
         if fit["limited_by_pool"] and not any(o["over_half_pool"] == 0 for o in fit["options"]):
-            line += "; a device with more memory serves more of them"
+            line += f"; {MORE_MEMORY}"
         lines.append(("bold yellow", line))
     v = doc["verdict"]
     metric = v["metric"]
@@ -71,8 +71,8 @@ def plan_headline(doc: dict) -> list[tuple[str, str]]:
                                      "for sampling noise; the closest passes the gate on the held-out part and is "
                                      "recommended"))
     elif not doc["constraints_met_on_search"]:
-        lines.append(("bold red", "on the search part no replayed candidate met every constraint; the closest is "
-                                  "shown"))
+        lines.append(("bold red", "on the search part no replayed candidate met every constraint; the closest "
+                                  f"missed: {'; '.join(doc['unmet_on_search']) or 'the margin for sampling noise'}"))
     line = overload_line(doc["validation"])
     if line is not None:
         lines.append(("yellow", line))
@@ -87,19 +87,33 @@ def holdout_title(doc: dict) -> str:
             f"{format_metric('kv_utilization', g['min_utilization'])}):")
 
 
+MORE_MEMORY = "a device with more memory serves more of them"
+
+
+def tp_advice(fit: dict) -> str | None:
+    """The tensor-parallel size that serves every request whole (plan/search.pool_fit's options),
+    else the best one and MORE_MEMORY; None without options."""
+    options = fit["options"]
+    if not options:
+        return None
+    whole = next((o for o in options if o["over_half_pool"] == 0), None)
+    if whole is not None:
+        return f"--tp {whole['tp']} ({whole['pool_tokens']:,} KV tokens) serves every request whole"
+    best = min(options, key=lambda o: o["over_half_pool"])
+    return f"--tp {best['tp']} ({best['pool_tokens']:,} KV tokens) leaves {best['over_half_pool']:.1%} too long; {MORE_MEMORY}"
+
+
 def failure_message(doc: dict, out_path=None) -> str:
     """Why plan wrote no config: the constraints that fail and the candidate that came closest."""
     failed = [x["text"] for x in doc["gate"]["verdicts"] if not x["passed"]]
-    where = "on the held-out part: " + "; ".join(failed) if failed else \
-        "on the search part (no replayed candidate met --ttft-p99 or the SLO)"
-    fix = ""
-    if doc["pool_fit"]["options"] and doc["pool_fit"]["over_max_model_len"] > 0:
-        whole = [o["tp"] for o in doc["pool_fit"]["options"] if o["over_half_pool"] == 0]
-        fix = f" ({doc['pool_fit']['over_max_model_len']:.1%} of the requests do not fit" + \
-              (f"; --tp {whole[0]} serves them all)" if whole else "; a device with more memory serves more)")
+    where = f"fails plan's own gate on the held-out part: {'; '.join(failed)}" if failed else \
+        f"missed on the search part: {'; '.join(doc['unmet_on_search'])}"
+    fit, fix = doc["pool_fit"], ""
+    advice = tp_advice(fit)
+    if advice is not None and fit["over_max_model_len"] > 0:
+        fix = f" ({fit['over_max_model_len']:.1%} of the requests do not fit; {advice})"
     written = "no config written" + (f" to {out_path}" if out_path is not None else "")
-    return (f"{written}: the closest candidate, {doc['chosen']['label']}, fails plan's own gate "
-            f"{where}{fix}")
+    return f"{written}: the closest candidate, {doc['chosen']['label']}, {where}{fix}"
 
 
 def config_heading(doc: dict) -> str:

@@ -18,7 +18,7 @@ def overload_line(results: dict[str, dict]) -> str | None:
         if found is None:
             parts.append(policy)
         elif found["rate_scale"] is None:
-            parts.append(f"{policy} (not even at 2**-20 times it, the slowest rate tried)")
+            parts.append(f"{policy} (not even at {found['next_rate_scale']:.3g}x, the slowest rate tried)")
         else:
             at = f" ({found['rate_scale'] * rate:,.3g} req/s)" if rate else ""
             parts.append(f"{policy} {found['rate_scale']:.3g}x{at}")

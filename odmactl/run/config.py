@@ -22,7 +22,8 @@ from odmactl.sim.loop import SchedulerSettings
 
 CONFIG_TABLES = ("allocator", "scheduler", "thresholds")
 RECORD_TABLES = ("plan", "engine")  # what plan records and restates; "meta" is [plan]'s older name
-# [plan] keys a run is compared with (`mismatches`), and the type each must have
+# [plan] keys checked where a config is read, and the type each must have; `mismatches` compares the
+# deployment's (device, model, kv_dtype, tp, the pool), the predictor names the predictor to use
 PLAN_RECORD = {"device": str, "model": str, "kv_dtype": str, "tp": int, "kv_pool_bytes": int, "kv_pool_tokens": int,
                "predictor": str}
 RUN_ONLY = ("fast_forward", "series_points")  # SchedulerSettings a command sets, never a config file

@@ -117,8 +117,13 @@ def prepare(frame: pl.DataFrame, spec: ServingSpec, setup: Serving, *, load: Loa
                                    "lengths), or --predictor none to replay without predictions")
         predictor = "none"
     workload, _, label = build_workload(frame, load, predictor)
-    max_len = spec.max_model_len or tables["allocator"].get("max_model_len_tokens") or \
-        default_max_model_len(workload, setup.model, setup.pool_tokens)
+    given = spec.max_model_len or tables["allocator"].get("max_model_len_tokens")
+    positions = setup.full_model.max_position_embeddings
+    if given and positions and given > positions:
+        where = "--max-model-len" if spec.max_model_len else f"{config}: allocator.max_model_len_tokens"
+        raise ConfigError(f"{where} {given:,} is past {setup.full_model.name}'s {positions:,} positions (vLLM refuses "
+                          "it too)", hint=f"a max_model_len up to {positions:,}")
+    max_len = given or default_max_model_len(workload, setup.model, setup.pool_tokens)
     overrides = {"fast_forward": fast_forward}
     if spec.max_num_seqs is not None:
         overrides["max_num_seqs"] = spec.max_num_seqs

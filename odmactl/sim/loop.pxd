@@ -16,7 +16,7 @@ cdef class Replay:
     cdef bint ff, track_boundaries, dirty
     cdef long long B, num, max_seqs, max_prefill, num_blocks
     cdef object block_bytes, pred, unc, ids, queue, series, boundaries
-    cdef long long[:] prompt, target, output, arrival, gen, base, seq_of, first_ps, done_ps, reserved_tokens
+    cdef long long[:] prompt, target, output, arrival, gen, base, seq_of, start_ps, first_ps, done_ps, reserved_tokens
     cdef long long[:] request_of_seq, phase, runs
     cdef list allocs
     cdef dict running

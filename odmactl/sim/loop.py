@@ -133,8 +133,9 @@ class Replay:
 
     State during `run()`, per request i (int64 buffers): `gen[i]` tokens generated as of the last
     boundary it ran at; while running, its KV tokens at decode iteration I are `base[i] + I` and
-    `seq_of[i]` is its admission number (-1 otherwise); `first_ps[i]` / `done_ps[i]` its first token
-    and completion (-1 until then, -2 rejected); `reserved_tokens[i]` what it held at the end.
+    `seq_of[i]` is its admission number (-1 otherwise); `start_ps[i]` / `first_ps[i]` / `done_ps[i]`
+    the start of its first prefill, its first token and its completion (-1 until then, -2
+    rejected); `reserved_tokens[i]` what it held at the end.
     `running` maps request -> admission number in admission order; `finish` and `overflow` are
     heaps of iteration * SEQ_SPAN + admission number (an entry is stale once its request left that
     admission). `kv_sum` is the running requests' KV tokens at iteration `it`; for block growth
@@ -145,7 +146,7 @@ class Replay:
         "w", "alloc", "settings", "max_len", "block", "paged", "coeff", "cost", "progress", "probe",
         # per run
         "ff", "track_boundaries", "B", "num", "max_seqs", "max_prefill", "num_blocks", "block_bytes",
-        "prompt", "target", "output", "arrival", "gen", "base", "seq_of", "first_ps", "done_ps",
+        "prompt", "target", "output", "arrival", "gen", "base", "seq_of", "start_ps", "first_ps", "done_ps",
         "reserved_tokens", "request_of_seq", "phase", "runs", "pred", "unc", "ids", "allocs", "queue",
         "running", "finish", "overflow", "segment", "prefill_clock", "series", "boundaries",
         "t", "it", "span", "kv_sum", "runs_now", "peak_blocks", "next_arrival", "next_seq", "dirty",
@@ -247,6 +248,7 @@ class Replay:
         self.gen = _filled(num, 0)
         self.base = _filled(num, 0)
         self.seq_of = _filled(num, -1)
+        self.start_ps = _filled(num, -1)
         self.first_ps = _filled(num, -1)
         self.done_ps = _filled(num, -1)
         self.reserved_tokens = _filled(num, 0)
@@ -286,7 +288,8 @@ class Replay:
                     "migrated_bytes": self.migrated_bytes, "peak_concurrency": self.peak,
                     "prefill_iterations": self.prefills, "decode_iterations": self.decodes,
                     "occupancy_byte_ps": self.occupancy_byte_ps, "migration_ps": self.migration_ps}
-        timeline = Timeline(np.asarray(self.arrival), np.asarray(self.first_ps), np.asarray(self.done_ps), target_np,
+        timeline = Timeline(np.asarray(self.arrival), np.asarray(self.start_ps), np.asarray(self.first_ps),
+                            np.asarray(self.done_ps), target_np,
                             prompt_np, np.asarray(self.reserved_tokens), self.arrival[0] if self.num else 0)
         return replay_result(self.alloc, counters, timeline, self.series, self.boundaries)
 
@@ -453,11 +456,13 @@ class Replay:
         if self.runs_now > self.peak_blocks:
             self.peak_blocks = self.runs_now
         dt = self.prefill_clock.ps(prompt_sum, prompt_squares)
+        started: cython.longlong = self.t
         self.t += dt
         self.occupancy_byte_ps += self._reserved_bytes() * dt
         self.prefills += 1
         for i in admitted:
             if self.first_ps[i] < 0:
+                self.start_ps[i] = started
                 self.first_ps[i] = self.t
             if self.gen[i] >= self.target[i]:
                 self._finish_request(i)

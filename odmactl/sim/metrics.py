@@ -25,12 +25,14 @@ class ReplayResult:
 
 @dataclass(frozen=True)
 class Timeline:
-    """Per request (int64 arrays, row i is request i): arrival, first token and completion in ps
-    (first_ps -1 for a request never prefilled, done_ps -2 for a rejected one), the output tokens it
+    """Per request (int64 arrays, row i is request i): arrival, the start of its first prefill, its
+    first token and completion in ps (start_ps and first_ps -1 for a request never prefilled,
+    done_ps -2 for a rejected one), the output tokens it
     was to generate within max_model_len (`target`), its prompt, and the KV tokens it held at the
     end (`reserved_tokens`)."""
 
     arrival_ps: np.ndarray
+    start_ps: np.ndarray
     first_ps: np.ndarray
     done_ps: np.ndarray
     target: np.ndarray
@@ -50,14 +52,16 @@ OVERLOAD_SPAN_SHARE = 0.05  # the last part's median wait must pass this share o
 
 
 def queue_growth(timeline: Timeline) -> dict:
-    """Whether the queue grew through the run (overload), from the served requests' waits for
-    their first token (TTFT): they are split by arrival into OVERLOAD_PARTS equal parts, and the run
-    is overloaded when the last part's median wait is the longest of all, longer than the first
-    part's, and longer than OVERLOAD_SPAN_SHARE of the arrivals' span. A server that keeps up
-    drains its bursts, so its waits do not keep rising to the end, and they stay far below the
-    span (seconds against minutes or hours); an overloaded one is still behind when the arrivals
-    stop, by a wait that grows with the span. Not judged (overloaded False) for fewer than
-    OVERLOAD_PARTS served requests or when they all arrive at once (offline)."""
+    """Whether the queue grew through the run (overload), from the served requests' waits in the
+    queue (arrival to the start of their first prefill: their own prefill is service, not
+    waiting). They are split by arrival into OVERLOAD_PARTS equal parts, and the run is overloaded
+    when the later half's median wait is longer than the earlier half's and the last part's median
+    wait is longer than OVERLOAD_SPAN_SHARE of the arrivals' span. A server that keeps up drains
+    its bursts, so its waits stay far below the span (seconds against minutes or hours) and do not
+    rise from one half to the next; an overloaded one is still behind when the arrivals stop, by a
+    wait that grows with the span. Not judged (overloaded False) for fewer than OVERLOAD_PARTS
+    served requests or when they all arrive at once (offline). Also the arrival rate of all the
+    requests replayed (rejected ones too): what a sustainable rate scale multiplies."""
     ok = timeline.done_ps >= 0
     arrival = timeline.arrival_ps[ok]
     span_s = float(arrival[-1] - arrival[0]) / PS if arrival.size else 0.0
@@ -67,11 +71,12 @@ def queue_growth(timeline: Timeline) -> dict:
            "arrival_rate_per_s": (every.size - 1) / every_span_s if every_span_s > 0 else None}
     if arrival.size < OVERLOAD_PARTS or span_s <= 0:
         return out
-    waits = (timeline.first_ps[ok] - arrival) / PS
+    waits = (timeline.start_ps[ok] - arrival) / PS
     medians = [float(np.median(part)) for part in np.array_split(waits, OVERLOAD_PARTS)]  # arrival order
-    last = medians[-1]
+    half = arrival.size // 2
     out["wait_p50_by_part_s"] = medians
-    out["overloaded"] = bool(last >= max(medians) and last > medians[0] and last > OVERLOAD_SPAN_SHARE * span_s)
+    out["overloaded"] = bool(np.median(waits[half:]) > np.median(waits[:half])
+                             and medians[-1] > OVERLOAD_SPAN_SHARE * span_s)
     return out
 
 
