@@ -65,7 +65,9 @@ class OdmaAllocator(ContiguousAllocator):
         block = max_len * bytes_per_token
         if config.large_pool_bytes is None and pool_bytes * config.large_pool_fraction < block:
             if block > pool_bytes:
-                raise ConfigError(f"one max_model_len block ({max_len} tokens) does not fit the KV pool")
+                raise ConfigError(f"one max_model_len block ({max_len:,} tokens) does not fit the KV pool "
+                                  f"({pool_bytes // bytes_per_token:,} tokens): odma's large pool needs one",
+                                  hint=f"a max_model_len up to {pool_bytes // bytes_per_token:,}")
             config = dataclasses.replace(config, large_pool_bytes=block)
             notes["large_pool"] = "raised to one max_model_len block"
         return config, notes

@@ -50,8 +50,8 @@ def vllm_settings(setup: Serving, kv_dtype: str, max_len: int, max_num_seqs: int
     out: dict = {"tensor_parallel_size": setup.tp, "max_model_len": max_len, "max_num_seqs": max_num_seqs,
                  "max_num_batched_tokens": max_num_batched_tokens, "block_size": block}
     if kv_dtype not in VLLM_KV_CACHE_DTYPE:  # its blocks at 16 bits would not fit: no memory settings, no command
-        out["note"] = (f"vLLM has no {kv_dtype} KV cache: the pool and block count of this plan hold only at "
-                       f"{kv_dtype}, in an engine that stores KV so")
+        out["note"] = (f"vLLM has no {kv_dtype} KV cache: the pool and block count of this plan hold only in an "
+                       f"engine that stores KV at {kv_dtype}")
         return out
     out.update(num_gpu_blocks_override=setup.pool_tokens // block, gpu_memory_utilization=utilization,
                kv_cache_dtype=VLLM_KV_CACHE_DTYPE[kv_dtype])

@@ -42,7 +42,8 @@ def plan_headline(doc: dict) -> list[tuple[str, str]]:
     against = "; ".join(versus(name, a) for name, a in v["against"].items() if name != v["best"])
     if v["odma_is_best"] and v["tied_with"]:
         lines.append(("bold yellow", f"{pick} ties for best on the held-out part by {title} with "
-                                     f"{', '.join(v['tied_with'])}: {format_metric(metric, v['odma_value'])}; {against}"))
+                                     f"{', '.join(v['tied_with'])}: odma {format_metric(metric, v['odma_value'])}; "
+                                     f"{against}"))
     elif v["odma_is_best"]:
         lines.append(("bold green", f"{pick} is best on the held-out part by {title}: "
                                     f"{format_metric(metric, v['odma_value'])}; {against}"))

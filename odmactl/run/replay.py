@@ -119,10 +119,14 @@ def prepare(frame: pl.DataFrame, spec: ServingSpec, setup: Serving, *, load: Loa
     workload, _, label = build_workload(frame, load, predictor)
     given = spec.max_model_len or tables["allocator"].get("max_model_len_tokens")
     positions = setup.full_model.max_position_embeddings
+    where = "--max-model-len" if spec.max_model_len else f"{config}: allocator.max_model_len_tokens"
     if given and positions and given > positions:
-        where = "--max-model-len" if spec.max_model_len else f"{config}: allocator.max_model_len_tokens"
-        raise ConfigError(f"{where} {given:,} is past {setup.full_model.name}'s {positions:,} positions (vLLM refuses "
-                          "it too)", hint=f"a max_model_len up to {positions:,}")
+        raise ConfigError(f"{where} {given:,} is past {setup.full_model.name}'s {positions:,} positions, which vLLM "
+                          "refuses too", hint=f"a max_model_len up to {positions:,}")
+    if given and given > setup.pool_tokens:
+        raise ConfigError(f"{where} {given:,} is more than the KV pool holds ({setup.pool_tokens:,} tokens), which vLLM "
+                          "refuses at start-up too", hint=f"a max_model_len up to {setup.pool_tokens:,}, or a larger "
+                          "--kv-pool, --tp or device")
     max_len = given or default_max_model_len(workload, setup.model, setup.pool_tokens)
     overrides = {"fast_forward": fast_forward}
     if spec.max_num_seqs is not None:
