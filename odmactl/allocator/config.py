@@ -125,15 +125,13 @@ class AllocatorConfig:
             raise ConfigError(f"expected {TAU_EXPECTED}, got {self.tau!r}", key="tau")
         for name in SEQUENCES:
             value = getattr(self, name)
-            if not isinstance(value, (tuple, list)) and not (name == "quantile_levels" and isinstance(value, str)):
+            named = name == "quantile_levels" and isinstance(value, str) and value in LEVEL_SHAPES
+            if not isinstance(value, (tuple, list)) and not named:
                 known = f" or one of {', '.join(LEVEL_SHAPES)}" if name == "quantile_levels" else ""
                 raise ConfigError(f"expected a list{known}, got {value!r}", key=name)
-        if isinstance(self.quantile_levels, str):
-            if self.quantile_levels not in LEVEL_SHAPES:
-                raise ConfigError(f"expected a list of levels or one of {', '.join(LEVEL_SHAPES)}, got "
-                                  f"{self.quantile_levels!r}", key="quantile_levels")
-            if whole_number_problem(self.num_buckets, 1, MAX_BUCKETS) is None:  # else the check below says so
-                object.__setattr__(self, "quantile_levels", shaped_levels(self.num_buckets, self.quantile_levels))
+        if isinstance(self.quantile_levels, str) and whole_number_problem(self.num_buckets, 1, MAX_BUCKETS) is None:
+            # a bad num_buckets: the check below says so
+            object.__setattr__(self, "quantile_levels", shaped_levels(self.num_buckets, self.quantile_levels))
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, object], source: str | Path | None = None,

@@ -54,7 +54,6 @@ def plan(
     from odmactl.render.json import to_json
     from odmactl.render.plan_text import config_heading, failure_message
     from odmactl.run.config import predictor_for_config
-    from odmactl.run.serving import serving
     from odmactl.trace.schema import read_trace
 
     check_outputs([out_path, report], force, input_paths(trace_path, predictor, device, model))
@@ -68,9 +67,8 @@ def plan(
                     kv_pool_bytes=parse_kv_pool(kv_pool), tp=tp)
     frame = read_trace(trace_path)
     with progress_for(json_out) as progress:
-        doc = run_plan(frame, spec, progress=progress)
+        doc, setup = run_plan(frame, spec, progress=progress)
     doc["trace"]["path"] = str(trace_path)
-    setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes, tp=spec.tp)
     config = config_document(doc, setup, plan_command(trace_path, spec, out_path),
                              predictor_for_config(predictor, out_path), str(trace_path),
                              AllocatorConfig.from_mapping(doc["validation"]["odma"]["config"]))
@@ -79,7 +77,7 @@ def plan(
     written = [p for p in (report, out_path if holds else None) if p is not None]
     if report is not None:  # the report first: a run stopped between the two leaves no new config beside an old report
         with atomic_output(report, force=force) as tmp:
-            write_plan_report(doc, config if holds else None, tmp)
+            write_plan_report(doc, config, tmp)
     if holds:
         with atomic_output(out_path, force=force) as tmp:
             tmp.write_text(text, encoding="utf-8")

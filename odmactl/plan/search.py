@@ -88,7 +88,7 @@ from odmactl.rules.buckets import quantile_boundaries
 from odmactl.run.config import config_tables
 from odmactl.run.executors import run_jobs
 from odmactl.run.replay import prepare, run_policies
-from odmactl.run.serving import serving
+from odmactl.run.serving import Serving, serving
 from odmactl.run.spec import LoadOptions, ReplaySpec
 from odmactl.sim.workload import Workload
 
@@ -100,8 +100,9 @@ def trace_digest(frame: pl.DataFrame) -> str:
     return hashlib.sha256(cols.write_ipc(None).getvalue()).hexdigest()[:16]
 
 
-def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
-    """Search, replay, choose, validate and gate; returns the JSON-ready plan document."""
+def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> tuple[dict, Serving]:
+    """Search, replay, choose, validate and gate: the JSON-ready plan document, and the serving
+    setup it planned for (the config's engine settings derive from it)."""
     setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes, tp=spec.tp)
     if spec.predictor == "none":
         raise ConfigError("plan sizes ODMA's blocks from predicted lengths: give --predictor P/ (from `odmactl fit`) "
@@ -112,25 +113,25 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
         trace_rates(frame["arrival_s"].to_numpy().astype(float))  # the arrivals must spread over time to be scaled
     half_pool = half_pool_tokens(setup.pool_tokens)
     if half_pool < MIN_MODEL_LEN_TOKENS:
-        raise ConfigError(f"the KV pool of {deployment_name(setup)} holds {setup.pool_tokens:,} tokens; plan needs "
+        raise ConfigError(f"the KV pool of {setup.group_name} holds {setup.pool_tokens:,} tokens; plan needs "
                           f"half of it to hold a request of {MIN_MODEL_LEN_TOKENS} tokens at least",
                           hint="a larger --kv-pool, --tp or device")
     if spec.max_model_len is not None and spec.max_model_len > half_pool:
         raise ConfigError(f"--max-model-len {spec.max_model_len:,} is more than half the KV pool ({setup.pool_tokens:,} "
-                          f"tokens on {deployment_name(setup)}): ODMA's large pool holds at least one max_model_len "
+                          f"tokens on {setup.group_name}): ODMA's large pool holds at least one max_model_len "
                           f"block and may take at most half the pool ({half_pool:,} tokens)",
                           hint=f"a --max-model-len up to {half_pool:,}, or more memory: a larger --tp or device")
     kv = frame["prompt_tokens"].cast(pl.Int64) + frame["output_tokens"].cast(pl.Int64)
     chosen_len = spec.max_model_len or plan_max_model_len(int(kv.max()), setup)
     ctx, label = prepare(frame, dataclasses.replace(spec, max_model_len=chosen_len), setup)
     workload, max_len = ctx.workload, ctx.max_len
-    fit = pool_fit(workload, setup, spec, max_len)
     too_long = int((workload.prompt_tokens >= max_len).sum())
     if too_long > workload.size * MAX_UNSERVED_SHARE:
         raise ConfigError(f"{too_long:,} of the {workload.size:,} requests have prompts of max_model_len ({max_len:,} "
                           f"tokens) or more and can never be served (KV pool {setup.pool_tokens:,} tokens on "
-                          f"{deployment_name(setup)}): nothing worth planning is left",
-                          hint=tp_advice(fit) or "a larger --kv-pool or device, or a larger --max-model-len")
+                          f"{setup.group_name}): nothing worth planning is left",
+                          hint=tp_advice(pool_fit(workload, setup, spec, max_len))
+                          or "a larger --kv-pool or device, or a larger --max-model-len")
     split = int(round(frame.height * (1.0 - spec.holdout)))
     search_w, hold_w = workload.take(0, split), workload.take(split, frame.height)
     pool_tokens = setup.pool_tokens
@@ -180,7 +181,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
                    "boundaries_tokens": _final_boundaries(search_w, chosen, max_len)}
     validation = _validate(frame, spec, dataclasses.replace(ctx, workload=hold_w), split, final_table, target, progress)
     gate = _gate(validation["odma"], spec)
-    return {
+    doc = {
         "trace": {"requests": frame.height, "search_requests": split, "holdout_requests": frame.height - split,
                   "digest": trace_digest(frame)},
         "device": setup.device.name, "tp": setup.tp, "model": setup.model_name, "kv_dtype": spec.kv_dtype,
@@ -208,6 +209,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> dict:
         "validation": validation,
         "holdout_histogram": _histogram(hold_w, max_len),
     }
+    return doc, setup
 
 
 def plan_max_model_len(longest_tokens: int, setup) -> int:
@@ -230,10 +232,6 @@ def half_pool_tokens(pool_tokens: int) -> int:
     (its large pool holds at least one max_model_len block and may take at most half the pool)."""
     granularity_tokens = AllocatorConfig().granularity_tokens
     return pool_tokens // 2 // granularity_tokens * granularity_tokens
-
-
-def deployment_name(setup) -> str:
-    return f"{setup.tp} x {setup.device.name}" if setup.tp > 1 else setup.device.name
 
 
 TP_OPTIONS = (2, 4, 8)  # the tensor-parallel sizes pool_fit suggests, when the profile has a link

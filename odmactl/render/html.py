@@ -104,9 +104,9 @@ HEADLINE_COLOURS = {"default": "#222", "bold red": "#b00020", "bold yellow": "#8
                     "green": "#1b6e20"}
 
 
-def write_plan_report(doc: dict, config: dict | None, path: Path) -> None:
-    """The report; `config` is the config written, None when the recommendation failed its gate
-    (the report then says why and shows the closest candidate's settings)."""
+def write_plan_report(doc: dict, config: dict, path: Path) -> None:
+    """The report; `config` is the config plan made, written only when it holds (doc["holds"]):
+    otherwise the report says why and shows the closest candidate's settings."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,12 +118,10 @@ def write_plan_report(doc: dict, config: dict | None, path: Path) -> None:
                    for row in metric_rows(doc["validation"], keys))
     headline = "".join(f'<p style="color:{HEADLINE_COLOURS[style]}"><b>{esc(line)}</b></p>'
                        for style, line in plan_headline(doc))
-    if config is None:
+    holds = doc["holds"]
+    if not holds:
         headline += f'<p style="color:#b00020"><b>{esc(failure_message(doc))}</b></p>'
-        settings = {"max_model_len_tokens": doc["max_model_len"], **doc["chosen"]["allocator"]}
-    else:
-        settings = config["allocator"]
-    engine = "" if config is None else "<h2>[engine.vllm]: the vLLM launch settings</h2><table>" + "".join(
+    engine = "" if not holds else "<h2>[engine.vllm]: the vLLM launch settings</h2><table>" + "".join(
         f"<tr><td>{esc(k)}</td><td>{esc(str(v))}</td></tr>" for k, v in config["engine"]["vllm"].items()) + "</table>"
     replays = "".join(f"<tr><td>{esc(r['label'])}</td><td>{format_metric('kv_utilization', r['estimate']['kv_utilization'])}</td>"
                       f"<td>{format_metric('overflow_rate', r['estimate']['overflow_rate'])}</td>"
@@ -133,7 +131,7 @@ def write_plan_report(doc: dict, config: dict | None, path: Path) -> None:
                       f"<td>{format_metric('rejections', r['measured']['rejections'])}</td></tr>"
                       for r in doc["search"]["replays"])
     allocator = "".join(f"<tr><td>{esc(k)}</td><td style=\"text-align:left\">{esc(str(v))}</td></tr>"
-                        for k, v in settings.items())
+                        for k, v in config["allocator"].items())
     text = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>odmactl plan: {esc(t['path'])}</title>
 <style>body{{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
@@ -146,12 +144,12 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child{{t
 Searched on the first {t['search_requests']:,} requests, validated on the last {t['holdout_requests']:,}.</p>
 <p>{doc['candidates']:,} candidates, {doc['pruned']:,} pruned by the cheap bounds, {doc['replayed']} replayed; objective
 <b>{esc(doc['objective'])}</b>, overflow rate (migrations + preemptions per request) at most {doc['max_overflow_rate']:.2%}.
-{'Recommended' if config is not None else 'Closest candidate (no config written)'}: <b>{esc(doc['chosen']['label'])}</b>{'' if doc['constraints_met_on_search'] else
+{'Recommended' if holds else 'Closest candidate (no config written)'}: <b>{esc(doc['chosen']['label'])}</b>{'' if doc['constraints_met_on_search'] else
 ' (no replayed candidate met every constraint: the closest is shown)'}.</p>
 <h2>Held-out later part: the recommendation against the baselines</h2>
 <p>{esc(holdout_title(doc))}</p>
 <table><tr><th>metric</th>{head}</tr>{body}</table>
-<h2>{'Recommended' if config is not None else 'Closest candidate (not written)'} [allocator]</h2><table>{allocator}</table>
+<h2>{'Recommended' if holds else 'Closest candidate (not written)'} [allocator]</h2><table>{allocator}</table>
 {engine}
 <h2>Utilization against overflow rate: the Pareto front</h2><img src="data:image/png;base64,{_pareto(doc)}">
 <h2>Bucket boundaries over the held-out lengths</h2><img src="data:image/png;base64,{_boundaries(doc)}">

@@ -37,6 +37,11 @@ class Serving:
         return self.full_model.name if self.tp > 1 else self.model.name
 
     @property
+    def group_name(self) -> str:
+        """The devices the model runs on, as messages name them (`group_name`)."""
+        return group_name(self.device.name, self.tp)
+
+    @property
     def bytes_per_token(self) -> int:
         return self.model.kv_bytes_per_token * self.tp
 
@@ -54,7 +59,7 @@ def serving(device_ref: str, model_ref: str, kv_dtype: str = "fp16", kv_pool_byt
     full_model = load_model(model_ref, kv_dtype=kv_dtype)
     model = full_model.shard(tp)
     device.interconnect_for(tp)  # a profile without a link cannot host a tp group: say so first
-    group = f"{tp} x {device.name}" if tp > 1 else device.name
+    group = group_name(device.name, tp)
     room = device.kv_pool_bytes(model, tp)  # the most a pool may take: what the profile leaves
     bytes_per_token = model.kv_bytes_per_token * tp  # the group's: Serving.bytes_per_token
     if kv_pool_bytes is not None and kv_pool_bytes > room:
@@ -82,6 +87,11 @@ def serving(device_ref: str, model_ref: str, kv_dtype: str = "fp16", kv_pool_byt
     dtype = device.compute_dtype
     cost = CostModel(device, model, compute_dtype=dtype, tp=tp)
     return Serving(device, full_model, model, cost, pool_bytes, dtype, tp)
+
+
+def group_name(device_name: str, tp: int) -> str:
+    """'DEVICE', or under tensor parallelism 'TP x DEVICE'."""
+    return f"{tp} x {device_name}" if tp > 1 else device_name
 
 
 def default_max_model_len(workload: Workload, model: ModelProfile, pool_tokens: int) -> int:
