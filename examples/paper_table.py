@@ -5,9 +5,21 @@ Run from the repository root (needs ../shared/traces; about 10 minutes on 2 CPU 
     python examples/paper_table.py --work /tmp/odmactl-paper --out examples/paper_table.md
 
 For each trace it ingests the source, trains the length predictor (`odmactl fit`) on the earlier
-requests, and replays the next 5,000 (with their own timestamps, re-based to 0) through static
-(max_model_len 32,768 and 8,192), paged, s3 and odma with the fitted predictor, via the same code as
-`odmactl replay --compare`. It writes the markdown table to --out and the full results beside it (.json).
+requests, and replays the next 5,000 (with their own timestamps, re-based to 0), via the same code as
+`odmactl replay --compare`, through the baselines as their papers define them:
+
+- static at max_model_len 32,768 (worst-case provisioning) and static at prompt + max_new_tokens, the
+  Cambricon-vLLM 0.6.2 pre-allocation the ODMA papers compare with (`--max-new-tokens`; N is the
+  smallest power of two that holds the part's longest output, so nothing is truncated);
+- paged at vLLM's 16-token blocks;
+- s3 as its paper runs it (s3_overflow = "preempt": an outgrown request is preempted and re-queued
+  with the next output bucket) and odmactl's earlier copy variant ("migrate");
+- odma with the fitted predictor.
+
+It also gives, for each trace, the max_new_tokens at which static's utilization (the papers' metric:
+the KV the requests used over the KV reserved for them, sum (p + o) / sum (p + N)) is the papers'
+55.05% (Alpaca) and 42.54% (Google-NQ). It writes the markdown table to --out and the full results
+beside it (.json).
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ TRACES = {
     "alpaca_eval": (["alpaca_eval_model_outputs.jsonl.gz", "--offline"], 40_000, 8_192, "prompt"),
 }
 REPLAY_REQUESTS = 5_000
+PAPER_STATIC_UTILIZATION = {"Alpaca": 0.5505, "Google-NQ": 0.4254}  # seeds/001 §5, Figure 5
 METRIC_KEYS = ("kv_utilization", "tps", "ttft_p99", "tpot_p99", "migration_rate", "peak_concurrency", "preemptions")
 
 
@@ -58,6 +71,22 @@ def prepare(work: Path, name: str, ingest_args: list[str], train_rows: int, max_
     return test, pred
 
 
+def _max_new_at(prompt, output, target: float) -> int:
+    """The max_new_tokens N at which static's utilization, sum (p + min(o, N)) / sum (p + N), is
+    closest to `target` (it falls as N grows past the outputs, so the first N at or below it)."""
+    import numpy as np
+
+    p, o = prompt.astype(np.float64), output.astype(np.float64)
+    lo, hi = 1, 1 << 24
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if (p + np.minimum(o, mid)).sum() / (p + mid).sum() <= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("/tmp/odmactl-paper"))
@@ -79,20 +108,41 @@ def main() -> None:
     for name, (ingest_args, train_rows, max_len, split) in TRACES.items():
         test, pred = prepare(args.work, name, ingest_args, train_rows, max_len, split)
         frame = read_trace(test)
+        prompt, output = frame["prompt_tokens"].to_numpy(), frame["output_tokens"].to_numpy()
+        new_tokens = 1 << max(int(output.max()) - 1, 0).bit_length()
         rows = {}
-        for label, policies, length in (("static (32,768)", ["static"], 32_768), ("static (8,192)", ["static"], 8_192),
-                                        (f"paged / s3 / odma ({max_len:,})", ["paged", "s3", "odma"], max_len)):
-            doc = run_policies(frame, policies, ReplaySpec(device=DEVICE, model=MODEL, predictor=str(pred), max_model_len=length))
-            for policy, r in doc["results"].items():
-                key = f"static, max_model_len {length:,}" if policy == "static" else f"{policy}, max_model_len {length:,}"
-                r.pop("series")
-                rows[key] = r
-        everything[name] = rows
-        table = [[key] + [format_metric(k, r["metrics"][k]) for k in METRIC_KEYS]
-                 + [f"{r['metrics'][k]:,}" for k in ("truncated", "completed")] for key, r in rows.items()]
-        lines += [f"## {name}", ""] + markdown_table(["policy", *(METRICS[k].header for k in METRIC_KEYS),
+        runs = (
+            (f"static, max_model_len {32_768:,}", ["static"], 32_768, {}, {}),
+            (f"static, prompt + {new_tokens:,} new tokens (papers' baseline)", ["static"], max_len,
+             {"max_new_tokens": new_tokens}, {}),
+            ("paged (16-token blocks)", ["paged"], max_len, {}, {}),
+            ("s3, preempt (its paper)", ["s3"], max_len, {}, {"s3_overflow": "preempt"}),
+            ("s3, migrate (copy)", ["s3"], max_len, {}, {"s3_overflow": "migrate"}),
+            ("odma", ["odma"], max_len, {}, {}),
+        )
+        for label, policies, length, spec_args, allocator in runs:
+            config = None
+            if allocator:
+                config = args.work / f"allocator-{'-'.join(f'{k}-{v}' for k, v in allocator.items())}.toml"
+                config.write_text("[allocator]\n" + "".join(f'{k} = "{v}"\n' for k, v in allocator.items()))
+            doc = run_policies(frame, policies, ReplaySpec(device=DEVICE, model=MODEL, predictor=str(pred),
+                                                           max_model_len=length, config=config, **spec_args))
+            r = doc["results"][policies[0]]
+            r.pop("series")
+            rows[label] = r
+        everything[name] = {"rows": rows, "static_max_new_tokens": new_tokens,
+                            "max_new_tokens_at_paper_utilization": {
+                                paper: _max_new_at(prompt, output, target)
+                                for paper, target in PAPER_STATIC_UTILIZATION.items()}}
+        table = [[key, f"{length:,}"] + [format_metric(k, r["metrics"][k]) for k in METRIC_KEYS]
+                 + [f"{r['metrics'][k]:,}" for k in ("truncated", "completed")]
+                 for (key, r), (*_, length, _s, _a) in zip(rows.items(), runs)]
+        lines += [f"## {name}", ""] + markdown_table(["policy", "max_model_len", *(METRICS[k].header for k in METRIC_KEYS),
                                                       "truncated", "completed"], table)
-        lines.append("")
+        at = everything[name]["max_new_tokens_at_paper_utilization"]
+        lines += ["", "Static at prompt + N reaches the ODMA papers' static utilization at " + " and ".join(
+            f"N = {n:,} ({PAPER_STATIC_UTILIZATION[paper]:.2%}, their {paper} figure)" for paper, n in at.items())
+            + f" on these requests (mean output {output.mean():,.0f} tokens, mean prompt {prompt.mean():,.0f}).", ""]
     args.out.write_text("\n".join(lines) + "\n")
     args.out.with_suffix(".json").write_text(to_json(everything) + "\n")
     print("\n".join(lines))

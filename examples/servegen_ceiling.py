@@ -61,15 +61,19 @@ def ceiling(prompt: np.ndarray, output: np.ndarray, tenant: np.ndarray, max_len:
 
 
 def s3_estimate(prompt: np.ndarray, output: np.ndarray, l_hat: np.ndarray, max_len: int) -> tuple[float, float]:
-    """(overflow rate, kv_utilization) of s3's rule with the allocator's default buckets."""
+    """(overflow rate, kv_utilization) of s3's rule with the allocator's default buckets: prompt +
+    the capacity of the predicted output's bucket (rules/s3.py); an outgrown request ends in the
+    smallest bucket that holds its output (preempted and re-admitted one bucket up at a time, or
+    migrated: the final reservation is the same)."""
     from odmactl.allocator.config import AllocatorConfig
-    from odmactl.rules.s3 import s3_capacities
+    from odmactl.rules.s3 import s3_capacities, s3_classes
 
     capacities = np.asarray(s3_capacities(max_len, AllocatorConfig().s3_num_buckets), dtype=np.float64)
     kv = np.minimum(prompt + output, max_len)
-    cap = capacities[np.searchsorted(capacities, np.minimum(prompt + l_hat, max_len))]
+    cap = np.minimum(prompt + capacities[s3_classes(np.maximum(l_hat, 1), tuple(int(c) for c in capacities))], max_len)
     outgrown = kv > cap
-    final = np.where(outgrown, capacities[np.searchsorted(capacities, kv)], cap)
+    final = np.where(outgrown, np.minimum(prompt + capacities[s3_classes(np.maximum(kv - prompt, 1),
+                                                                         tuple(int(c) for c in capacities))], max_len), cap)
     return float(outgrown.mean()), float(kv.sum() / final.sum())
 
 

@@ -87,13 +87,18 @@ def test_paged_grows_block_by_block_and_reports_block_ids() -> None:
 
 
 def test_s3_equal_width_buckets() -> None:
+    """Buckets over the predicted output length (issue 29): prompt + the bucket's capacity."""
     alloc = make_allocator("s3", POOL, BPT, {"max_model_len_tokens": 1000, "s3_num_buckets": 4})
     assert alloc.capacities_tokens == (250, 500, 750, 1000)
-    assert alloc.reserve("a", 100, 150).capacity_tokens == 250
-    assert alloc.reserve("b", 100, 151).capacity_tokens == 500
-    assert alloc.reserve("c", 100, None).capacity_tokens == 1000  # no prediction: the largest bucket
+    assert alloc.reserve("a", 100, 150).capacity_tokens == 100 + 250
+    assert alloc.reserve("b", 100, 251).capacity_tokens == 100 + 500
+    assert alloc.reserve("c", 100, None).capacity_tokens == 1000  # no prediction: max_model_len
+    assert alloc.reserve("e", 400, 700).capacity_tokens == 1000  # 400 + 750, capped at max_model_len
     a = alloc.reserve("d", 10, 10)
-    assert alloc.extend(a, 600) and a.capacity_tokens == 750 and a.bucket == 2  # the bucket that holds it
+    assert not alloc.extend(a, 600) and a.capacity_tokens == 260  # s3_overflow = "preempt": the caller preempts
+    moving = make_allocator("s3", POOL, BPT, {"max_model_len_tokens": 1000, "s3_num_buckets": 4, "s3_overflow": "migrate"})
+    a = moving.reserve("d", 10, 10)
+    assert moving.extend(a, 600) and a.capacity_tokens == 10 + 750 and a.bucket == 2  # the bucket holding 590 output tokens
 
 
 def test_odma_routing_and_inflation() -> None:

@@ -20,10 +20,13 @@ def pattern(nbytes: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("policy", ["odma", "s3"])
 def test_bytes_survive_migration_and_old_block_is_reused(policy: str) -> None:
     arena = TorchArena(POOL, "cpu")
+    # s3 moves by a copy with s3_overflow = "migrate"; its buckets (32 tokens wide) are over the
+    # output, so a 32-token prompt predicted 10 or 20 output tokens gets 32 + 32 = 64, as odma's 40 + 10
     config = {"max_model_len_tokens": 512, "boundaries_tokens": [64, 128, 256, 512], "refit": False,
-              "large_pool_bytes": 2 * 512 * BPT, "s3_num_buckets": 8}
+              "large_pool_bytes": 2 * 512 * BPT, "s3_num_buckets": 16, "s3_overflow": "migrate"}
     alloc = make_allocator(policy, POOL, BPT, config, arena=arena)
-    a = alloc.reserve("req-a", 40, predicted_output_tokens=10, uncertainty=0.0)
+    prompt_a, prompt_b = (40, 30) if policy == "odma" else (32, 32)
+    a = alloc.reserve("req-a", prompt_a, predicted_output_tokens=10, uncertainty=0.0)
     assert a is not None and a.capacity_tokens == 64
     old_offset, old_nbytes = a.offset_bytes, a.nbytes
     assert alloc.extend(a, 64)  # fill the block to the brim, in place
@@ -37,12 +40,12 @@ def test_bytes_survive_migration_and_old_block_is_reused(policy: str) -> None:
     if policy == "odma":
         assert a.region == "large" and a.bucket == "large"
     else:
-        assert a.bucket == 1 and a.capacity_tokens == 128
+        assert a.bucket == 1 and a.capacity_tokens == 32 + 64  # 33 output tokens: the second bucket
     assert torch.equal(arena.view(a.offset_bytes, 64 * BPT), data)
     assert arena.copied_bytes == 64 * BPT
     alloc.check_invariants()
 
-    b = alloc.reserve("req-b", 30, predicted_output_tokens=20, uncertainty=0.0)
+    b = alloc.reserve("req-b", prompt_b, predicted_output_tokens=20, uncertainty=0.0)
     assert b is not None and (b.offset_bytes, b.nbytes) == (old_offset, old_nbytes)
     arena.view(b.offset_bytes, b.nbytes).copy_(pattern(b.nbytes, seed=2))
     assert torch.equal(arena.view(a.offset_bytes, 64 * BPT), data)  # reuse did not touch the moved KV

@@ -27,7 +27,37 @@ operation = st.tuples(
 VARIANTS = {
     "static (prompt + max_new_tokens slots)": ("static", {"static_slot": "prompt_plus_max_new", "max_new_tokens": 120}),
     "odma (deferred refit)": ("odma", {"refit_mode": "deferred"}),
+    "s3 (migrate)": ("s3", {"s3_overflow": "migrate"}),
 }
+
+
+class Readmitting(Driver):
+    """Drives s3 as the replay does: a failed extend preempts the request (release), which is then
+    reserved again under the same id with its prompt + generated tokens (with s3_overflow =
+    "preempt", the next bucket); a re-admission that does not fit drops the request, its record
+    kept. Invariants are checked after each step."""
+
+    def step(self, kind: int, x: int, y: int, u: float) -> None:
+        failed = self.alloc.failed_extends
+        super().step(kind, x, y, u)
+        if self.alloc.failed_extends == failed or not 4 <= kind <= 6:
+            return
+        a = self.live.pop(x % len(self.live))  # the allocation that failed to grow
+        written = a.used_tokens
+        self.alloc.release(a)
+        del self.written[a.request_id]
+        self.alloc.check_invariants()
+        b = self.alloc.reserve(a.request_id, written, predicted_output_tokens=y, uncertainty=u)
+        if b is not None:
+            assert b.used_tokens == written and b.capacity_tokens >= min(written + 1, self.alloc.max_tokens)
+            self.live.append(b)
+            self.fill(b)
+        self.alloc.check_invariants()
+        self.verify_bytes()
+
+
+def driver_for(alloc) -> Driver:
+    return Readmitting(alloc) if alloc.name == "s3" else Driver(alloc)
 
 
 @pytest.mark.parametrize("arena", ["virtual", "torch"])
@@ -43,7 +73,7 @@ def test_random_interleavings_keep_invariants(policy: str, arena: str) -> None:
         nonlocal total_ops
         backing = torch_arena(POOL_BYTES) if arena == "torch" else "virtual"
         alloc = make_allocator(policy, POOL_BYTES, 8, {**CONFIG, **overrides}, arena=backing)
-        driver = Driver(alloc)
+        driver = driver_for(alloc)
         for op in ops:
             driver.step(*op)
         driver.release_all()
@@ -59,18 +89,22 @@ def test_random_interleavings_keep_invariants(policy: str, arena: str) -> None:
 
 def test_workload_exercises_failures_and_migrations() -> None:
     """The operation mix above is not a walk in the park: on the same generator, pools fill up,
-    reserves and extends fail, and ODMA and S3 migrate."""
+    reserves and extends fail, ODMA and S3 (s3_overflow = "migrate") migrate, and S3 (preempt)
+    re-admits preempted requests with a larger bucket."""
     import random
 
     rng = random.Random(7)
-    for policy in ("odma", "s3", "paged", "static"):
-        alloc = make_allocator(policy, POOL_BYTES, 8, CONFIG)
-        driver = Driver(alloc)
+    for name in ("odma", "s3", "s3 (migrate)", "paged", "static"):
+        policy, overrides = VARIANTS.get(name, (name, {}))
+        alloc = make_allocator(policy, POOL_BYTES, 8, {**CONFIG, **overrides})
+        driver = driver_for(alloc)
         for _ in range(3000):
             driver.step(rng.randrange(10), rng.randrange(10_001), rng.randrange(401), rng.uniform(0, 1.5))
         s = alloc.stats()
-        assert s.failed_reserves > 0, policy
-        if policy in ("odma", "s3"):
-            assert s.migrations > 0, policy
+        assert s.failed_reserves > 0, name
+        if policy == "odma" or name == "s3 (migrate)":
+            assert s.migrations > 0, name
+        if name == "s3":
+            assert s.migrations == 0 and s.failed_extends > 0 and s.policy_counters["escalations"] > 0
         if policy == "odma":
             assert s.policy_counters["routed_large"] > 0 and s.policy_counters["boundary_updates"] > 0

@@ -41,17 +41,18 @@ def test_the_reported_rate_meets_the_slo_and_a_higher_one_does_not(small):
     for row in doc["rows"]:
         setup = serving(spec.device, spec.model, tp=row["tp"])
         ctx, _ = prepare(frame, dataclasses.replace(spec, tp=row["tp"]), setup, policies=spec.policies)
-        at = served(ctx, row["policy"], {}, row["rate_scale"])
-        above = served(ctx, row["policy"], {}, row["rate_scale"] * 1.05)
-        assert not failures(at, row["policy"], target), row
-        assert failures(above, row["policy"], target), row
+        policy, table = row["replayed_as"]["policy"], row["replayed_as"]["allocator"]
+        at = served(ctx, policy, table, row["rate_scale"])
+        above = served(ctx, policy, table, row["rate_scale"] * 1.05)
+        assert not failures(at, policy, target), row
+        assert failures(above, policy, target), row
         assert row["next_rate_scale"] / row["rate_scale"] <= 1.02 and row["monotone"]
         # devices for the target: found by replaying with that many replicas, and one fewer fails
         replicas = row["replicas_for_target"]
         scale = doc["target_rate_per_s"] / doc["trace"]["mean_rate_per_s"]
-        assert not failures(served(ctx, row["policy"], {}, scale, replicas), row["policy"], target)
+        assert not failures(served(ctx, policy, table, scale, replicas), policy, target)
         if replicas > 1:
-            assert failures(served(ctx, row["policy"], {}, scale, replicas - 1), row["policy"], target)
+            assert failures(served(ctx, policy, table, scale, replicas - 1), policy, target)
         assert row["devices_for_target"] == replicas * row["tp"]
 
 
@@ -75,7 +76,8 @@ def test_the_result_is_byte_identical_and_independent_of_workers(cli, small, tmp
     assert one.code == 0, one.err
     assert one.out == again.out == two.out
     doc = json.loads(one.out)
-    assert {(r["policy"], r["tp"]) for r in doc["rows"]} == {(p, t) for p in ("static", "paged", "s3", "odma")
+    papers = next(r["policy"] for r in doc["rows"] if r["policy"].startswith("static+"))  # prompt + max_new_tokens
+    assert {(r["policy"], r["tp"]) for r in doc["rows"]} == {(p, t) for p in ("static", papers, "paged", "s3", "odma")
                                                               for t in (1, 2)}
 
 

@@ -95,7 +95,7 @@ def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
     assert r.code == 0, r.err
     doc = json.loads(r.out)
     assert doc["candidates"] == 2160 and doc["replayed"] == 4
-    assert set(doc["validation"]) == {"odma", "static", "paged", "s3"}
+    assert set(doc["validation"]) == {"odma", "static", "static+1024", "paged", "s3"}  # static twice: run/serving.static_baselines
     assert doc["trace"]["search_requests"] == 1050 and doc["trace"]["holdout_requests"] == 450
     for row in doc["search"]["replays"]:  # with exact lengths the bounds are the replay, up to refit timing
         assert row["estimate"]["overflow_rate"] == row["measured"]["migration_rate"] == 0.0

@@ -243,12 +243,12 @@ def test_engine_settings_are_derived_from_the_profiles(planned):
     # tp 2 on an A100 with a smaller pool: the blocks are the group's tokens, the share per device
     a100, llama = load_device("a100-80gb-sxm"), load_model("llama-3-8b")
     setup = serving("a100-80gb-sxm", "llama-3-8b", kv_pool_bytes=20 * 2 ** 30, tp=2)
-    got = vllm_settings(setup, "fp8", 8192, 128, 8192)
+    got = vllm_settings(setup, "fp8", 8192, 128, 8192, 16)
     per_token = 2 * llama.num_layers * llama.num_kv_heads * llama.head_dim * 2
     assert got["num_gpu_blocks_override"] == 20 * 2 ** 30 // per_token // 16
     share = (llama.weight_bytes / 2 + a100.activation_reserve_bytes + 10 * 2 ** 30) / a100.capacity_bytes
     assert got["gpu_memory_utilization"] == math.floor(share * 10_000) / 10_000 and got["kv_cache_dtype"] == "fp8"
-    int4 = vllm_settings(setup, "int4", 8192, 128, 8192)
+    int4 = vllm_settings(setup, "int4", 8192, 128, 8192, 16)
     assert "note" in int4 and "serve_args" not in int4 and "num_gpu_blocks_override" not in int4
 
 

@@ -135,9 +135,10 @@ def test_s3_buckets_are_one_rule():
     assert s3_classes(np.array([410, 411, 4096]), caps).tolist() == [0, 1, 9]
     alloc = make_allocator("s3", 1 << 30, 1, {"max_model_len_tokens": 4096, "s3_num_buckets": 10})
     assert alloc.capacities_tokens == caps
-    for length in (1, 409, 410, 411, 819, 820, 821, 3690, 3691, 4096):
-        a = alloc.reserve(f"r{length}", 1, length - 1)
-        assert a.capacity_tokens == caps[s3_classes(np.array([length]), caps)[0]]
+    for length in (1, 409, 410, 411, 819, 820, 821, 3690, 3691, 4096, 5000):
+        a = alloc.reserve(f"r{length}", 1, length)  # an output length: S3's buckets are over the output
+        assert a.bucket == s3_classes(np.array([length]), caps)[0]
+        assert a.capacity_tokens == min(1 + caps[a.bucket], 4096)  # the prompt + the bucket, within max_model_len
         alloc.release(a)
     assert s3_capacities(10, 6) == (2, 4, 6, 8, 10) and s3_capacities(3, 10) == (1, 2, 3)
 

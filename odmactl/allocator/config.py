@@ -14,6 +14,7 @@ from odmactl.core.tomltable import TomlTable
 from odmactl.rules.buckets import LEVEL_SHAPES, shaped_levels
 
 STATIC_SLOTS = ("max_model_len", "prompt_plus_max_new")
+S3_OVERFLOWS = ("preempt", "migrate")  # s3 on an outgrown bucket: the S3 paper's preemption, or a copy
 REFIT_MODES = ("inline", "deferred")
 SEQUENCES = ("boundaries_tokens", "quantile_levels", "hedge_edges", "hedge_output_tokens")  # lists in TOML
 NEVER = "never"  # tau = "never": no uncertainty sends a request to the large pool (tau infinite)
@@ -46,6 +47,7 @@ class AllocatorConfig:
     block_size_tokens: int = 16
     # s3
     s3_num_buckets: int = 10
+    s3_overflow: str = "preempt"  # one of S3_OVERFLOWS (allocator/s3.py)
     # odma
     num_buckets: int = 4
     # empty: i / num_buckets (equal occupancy); a shape's name ("equal", "tail": rules/buckets.py)
@@ -77,6 +79,8 @@ class AllocatorConfig:
                 raise ConfigError(problem, key=name)
         if self.static_slot not in STATIC_SLOTS:
             raise ConfigError(f"expected one of {', '.join(STATIC_SLOTS)}, got {self.static_slot!r}", key="static_slot")
+        if self.s3_overflow not in S3_OVERFLOWS:
+            raise ConfigError(f"expected one of {', '.join(S3_OVERFLOWS)}, got {self.s3_overflow!r}", key="s3_overflow")
         problem = None if self.max_new_tokens is None else whole_number_problem(self.max_new_tokens, 1, MAX_TOKENS)
         if problem is not None:
             raise ConfigError(problem, key="max_new_tokens")

@@ -1,4 +1,5 @@
-"""`s3`: S3-style static equal-width buckets over the maximum length, chosen from the prediction."""
+"""`s3`: S3's static equal-width buckets over the output length, chosen from the prediction (Jin et
+al., NeurIPS 2023, arXiv:2306.06000); an outgrown bucket is preempted (S3's supervisor) or moved."""
 
 from __future__ import annotations
 
@@ -12,10 +13,36 @@ from odmactl.rules.s3 import s3_capacities
 
 
 class S3Allocator(ContiguousAllocator):
-    """`s3_num_buckets` equal-width buckets over KV tokens up to max_model_len (rules/s3.py): bucket
-    i holds `capacities_tokens[i]` tokens. A request gets the smallest bucket
-    holding prompt + predicted output (max_model_len without a prediction); growing past it moves
-    the request to the smallest larger bucket that holds the new length (allocate, copy, release)."""
+    """`s3_num_buckets` equal-width buckets over OUTPUT tokens up to max_model_len (rules/s3.py, the
+    S3 predictor's classes): bucket i holds `capacities_tokens[i]` output tokens. A request with
+    prompt p and predicted output L gets one block of p + capacities_tokens[b] KV tokens, b the
+    bucket of L (the smallest that holds it, the last past max_model_len), capped at max_model_len;
+    without a prediction, max_model_len (bucket b the last). `Allocation.bucket` is b.
+
+    When a request grows past its block, `s3_overflow` decides:
+    - "preempt" (the default, the S3 paper's supervisor): `extend` answers False, and the caller
+      preempts the request (the replay releases it, queues it at the front and recomputes its prompt
+      and generated tokens at re-admission). The allocator records, for that request id, its
+      original prompt p and the next larger bucket b + 1; the next `reserve` of that id (whatever
+      its prompt_tokens, now p + generated, and prediction) gets p + capacities_tokens[b + 1],
+      capped at max_model_len and never less than prompt_tokens + 1 (its next token fits), with
+      bucket b + 1, and drops the record (`escalations` counts these re-admissions). A request
+      preempted again escalates again, one bucket at a time.
+    - "migrate" (odmactl's earlier S3): `extend` moves the request by a copy (allocate, copy,
+      release) to p + capacities_tokens[b'], b' the smallest bucket holding total_tokens - p;
+      False (the caller preempts) when there is no room for it. A re-admission after such a
+      preemption is sized like a new request, with p = prompt + generated.
+    In both, growing past max_model_len fails (no record is kept). The original prompt is read back
+    from the block, p = capacity_tokens - capacities_tokens[bucket]: exact for every block below
+    max_model_len (a capped block never outgrows itself), except a re-admission that the
+    prompt_tokens + 1 floor raised, which counts from that raised prompt.
+
+    Invariants (beside ContiguousAllocator's): a record (p, b) has p >= 1 and 0 < b < number of
+    buckets; a record is written only by a failed extend in "preempt" mode and removed by the
+    successful reserve of its id, so records number at most the requests preempted and not yet
+    re-admitted (one a caller never re-admits keeps its record, which holds no memory); "migrate"
+    keeps none.
+    """
 
     name = "s3"
     uses_predictions = True  # sizes reservations from predicted lengths: a replay without a predictor must say so
@@ -24,17 +51,30 @@ class S3Allocator(ContiguousAllocator):
         super().__init__(pool_bytes, bytes_per_token, config, arena)
         self._init_regions({"main": pool_bytes})
         self.capacities_tokens = s3_capacities(self.max_tokens, config.s3_num_buckets)
+        self.preempts = config.s3_overflow == "preempt"
+        self._escalated: dict = {}  # request id -> (original prompt tokens, the bucket it is re-admitted with)
+        self.escalations = 0
 
     def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
                 uncertainty: float | None = None) -> Allocation | None:
         if request_id in self._live or not 1 <= prompt_tokens <= self.max_tokens:
             self._admit(request_id, prompt_tokens)
-        if predicted_output_tokens is None:
+        caps = self.capacities_tokens
+        record = self._escalated.get(request_id) if self._escalated else None
+        if record is not None:
+            bucket = record[1]
+            need = max(record[0] + caps[bucket], prompt_tokens + 1)
+        elif predicted_output_tokens is None:
+            bucket = len(caps) - 1
             need = self.max_tokens
         else:
-            need = min(prompt_tokens + max(int(predicted_output_tokens), 0), self.max_tokens)
-        bucket = bisect_left(self.capacities_tokens, need)
-        return self._reserve_in(self._main, "main", request_id, self.capacities_tokens[bucket], prompt_tokens, bucket)
+            bucket = min(bisect_left(caps, int(predicted_output_tokens)), len(caps) - 1)
+            need = prompt_tokens + caps[bucket]
+        a = self._reserve_in(self._main, "main", request_id, min(need, self.max_tokens), prompt_tokens, bucket)
+        if a is not None and record is not None:
+            del self._escalated[request_id]
+            self.escalations += 1
+        return a
 
     def extend(self, allocation: Allocation, total_tokens: int) -> bool:
         if self._grow_in_place(allocation, total_tokens):
@@ -42,5 +82,24 @@ class S3Allocator(ContiguousAllocator):
         if total_tokens > self.max_tokens:
             self.failed_extends += 1
             return False
-        bucket = bisect_left(self.capacities_tokens, total_tokens)
-        return self._migrate(allocation, "main", self.capacities_tokens[bucket], bucket, total_tokens)
+        # below max_model_len here, so the block is p + capacities_tokens[bucket], uncapped
+        caps = self.capacities_tokens
+        bucket = allocation.bucket
+        prompt = allocation.capacity_tokens - caps[bucket]
+        if self.preempts:
+            self.failed_extends += 1
+            if bucket + 1 < len(caps):
+                self._escalated[allocation.request_id] = (prompt, bucket + 1)
+            return False
+        bucket = bisect_left(caps, total_tokens - prompt)
+        return self._migrate(allocation, "main", min(prompt + caps[bucket], self.max_tokens), bucket, total_tokens)
+
+    def policy_counters(self) -> dict[str, int]:
+        return {"escalations": self.escalations, "awaiting_readmission": len(self._escalated)}
+
+    def _check_structures(self) -> None:
+        ContiguousAllocator._check_structures(self)
+        n = len(self.capacities_tokens)
+        for rid, (prompt, bucket) in self._escalated.items():
+            assert prompt >= 1 and 0 < bucket < n, f"request '{rid}': escalation record ({prompt}, {bucket})"
+        assert self.preempts or not self._escalated, "s3_overflow = 'migrate' keeps no escalation records"

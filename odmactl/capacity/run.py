@@ -18,7 +18,7 @@ from odmactl.core.limits import MAX_TP, MAX_WORKERS, check_whole
 from odmactl.run.config import read_config
 from odmactl.run.executors import EXECUTORS, run_jobs
 from odmactl.run.replay import prepare
-from odmactl.run.serving import serving
+from odmactl.run.serving import serving, static_baselines
 from odmactl.run.spec import ServingSpec
 
 PEAK_WINDOW_S = 600.0  # the default target: the trace's busiest 10 minutes
@@ -71,7 +71,7 @@ def trace_rates(arrival_s: np.ndarray) -> tuple[float, float]:
 
 
 def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
-    """The JSON-ready capacity document (one row per policy and tp)."""
+    """The JSON-ready capacity document (one row per policy and tp; static twice, run.serving.static_baselines)."""
     tables = read_config(spec.config)
     arrival_s = frame["arrival_s"].to_numpy().astype(np.float64)
     mean_rate, peak_rate = trace_rates(arrival_s)
@@ -82,27 +82,34 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
                           f"({low:.3g} to {high:.3g} req/s: its own {mean_rate:.3g} req/s scaled by 2**-{MAX_SCALE_STEPS} "
                           f"to 2**{MAX_SCALE_STEPS}, within the replay clock)", hint="give a target in that range")
     target = CapacityTarget(spec.slo, spec.max_migration_rate, max_replicas=spec.max_replicas)
-    jobs, contexts, label, mismatched = [], {}, None, []
+    jobs, names, contexts, label, mismatched = [], [], {}, None, []
     for tp in spec.tps:
         setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes, tp=tp)
         ctx, label = prepare(frame, dataclasses.replace(spec, tp=tp), setup, tables=tables, config=spec.config,
                              policies=spec.policies)
         contexts[tp] = ctx
         mismatched += [f"tp {tp}: {line}" for line in ctx.mismatches]
-        jobs += [(ctx, policy, tables["allocator"], target, target_rate / mean_rate) for policy in spec.policies]
+        table = {**tables["allocator"], **spec.allocator_overrides()}
+        for policy in spec.policies:  # static twice: at max_model_len and at prompt + max_new_tokens
+            runs = [(policy, table)] if policy != "static" else [
+                (name, {**tables["allocator"], **settings}) for name, settings in
+                static_baselines(spec, ctx.workload, ctx.max_len)]
+            names += [name for name, _ in runs]
+            jobs += [(ctx, policy, settings, target, target_rate / mean_rate) for _, settings in runs]
     found = run_jobs(jobs, spec.workers, "capacity", progress, fn=capacity_job, executor=spec.executor)
     if all(result["rate_scale"] is None for result in found):
-        (_, policy, *_), result = jobs[0], found[0]
+        policy, result = names[0], found[0]
         raise ConfigError(f"no policy meets the SLO at any tensor-parallel size tried; {policy} at tp "
                           f"{spec.tps[0]}: {result['infeasible']}", hint="a larger --tp, another device, or a looser --slo")
     rows = []
-    for (ctx, policy, *_), result in zip(jobs, found):
+    for (ctx, policy_name, settings, *_), policy, result in zip(jobs, names, found):
         tp = ctx.serving.tp
         m = result["metrics"]
         replicas = result["target"]["replicas"]
         scale = result["rate_scale"]
         rows.append({
-            "policy": policy, "tp": tp, "max_model_len": ctx.max_len, "kv_pool_tokens": ctx.serving.pool_tokens,
+            "policy": policy, "replayed_as": {"policy": policy_name, "allocator": settings},
+            "tp": tp, "max_model_len": ctx.max_len, "kv_pool_tokens": ctx.serving.pool_tokens,
             "rate_scale": scale, "next_rate_scale": result["next_rate_scale"], "infeasible": result["infeasible"],
             "unbounded": scale is not None and result["next_rate_scale"] is None,
             "max_rate_per_replica": None if scale is None else scale * mean_rate,

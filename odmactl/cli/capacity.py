@@ -9,7 +9,14 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.cli.app import app, out, progress_for
-from odmactl.cli.inputs import check_outputs, input_paths, parse_kv_pool, parse_policies
+from odmactl.cli.inputs import (
+    BlockSizeOption,
+    MaxNewTokensOption,
+    check_outputs,
+    input_paths,
+    parse_kv_pool,
+    parse_policies,
+)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -41,6 +48,8 @@ def capacity(
     max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,
     max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="prefill token budget of one iteration (default max(max_model_len, 2048))")] = None,
     kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
+    block_size: BlockSizeOption = None,
+    max_new_tokens: MaxNewTokensOption = None,
     allow_mismatch: Annotated[bool, typer.Option(help="apply a --config planned for another device, model, kv_dtype, tp "
                                                      "or KV pool (a warning instead of an error)")] = False,
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool per engine, e.g. '8 GiB' (default: the profile's)")] = None,
@@ -66,7 +75,8 @@ def capacity(
     if plot is not None and plot.suffix.lower() != ".png":
         raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
     check_outputs([out_path, plot, report], force, input_paths(trace_path, config, predictor, device, model))
-    spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor,
+    spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size,
+                      max_new_tokens=max_new_tokens, predictor=predictor,
                         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens, kv_pool_bytes=parse_kv_pool(kv_pool),
                         allow_mismatch=allow_mismatch,

@@ -8,7 +8,14 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.cli.app import app, out, progress_for
-from odmactl.cli.inputs import check_outputs, check_policy_names, input_paths, parse_kv_pool
+from odmactl.cli.inputs import (
+    BlockSizeOption,
+    MaxNewTokensOption,
+    check_outputs,
+    check_policy_names,
+    input_paths,
+    parse_kv_pool,
+)
 
 
 @app.command()
@@ -33,6 +40,8 @@ def check(
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's)")] = None,
     tp: Annotated[int, typer.Option(help="tensor parallelism: split the model over this many devices of the profile, as vLLM does")] = 1,
     kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
+    block_size: BlockSizeOption = None,
+    max_new_tokens: MaxNewTokensOption = None,
     allow_mismatch: Annotated[bool, typer.Option(help="apply a --config planned for another device, model, kv_dtype, tp "
                                                      "or KV pool (a warning instead of an error)")] = False,
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: the profile's)")] = None,
@@ -63,7 +72,8 @@ def check(
     setup = prepare_check(config, policy, flags)
     check_policy_names(setup.policies)
     check_outputs([junit, markdown_path, out_path], force, input_paths(trace_path, config, predictor, device, model))
-    spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, config=config,
+    spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size,
+                      max_new_tokens=max_new_tokens, predictor=predictor, config=config,
                       load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit, skip=skip), max_model_len=max_model_len,
                       kv_pool_bytes=parse_kv_pool(kv_pool), tp=tp, allow_mismatch=allow_mismatch)
     frame = read_trace(trace_path)

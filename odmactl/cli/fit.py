@@ -21,6 +21,12 @@ def fit(
     holdout: Annotated[float, typer.Option(help="share held out for evaluation")] = 0.2,
     split_by: Annotated[str, typer.Option(help="prompt (distinct prompts held out) or time (the latest requests)")] = "prompt",
     seed: Annotated[int, typer.Option(help="seed for the split, initialisation and shuffling")] = 0,
+    seeds: Annotated[int, typer.Option(
+        help="fit this many times (1 to 100), with seeds --seed, --seed + 1, ..., and report Kendall tau and the "
+             "bucket accuracies (the predictor's and the constant predictor's) as mean and sample sd (ddof=1) over "
+             "them; the artifact and the evaluation shown in full are the first seed's. Under --split-by time the "
+             "held-out rows do not depend on the seed: the seeds vary the training alone (initialisation, "
+             "shuffling, validation prompts)")] = 1,
     gamma: Annotated[float, typer.Option(help="inflation: reserve L_hat * (1 + gamma * u)")] = 0.2,
     tau: Annotated[float, typer.Option(help="u above this goes to the large pool")] = 0.8,
     max_model_len: Annotated[int, typer.Option(help="max KV tokens per request: the large pool's block and S3's range")] = 4096,
@@ -28,12 +34,15 @@ def fit(
     force: Annotated[bool, typer.Option(help="replace --out if it exists")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the evaluation as JSON")] = False,
 ) -> None:
-    """Train the generation-length predictor, fit quantile buckets, evaluate on a held-out part."""
+    """Train the generation-length predictor, fit quantile buckets, evaluate on a held-out part.
+
+    Beside each bucket accuracy stands the constant predictor's: always the most common bucket of the
+    training part."""
     import time
 
     from odmactl.core.atomic import atomic_output_dir
     from odmactl.predict.artifact import not_an_artifact, write_artifact
-    from odmactl.predict.fitting import FitRequest, run_fit
+    from odmactl.predict.fitting import FitRequest, run_fits
     from odmactl.predict.settings import PredictorSettings
     from odmactl.render.console_trace import render_fit
     from odmactl.render.json import to_json
@@ -42,11 +51,12 @@ def fit(
     check_outputs([out_dir], force, input_paths(trace_path, encoder), directory_owned=not_an_artifact)
     settings = PredictorSettings(family="encoder" if encoder else "embedded", mode="s3" if s3 else "odma",
                                  max_model_len_tokens=max_model_len, max_epochs=epochs)
-    request = FitRequest(num_buckets=buckets, holdout=holdout, split_by=split_by, seed=seed, gamma=gamma, tau=tau)
+    request = FitRequest(num_buckets=buckets, holdout=holdout, split_by=split_by, seed=seed, gamma=gamma, tau=tau,
+                         seeds=seeds)
     frame = read_trace(trace_path)
     started = time.perf_counter()
     with progress_for(json_out) as progress:
-        outcome = run_fit(frame, trace_path.name, settings, request, encoder_dir=encoder, progress=progress)
+        outcome = run_fits(frame, trace_path.name, settings, request, encoder_dir=encoder, progress=progress)
     seconds = time.perf_counter() - started
     with atomic_output_dir(out_dir, force=force, owned=not_an_artifact) as tmp:
         write_artifact(outcome.predictor, tmp, outcome.artifact_tables())

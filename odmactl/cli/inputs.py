@@ -6,6 +6,9 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
 
 from odmactl.allocator import ALLOCATORS
 from odmactl.core.atomic import absolute, check_writable, check_writable_dir
@@ -130,3 +133,12 @@ def check_outputs(outputs: list[Path | None], force: bool, inputs: list[Path | N
             check_writable_dir(path, force=force, owned=directory_owned)
     if len({p.resolve() for p in named}) != len(named):
         raise OutputError("two outputs name the same file", hint="give each output its own path")
+
+
+# options several replaying commands share (one declaration each)
+BlockSizeOption = Annotated[Optional[int], typer.Option(
+    "--block-size", help="the paged policy's block in tokens: 8, 16 or 32 (vLLM's --block-size; default: the config's, else 16)")]
+MaxNewTokensOption = Annotated[Optional[int], typer.Option(
+    "--max-new-tokens", help="vLLM's max_tokens: every request stops after this many output tokens (counted as "
+    "truncated), and static reserves prompt + this, the ODMA papers' Cambricon-vLLM baseline (default: no cap; static "
+    "reserves max_model_len)")]

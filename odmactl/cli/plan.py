@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.cli.app import app, out, progress_for
-from odmactl.cli.inputs import check_outputs, input_paths, parse_kv_pool
+from odmactl.cli.inputs import BlockSizeOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool
 
 
 @app.command()
@@ -34,6 +34,8 @@ def plan(
                                                                     "(default max(max_model_len, 2048))")] = None,
     tp: Annotated[int, typer.Option(help="tensor parallelism: split the model over this many devices of the profile, as vLLM does")] = 1,
     kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
+    block_size: BlockSizeOption = None,
+    max_new_tokens: MaxNewTokensOption = None,
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: the profile's)")] = None,
     force: Annotated[bool, typer.Option(help="replace --out / --report if they exist")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the plan (search, replays, validation) as JSON")] = False,
@@ -59,7 +61,8 @@ def plan(
     check_outputs([out_path, report], force, input_paths(trace_path, predictor, device, model))
     from odmactl.capacity.slo import Slo
 
-    spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, objective=objective,
+    spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size,
+                      max_new_tokens=max_new_tokens, predictor=predictor, objective=objective,
                     slo=None if slo is None else Slo.parse(slo),
                     max_overflow_rate=max_migration_rate, max_rejection_rate=max_rejection_rate, ttft_p99_s=ttft_p99, holdout=holdout, replays=replays,
                     workers=workers, executor=executor, max_model_len=max_model_len, max_num_seqs=max_num_seqs,

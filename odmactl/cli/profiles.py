@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -34,16 +34,21 @@ def profiles_list(
 def profiles_show(
     name: Annotated[str, typer.Argument(help="a device or model name, a device TOML, or a local HF model directory")],
     kv_dtype: Annotated[str, typer.Option(help="KV precision for the KV pool figures: fp16, bf16, fp8, int8, int4, oaken")] = "fp16",
+    model: Annotated[Optional[str], typer.Option(help="with a device: also the decode step of this model at a full KV "
+                                                     "pool, paged at block sizes 8, 16 and 32 against contiguous")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
 ) -> None:
-    """One profile with its derived quantities (usable memory, KV pool per model, KV bytes per token)."""
+    """One profile with its derived quantities (usable memory, KV pool per model, KV bytes per token;
+    for a device with --model, the paged/contiguous decode-step ratio at a full pool)."""
     from odmactl.core.errors import ProfileError
     from odmactl.hw.profiles import find_model_dir, load_device, load_model, model_dirs, read_model
-    from odmactl.hw.summary import device_summary, model_summary
+    from odmactl.hw.summary import device_summary, model_summary, paged_vs_contiguous
     from odmactl.render.console_profiles import render_device, render_model
     from odmactl.render.json import to_json
 
     if find_model_dir(name) is not None:
+        if model is not None:
+            raise ProfileError(f"--model goes with a device; '{name}' is a model", hint=f"odmactl profiles show DEVICE --model {name}")
         summary = model_summary(load_model(name, kv_dtype=kv_dtype))
         render = render_model
     else:
@@ -56,8 +61,48 @@ def profiles_show(
             raise
         models = [read_model(p, kv_dtype=kv_dtype) for p in model_dirs()]
         summary = device_summary(device, models)
+        if model is not None:
+            summary["paged_vs_contiguous"] = paged_vs_contiguous(device, load_model(model, kv_dtype=kv_dtype))
         render = render_device
     if json_out:
         print(to_json(summary))
     else:
         render(out, summary)
+
+
+@profiles_app.command("kernels")
+def profiles_kernels(
+    device: Annotated[str, typer.Argument(help="a device aiconfigurator has a database for: a100-80gb-sxm, h100-sxm, h200")],
+    json_out: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
+) -> None:
+    """Derive a device's [kernels] table from aiconfigurator-core's measured vLLM kernel database
+    (offline; `pip install 'odmactl[aic]'`), and compare the cost model with aiconfigurator's
+    estimate for Llama-3-8B (decode at 1k context, prefill at 1k and 4k tokens)."""
+    import dataclasses
+
+    from odmactl.hw import aic
+    from odmactl.hw.cost import CostModel
+    from odmactl.hw.profiles import load_device, load_model
+    from odmactl.render.console_profiles import render_kernels
+    from odmactl.render.json import to_json
+
+    profile = load_device(device)
+    model = load_model(aic.MODEL)
+    estimator = aic.Estimator(aic.system_of(profile))
+    derivation = aic.derive(profile, model, estimator)
+    derived = dataclasses.replace(profile, kernels=derivation.kernels)
+    rows = aic.compare(CostModel(derived, model, compute_dtype=derived.compute_dtype), estimator)
+    shipped = None
+    if profile.kernels is not None:
+        shipped = aic.compare(CostModel(profile, model, compute_dtype=profile.compute_dtype), estimator)
+    toml = aic.kernels_toml(derivation, f"odmactl profiles kernels {device}")
+    doc = {"device": profile.name, "system": derivation.system, "database": f"{aic.AIC_BACKEND} {derivation.version}",
+           "model": aic.MODEL, "kernels": dataclasses.asdict(derivation.kernels),
+           "fit_worst_relative_error": derivation.worst_error, "toml": toml,
+           "comparison": [dict(step=r.label, aiconfigurator_ms=r.aic_ms, derived_ms=r.model_ms, derived_ratio=r.ratio,
+                               **({} if shipped is None else {"profile_ms": s.model_ms, "profile_ratio": s.ratio}))
+                          for r, s in zip(rows, shipped or rows)]}
+    if json_out:
+        print(to_json(doc))
+    else:
+        render_kernels(out, doc)

@@ -8,7 +8,14 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.cli.app import app, out, progress_for
-from odmactl.cli.inputs import check_outputs, input_paths, parse_kv_pool, parse_policies
+from odmactl.cli.inputs import (
+    BlockSizeOption,
+    MaxNewTokensOption,
+    check_outputs,
+    input_paths,
+    parse_kv_pool,
+    parse_policies,
+)
 
 
 @app.command()
@@ -32,6 +39,8 @@ def replay(
                                                                     "(default max(max_model_len, 2048))")] = None,
     tp: Annotated[int, typer.Option(help="tensor parallelism: split the model over this many devices of the profile, as vLLM does")] = 1,
     kv_dtype: Annotated[str, typer.Option(help="KV precision: fp16, bf16, fp8, int8, int4, oaken")] = "fp16",
+    block_size: BlockSizeOption = None,
+    max_new_tokens: MaxNewTokensOption = None,
     stepping: Annotated[bool, typer.Option(help="advance token by token instead of in closed form (slow; a check)")] = False,
     seed: Annotated[int, typer.Option(help="seed for generated arrivals (--rate on a trace without timestamps)")] = 0,
     allow_mismatch: Annotated[bool, typer.Option(help="apply a --config planned for another device, model, kv_dtype, tp "
@@ -72,7 +81,8 @@ def replay(
         device = profile if profile is not None else str(measured_profile(torch_device).path)
     elif profile is not None or scale != 1.0:
         raise OdmaError("--profile and --scale apply to --on-device replays only")
-    spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, predictor=predictor, config=config,
+    spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size,
+                      max_new_tokens=max_new_tokens, predictor=predictor, config=config,
                       load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit, seed=seed, skip=skip),
                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, fast_forward=not stepping,

@@ -20,8 +20,9 @@ MAX_REPLAYS = 10_000  # plan's full replays
 MAX_REQUESTS = 1 << 40  # requests counted in a trace: --skip
 MAX_EPOCHS = 10_000  # predictor training epochs
 MAX_SEED = (1 << 63) - 1  # numpy's and torch's generators both take it
-MAX_GAMMA = 1_000.0
-HOLDOUT_RANGE = (0.05, 0.8)  # the share of a trace held out for evaluation: enough on both sides of the split  # ODMA's inflation: L_hat * (1 + gamma * u); past this every request is a max_model_len block
+MAX_GAMMA = 1_000.0  # ODMA's inflation: L_hat * (1 + gamma * u); past this every request is a max_model_len block
+HOLDOUT_RANGE = (0.05, 0.8)  # the share of a trace held out for evaluation: enough on both sides of the split
+MAX_SEEDS = 100  # fit's --seeds: each seed is a whole fit
 
 
 def check_whole(value: object, low: int, high: int, flag: str) -> None:

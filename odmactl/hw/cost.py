@@ -1,11 +1,35 @@
 """Step-time model for one device running one model: decode, prefill and migration times.
 
-decode:    t = max(weight_bytes / seq_bw + sum_r kv_read_s(r), 2 * active_params * batch / peak_flops)
-               + step_overhead
-           kv_read_s(r) = sum over the request's runs of (run_bytes / stream_bw + access_s)
-prefill:   t = max((2 * active_params * P + 2 * layers * heads * head_dim * P^2) summed over prompts / peak_flops,
-                   (weight_bytes + new KV bytes) / sequential_bw) + step_overhead
+Every iteration is a sequence of kernels, and the model adds up their times (they run one after the
+other on the device). The figures come from the device profile: peaks ([memory], [compute]), the
+scattered-read table ([bandwidth]) and what the kernels reach ([kernels], profiles.Kernels; the
+derivation is in profiles/README.md, "Kernels"). For a batch of n requests holding c_r KV tokens:
+
+decode:  t = gemm(n) + L * (attn_fixed + elem_fixed) + n * (L * (attn_per_request + elem_per_token) + row)
+             + sum_r kv_read(c_r) + step_overhead + comm(n)
+prefill: t = gemm_layers(P) + gemm_head(N) + L * (pre_fixed + elem_fixed) + P * (L * (pre_per_token + elem_per_token) + row)
+             + 2 L H d * sum_p p^2 / (peak_flops * pre_efficiency) + step_overhead + comm(P)
+         over N prompts of p tokens, P = sum_p p
 migration: t = 2 * bytes / sequential_bw   (read the old block, write the new one)
+
+- gemm(m) = gemm_layers(m) + gemm_head(m), each a roofline over its weights W and flops per token F
+  reached at the profile's GEMM efficiency e(m): max(W / peak_bw, F * m / peak_flops) / e(m). The
+  layers' W is every weight but the embedding table and the head; the head (vocab x hidden, the
+  logits) runs for the decode batch and for the last token of each prompt only.
+- row: the embedding rows a step reads, hidden * weight bytes per token, at the sequential rate.
+- kv_read: vLLM keeps K and V in separate per-layer tensors, one [block, kv_head] run of
+  block_tokens * head_dim * dtype bytes per KV head (the key cache's x-interleave,
+  [blocks, kv_heads, head_dim / x, block_size, x], keeps that run contiguous), and each head's kernel
+  reads its own runs. So a paged request is 2 * kv_heads * L runs per block; a contiguous request
+  (static, S3, ODMA) is 2 * kv_heads * L runs of its whole length. A run of b bytes costs
+  b / stream_bw + access_s, the two-parameter form of the scattered-read table `eff(b)`:
+  `stream_bw` is the table's rate at its longest run and `access_s` makes the form exact at the
+  layout's own run (block_tokens tokens of one head; 16 for contiguous layouts, whose runs are long
+  enough for it not to matter). When [kernels] gives the engine's measured paged-attention rate
+  (decode_kv_efficiency), the table is scaled to reach it at its 4 KiB anchor run
+  (profiles.KV_ANCHOR_RUN_BYTES), so the table sets the shape and the engine the level.
+- Attention's quadratic prefill term counts QK^T and AV over the lower triangle: 2 * P^2 * heads *
+  head_dim per layer.
 
 Tensor parallelism over `tp` devices (vLLM's Megatron-style split, ModelProfile.shard): every
 device holds one shard, runs the formulas above for it in lockstep with the others, and each layer
@@ -13,22 +37,10 @@ adds two all-reduces of the activations (after attention and after the MLP), `hi
 of 16 bits per token, with the ring formula of the profile's [interconnect]
 (DeviceProfile.interconnect, `Interconnect.allreduce_s`):
            allreduce(S) = base_latency + 2 (tp - 1) * step_latency + 2 (tp - 1) / tp * S / link_bw
-decode:    + 2 * layers * allreduce(batch * hidden * 2 B)    (not overlapped with the step)
-prefill:   + 2 * layers * allreduce(prompt tokens * hidden * 2 B)
-migration: each device copies its shard of the block, so bytes / tp per device.
+comm(n) = 2 * layers * allreduce(n * hidden * 2 B); migration: each device copies its shard.
 
-DecodeStep.overhead_s carries the all-reduces. `eff(c)` is the device's bandwidth table: the share
-of peak bandwidth reached reading runs of c bytes at scattered offsets. The model reads it in its two-parameter form, a run of c bytes costing
-`c / stream_bw + access_s` (a fixed cost per scattered access plus streaming): `stream_bw` is the
-table's rate at its longest run (the table stays flat beyond it) and `access_s` makes the form exact
-at the reference run, one 16-token paged block of this model in one layer. So the model agrees with
-the table on both runs the paged-versus-contiguous comparison turns on, and a batch's KV time is
-linear in its tokens plus its run count, which lets the replay sum many iterations in closed form
-(sim/loop.py). A contiguous request (static, S3, ODMA) is one run per layer of
-`tokens * kv_bytes_per_token_layer` bytes; a paged request is one run per block per layer. Weights
-stream in one sequential pass, so they read at the sequential efficiency (DESIGN.md writes them at
-peak; that would read a contiguous KV run slower than the weights beside it). The causal attention
-term of prefill counts QK^T and AV over the lower triangle: 2 * P^2 * heads * head_dim per layer.
+A batch's time is linear in its KV tokens and its run count, and constant in everything else while
+its size n is, which lets the replay sum many iterations in closed form (sim/segment.py).
 """
 
 from __future__ import annotations
@@ -37,15 +49,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from odmactl.hw.profiles import DeviceProfile, ModelProfile
+from odmactl.hw.profiles import KV_ANCHOR_RUN_BYTES, DeviceProfile, ModelProfile, gemm_efficiency
 
 ACTIVATION_BYTES = 2  # the all-reduced activations are 16-bit (fp16 / bf16)
+CONTIGUOUS_REFERENCE_BLOCK_TOKENS = 16  # the run at which a contiguous layout's access cost is fitted
+PAGED_BLOCK_TOKENS = (8, 16, 32)  # the block sizes vLLM's CUDA attention kernels take (--block-size)
 
 
 @dataclass(frozen=True)
 class KvLayout:
-    """How each request's KV lies in memory: `block_tokens` None is one contiguous run per layer,
-    an integer >= 1 is one run per block of that many tokens per layer (vLLM-style paging)."""
+    """How each request's KV lies in memory: `block_tokens` None is one contiguous run per KV head
+    per layer for K and for V, an integer >= 1 one such run per block of that many tokens
+    (vLLM-style paging)."""
 
     block_tokens: int | None = None
 
@@ -66,48 +81,66 @@ class KvLayout:
 
 
 @dataclass(frozen=True)
+class Gemms:
+    """The GEMMs of one forward pass: the layers' weights and flops per token, the head's, the
+    device's peaks and its GEMM efficiency table. `seconds(m, prompts)` is the layers at m tokens
+    plus the head at `prompts` tokens (the decode batch, or a prefill's last tokens)."""
+
+    layer_bytes: float
+    layer_flops_per_token: float
+    head_bytes: float
+    head_flops_per_token: float
+    peak_bw: float
+    peak_flops: float
+    tokens: tuple[float, ...]
+    efficiency: tuple[float, ...]
+
+    def roofline_s(self, weight_bytes: float, flops_per_token: float, m: float) -> float:
+        memory_s = weight_bytes / self.peak_bw
+        compute_s = flops_per_token * m / self.peak_flops
+        return (memory_s if memory_s > compute_s else compute_s) / gemm_efficiency(self.tokens, self.efficiency, m)
+
+    def seconds(self, m: float, prompts: float) -> float:
+        return self.roofline_s(self.layer_bytes, self.layer_flops_per_token, m) + \
+            self.roofline_s(self.head_bytes, self.head_flops_per_token, prompts)
+
+
+@dataclass(frozen=True)
 class DecodeStep:
-    """One decode iteration's time and where it goes; `total_s` = max(memory_s, compute_s) + overhead_s."""
+    """One decode iteration's time and where it goes; `total_s` is their sum (the kernels run one
+    after the other): the GEMMs (weights), the KV reads, the fixed and per-request costs of the
+    attention and elementwise kernels with the embedding rows and the step overhead, and tensor
+    parallelism's all-reduces."""
 
-    weights_s: float
+    gemm_s: float
     kv_s: float
-    compute_s: float
-    overhead_s: float
-
-    @property
-    def memory_s(self) -> float:
-        return self.weights_s + self.kv_s
+    fixed_s: float
+    comm_s: float
 
     @property
     def total_s(self) -> float:
-        return max(self.memory_s, self.compute_s) + self.overhead_s
-
-    @property
-    def bound(self) -> str:
-        return "memory" if self.memory_s >= self.compute_s else "compute"
+        return self.gemm_s + self.kv_s + self.fixed_s + self.comm_s
 
 
 @dataclass(frozen=True)
 class StepCoefficients:
     """The decode-step model in integer picoseconds, for the replay's exact arithmetic:
-    step = max(weights + per_token * sum(kv tokens) + per_run * runs, compute_per_seq * batch)
-           + overhead + comm_fixed + comm_per_seq * batch,
-    where `runs` counts one per request (contiguous, `block_tokens` None) or one per started block
-    (paged), each across all layers, and the comm terms are tensor parallelism's all-reduces (0
-    on one device)."""
+    step = gemm_ps[n] + fixed + per_seq * n + per_token * sum(kv tokens) + per_run * runs,
+    where n is the batch, `gemm_ps[n]` its GEMMs (one entry per batch size up to the replay's
+    max_num_seqs), the fixed and per-seq terms include tensor parallelism's all-reduces (0 on one
+    device), and `runs` counts one per request (contiguous, `block_tokens` None) or one per started
+    block (paged), each across all layers, KV heads, K and V."""
 
-    weights_ps: int
+    gemm_ps: tuple[int, ...]
+    fixed_ps: int
+    per_seq_ps: int
     per_token_ps: int
     per_run_ps: int
-    compute_per_seq_ps: int
-    overhead_ps: int
     block_tokens: int | None
-    comm_fixed_ps: int = 0
-    comm_per_seq_ps: int = 0
 
-    def batch_overhead_ps(self, batch: int) -> int:
-        """What a step of `batch` requests adds outside the max: the fixed overhead and the all-reduces."""
-        return self.overhead_ps + self.comm_fixed_ps + self.comm_per_seq_ps * batch
+    def batch_ps(self, batch: int) -> int:
+        """What a step of `batch` requests takes besides its KV reads."""
+        return self.gemm_ps[batch] + self.fixed_ps + self.per_seq_ps * batch
 
     def runs(self, kv_tokens: int) -> int:
         if kv_tokens <= 0:
@@ -116,36 +149,26 @@ class StepCoefficients:
 
     def step_ps(self, kv_tokens: list[int]) -> int:
         """One iteration over a batch, request by request (the replay's reference form)."""
-        memory = self.weights_ps + sum(self.per_token_ps * c + self.per_run_ps * self.runs(c) for c in kv_tokens)
-        return max(memory, self.compute_per_seq_ps * len(kv_tokens)) + self.batch_overhead_ps(len(kv_tokens))
+        kv = sum(self.per_token_ps * c + self.per_run_ps * self.runs(c) for c in kv_tokens)
+        return self.batch_ps(len(kv_tokens)) + kv
 
 
 @dataclass(frozen=True)
 class PrefillCoefficients:
-    """The prefill model's constants: one iteration over prompts of p_i tokens takes
-    max(flops / peak_flops, memory_bytes / seq_bw) + overhead_s, with
-    flops = flops_per_token * sum(p_i) + flops_per_square * sum(p_i ** 2) (attention is quadratic in
-    each prompt) and memory_bytes = weight_bytes + kv_bytes_per_token * sum(p_i) (weights read once
-    for the batch), plus tensor parallelism's all-reduces, comm_fixed_s + comm_per_token_s * sum(p_i)
-    (0 on one device). `seconds` is the reference; the replay's compiled clock
-    (odmactl/sim/prefill.py) does the same float operations in the same order."""
+    """The prefill model's constants (module docstring): one iteration over `prompts` prompts of
+    `total_tokens` tokens whose squares sum to `squared_tokens` takes `seconds(...)`. The replay's
+    compiled clock (odmactl/sim/prefill.py) does the same float operations in the same order."""
 
-    flops_per_token: float
-    flops_per_square: float
-    weight_bytes: int
-    kv_bytes_per_token: int
-    peak_flops: float
-    seq_bw: float
-    overhead_s: float
-    comm_fixed_s: float = 0.0
-    comm_per_token_s: float = 0.0
+    gemms: Gemms
+    attention_flops_per_square: float
+    attention_efficiency: float
+    fixed_s: float
+    per_token_s: float
 
-    def seconds(self, total_tokens: int, squared_tokens: int) -> float:
+    def seconds(self, total_tokens: int, squared_tokens: int, prompts: int) -> float:
         total, squares = float(total_tokens), float(squared_tokens)
-        flops = self.flops_per_token * total + self.flops_per_square * squares
-        memory_bytes = self.weight_bytes + total * self.kv_bytes_per_token
-        return max(flops / self.peak_flops, memory_bytes / self.seq_bw) + self.overhead_s + \
-            (self.comm_fixed_s + self.comm_per_token_s * total)
+        attention_s = self.attention_flops_per_square * squares / (self.gemms.peak_flops * self.attention_efficiency)
+        return self.gemms.seconds(total, float(prompts)) + attention_s + self.fixed_s + self.per_token_s * total
 
 
 def to_ps(seconds: float) -> int:
@@ -155,73 +178,101 @@ def to_ps(seconds: float) -> int:
 class CostModel:
     """Step times for `model` on `device`, or with `tp` > 1 for one shard of it on each of `tp`
     devices (`model` is then the shard, ModelProfile.shard); `compute_dtype` picks the peak rate
-    (fp16 or bf16); `reference_block_tokens` is the paged block at which the run cost matches the
-    table exactly."""
+    (fp16 or bf16)."""
 
-    def __init__(self, device: DeviceProfile, model: ModelProfile, compute_dtype: str = "fp16",
-                 reference_block_tokens: int = 16, tp: int = 1) -> None:
+    def __init__(self, device: DeviceProfile, model: ModelProfile, compute_dtype: str = "fp16", tp: int = 1) -> None:
         self.device = device
         self.model = model
         self.tp = tp
+        kernels = device.kernel_figures
+        self.kernels = kernels
+        layers = model.num_layers
         # two all-reduces per layer of hidden_size 16-bit values per token: fixed + per-token seconds
         link = device.interconnect_for(tp)
-        self.comm_fixed_s = 2 * model.num_layers * link.allreduce_latency_s(tp) if link else 0.0
-        self.comm_per_token_s = 2 * model.num_layers * link.allreduce_s_per_byte(tp) * model.hidden_size \
+        self.comm_fixed_s = 2 * layers * link.allreduce_latency_s(tp) if link else 0.0
+        self.comm_per_token_s = 2 * layers * link.allreduce_s_per_byte(tp) * model.hidden_size \
             * ACTIVATION_BYTES if link else 0.0
         self.peak_flops = device.peak_flops(compute_dtype)
         self.peak_bw = device.peak_bandwidth_bytes_per_s
         self.seq_bw = device.sequential_bandwidth_bytes_per_s
+        # the scattered-read table, scaled to the engine's measured paged-attention rate when known
         table = device.bandwidth
-        self.stream_bw = self.peak_bw * table.efficiency[-1]
-        ref = reference_block_tokens * model.kv_bytes_per_token_layer
-        self.access_s = max(0.0, ref / (float(table.eff(ref)) * self.peak_bw) - ref / self.stream_bw)
+        anchor = float(table.eff(KV_ANCHOR_RUN_BYTES))
+        self.kv_scale = kernels.decode_kv_efficiency / anchor if kernels.decode_kv_efficiency else 1.0
+        self.stream_bw = self.peak_bw * table.efficiency[-1] * self.kv_scale
+        self.row_s = model.hidden_size * model.weight_bytes_per_value / self.seq_bw  # one embedding row
+        self.gemms = Gemms(
+            layer_bytes=float(model.layer_weight_bytes), layer_flops_per_token=2.0 * model.layer_active_params,
+            head_bytes=float(model.head_params * model.weight_bytes_per_value),
+            head_flops_per_token=2.0 * model.head_params, peak_bw=self.peak_bw, peak_flops=self.peak_flops,
+            tokens=tuple(float(t) for t in kernels.gemm_tokens), efficiency=tuple(kernels.gemm_efficiency))
+        overhead = device.step_overhead_s
+        self.decode_fixed_s = layers * (kernels.decode_layer_fixed_s + kernels.elementwise_layer_fixed_s) + overhead
+        self.decode_per_seq_s = layers * (kernels.decode_per_request_s + kernels.elementwise_per_token_s) + self.row_s
         self.prefill = PrefillCoefficients(
-            flops_per_token=2.0 * model.active_params,
-            flops_per_square=2.0 * model.num_layers * model.num_attention_heads * model.head_dim,
-            weight_bytes=model.weight_bytes, kv_bytes_per_token=model.kv_bytes_per_token,
-            peak_flops=self.peak_flops, seq_bw=self.seq_bw, overhead_s=device.step_overhead_s,
-            comm_fixed_s=self.comm_fixed_s, comm_per_token_s=self.comm_per_token_s)
+            gemms=self.gemms,
+            attention_flops_per_square=2.0 * layers * model.num_attention_heads * model.head_dim,
+            attention_efficiency=kernels.prefill_attention_efficiency,
+            fixed_s=layers * (kernels.prefill_layer_fixed_s + kernels.elementwise_layer_fixed_s) + overhead
+            + self.comm_fixed_s,
+            per_token_s=layers * (kernels.prefill_per_token_s + kernels.elementwise_per_token_s) + self.row_s
+            + self.comm_per_token_s)
 
-    def run_s(self, run_bytes: np.ndarray) -> np.ndarray:
+    # ------------------------------------------------------------------------------ KV reads
+
+    def access_s(self, layout: KvLayout) -> float:
+        """The fixed cost of one scattered run: exact, against the (scaled) table, at the layout's run."""
+        block = layout.block_tokens or CONTIGUOUS_REFERENCE_BLOCK_TOKENS
+        ref = block * self.model.kv_run_bytes_per_token
+        table_s = ref / (float(self.device.bandwidth.eff(ref)) * self.kv_scale * self.peak_bw)
+        return max(0.0, table_s - ref / self.stream_bw)
+
+    def runs_per_block(self) -> int:
+        """Runs one block (or one contiguous request) is read as: K and V of every KV head of every layer."""
+        return 2 * self.model.num_kv_heads * self.model.num_layers
+
+    def run_s(self, run_bytes: np.ndarray, layout: KvLayout) -> np.ndarray:
         """Time to read runs of these sizes at scattered offsets; an empty run costs nothing."""
         b = np.asarray(run_bytes, dtype=np.float64)
-        return np.where(b > 0, b / self.stream_bw + self.access_s, 0.0)
+        return np.where(b > 0, b / self.stream_bw + self.access_s(layout), 0.0)
 
     def kv_read_s(self, kv_tokens: np.ndarray, layout: KvLayout) -> np.ndarray:
-        """Per request: seconds to read its KV once, every layer."""
+        """Per request: seconds to read its KV once, every layer, K and V of every KV head."""
         tokens = np.asarray(kv_tokens, dtype=np.float64)
-        per_layer = self.model.kv_bytes_per_token_layer
+        per_run_token = self.model.kv_run_bytes_per_token
         if layout.block_tokens is None:
-            cost = self.run_s(tokens * per_layer)
+            cost = self.run_s(tokens * per_run_token, layout)
         else:
             block = layout.block_tokens
             full, rest = np.floor_divide(tokens, block), np.mod(tokens, block)
-            cost = full * self.run_s(block * per_layer) + self.run_s(rest * per_layer)
-        return cost * self.model.num_layers
+            cost = full * self.run_s(block * per_run_token, layout) + self.run_s(rest * per_run_token, layout)
+        return cost * self.runs_per_block()
 
-    def weights_s(self) -> float:
-        return self.model.weight_bytes / self.seq_bw
+    # ------------------------------------------------------------------------------ steps
+
+    def gemm_s(self, batch: int) -> float:
+        """The GEMMs of a decode step over `batch` requests (0 for an empty batch)."""
+        return self.gemms.seconds(float(batch), float(batch)) if batch > 0 else 0.0
 
     def decode_step(self, kv_tokens: np.ndarray, layout: KvLayout) -> DecodeStep:
         """One decode iteration for a batch whose requests hold `kv_tokens` each."""
         tokens = np.asarray(kv_tokens)
+        n = int(tokens.size)
         kv_s = float(self.kv_read_s(tokens, layout).sum())
-        compute_s = 2.0 * self.model.active_params * tokens.size / self.peak_flops
-        comm_s = self.comm_fixed_s + self.comm_per_token_s * tokens.size
-        return DecodeStep(self.weights_s(), kv_s, compute_s, self.device.step_overhead_s + comm_s)
+        fixed_s = self.decode_fixed_s + self.decode_per_seq_s * n
+        comm_s = self.comm_fixed_s + self.comm_per_token_s * n
+        return DecodeStep(self.gemm_s(n), kv_s, fixed_s, comm_s)
 
-    def step_coefficients(self, layout: KvLayout) -> StepCoefficients:
-        """This model's decode step in integer picoseconds (each coefficient rounded once)."""
-        layers = self.model.num_layers
+    def step_coefficients(self, layout: KvLayout, max_batch: int = 256) -> StepCoefficients:
+        """This model's decode step in integer picoseconds (each coefficient rounded once), for
+        batches of up to `max_batch` requests."""
         return StepCoefficients(
-            weights_ps=to_ps(self.weights_s()),
-            per_token_ps=to_ps(self.model.kv_bytes_per_token_layer * layers / self.stream_bw),
-            per_run_ps=to_ps(self.access_s * layers),
-            compute_per_seq_ps=to_ps(2.0 * self.model.active_params / self.peak_flops),
-            overhead_ps=to_ps(self.device.step_overhead_s),
+            gemm_ps=tuple(to_ps(self.gemm_s(n)) for n in range(max_batch + 1)),
+            fixed_ps=to_ps(self.decode_fixed_s + self.comm_fixed_s),
+            per_seq_ps=to_ps(self.decode_per_seq_s + self.comm_per_token_s),
+            per_token_ps=to_ps(self.model.kv_bytes_per_token_layer * self.model.num_layers / self.stream_bw),
+            per_run_ps=to_ps(self.access_s(layout) * self.runs_per_block()),
             block_tokens=layout.block_tokens,
-            comm_fixed_ps=to_ps(self.comm_fixed_s),
-            comm_per_seq_ps=to_ps(self.comm_per_token_s),
         )
 
     def decode_step_s(self, kv_tokens: np.ndarray, layout: KvLayout) -> float:
@@ -230,7 +281,7 @@ class CostModel:
     def prefill_s(self, prompt_tokens) -> float:
         """One prefill iteration over the given prompts (batched: the weights are read once)."""
         p = [int(x) for x in prompt_tokens]
-        return self.prefill.seconds(sum(p), sum(x * x for x in p))
+        return self.prefill.seconds(sum(p), sum(x * x for x in p), len(p))
 
     def migration_s(self, num_bytes: float) -> float:
         """Copy a contiguous KV block into the large pool: read it and write it once each, each

@@ -104,6 +104,63 @@ class Interconnect:
         return self.allreduce_latency_s(ranks) + self.allreduce_s_per_byte(ranks) * num_bytes
 
 
+def gemm_efficiency(tokens: tuple[float, ...], efficiency: tuple[float, ...], m: float) -> float:
+    """The GEMM efficiency at m tokens: linear in m between the table's entries, flat outside. The
+    one form of it (the replay's compiled prefill clock does these float operations in this order)."""
+    if m <= tokens[0]:
+        return efficiency[0]
+    for i in range(1, len(tokens)):
+        if m <= tokens[i]:
+            return efficiency[i - 1] + (efficiency[i] - efficiency[i - 1]) * ((m - tokens[i - 1]) / (tokens[i] - tokens[i - 1]))
+    return efficiency[-1]
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """What the device's kernels reach, beside the memory and compute peaks: the [kernels] table of
+    a device profile (profiles/README.md, "Kernels", has the derivation and the formulas of
+    hw/cost.py that use it).
+
+    - `gemm_tokens` / `gemm_efficiency`: the share of the roofline, max(weight bytes / peak
+      bandwidth, flops / peak flops), that a linear layer's GEMM reaches at m tokens (the batch of
+      a decode step, the prompt tokens of a prefill); linear in m between entries, flat outside.
+    - decode attention, per layer: `decode_layer_fixed_s` once per step, `decode_per_request_s` per
+      running request, and the KV read: `decode_kv_efficiency`, when given, is the share of peak
+      bandwidth the engine's paged attention kernel reaches reading its 16-token per-head runs of
+      KV_ANCHOR_RUN_BYTES; the scattered-read table is scaled to meet it there (None: the table as
+      it is).
+    - prefill attention, per layer: `prefill_layer_fixed_s` per prefill, `prefill_per_token_s` per
+      prompt token, and the causal QK^T and AV flops at `prefill_attention_efficiency` of peak.
+    - elementwise kernels (norms, residual adds, the gated activation), per layer:
+      `elementwise_layer_fixed_s` per iteration and `elementwise_per_token_s` per token.
+
+    Invariant: `gemm_tokens` strictly increasing whole numbers >= 1, efficiencies in (0, 1], times
+    >= 0. A profile without [kernels] gets `Kernels.flat(sequential_efficiency)`: every GEMM and the
+    prefill attention at the sequential share, no fixed costs, the KV table unscaled.
+    """
+
+    gemm_tokens: tuple[int, ...]
+    gemm_efficiency: tuple[float, ...]
+    decode_kv_efficiency: float | None
+    decode_layer_fixed_s: float
+    decode_per_request_s: float
+    prefill_attention_efficiency: float
+    prefill_layer_fixed_s: float
+    prefill_per_token_s: float
+    elementwise_layer_fixed_s: float
+    elementwise_per_token_s: float
+
+    @classmethod
+    def flat(cls, efficiency: float) -> Kernels:
+        return cls((1,), (efficiency,), None, 0.0, 0.0, efficiency, 0.0, 0.0, 0.0, 0.0)
+
+    def gemm_eff(self, tokens: float) -> float:
+        return gemm_efficiency(tuple(float(t) for t in self.gemm_tokens), self.gemm_efficiency, float(tokens))
+
+
+KV_ANCHOR_RUN_BYTES = 4096  # 16 tokens x 128 dims x 2 B: one KV head's run in a 16-token paged block
+
+
 @dataclass(frozen=True)
 class DeviceProfile:
     """One accelerator (or host) as the cost model sees it.
@@ -130,6 +187,12 @@ class DeviceProfile:
     measurement: Mapping[str, object] | None = None
     calibration: Mapping[str, object] | None = None
     interconnect: Interconnect | None = None  # None: the profile knows no link, so tp is 1
+    kernels: Kernels | None = None  # None: no [kernels] table; see `kernel_figures`
+
+    @property
+    def kernel_figures(self) -> Kernels:
+        """The [kernels] table, or without one the flat figures (Kernels.flat)."""
+        return self.kernels or Kernels.flat(self.bandwidth.sequential_efficiency)
 
     def interconnect_for(self, tp: int) -> Interconnect | None:
         """The link a tensor-parallel group of `tp` of these devices uses (None for tp 1)."""
@@ -225,6 +288,46 @@ def _interconnect(table: TomlTable | None, sources: dict[str, str]) -> Interconn
     return Interconnect(kind, bandwidth, step, base)
 
 
+def _kernel_time(table: TomlTable, name: str) -> float:
+    value = table.quantity(name, "seconds")
+    if value < 0 or value > 1e-3:  # a kernel's fixed or per-token cost takes microseconds at most
+        raise table.error(name, f"impossible value {table.raw(name)!r}: expected 0 to 1 ms")
+    return value
+
+
+def _kernels(table: TomlTable | None, sources: dict[str, str]) -> Kernels | None:
+    if table is None:
+        return None
+    sources[table.prefix] = table.string("source")
+    rows = table.raw("gemm")
+    if not isinstance(rows, list) or not rows:
+        raise table.error("gemm", "expected a non-empty array of { tokens, efficiency } tables")
+    tokens, effs = [], []
+    for i, row in enumerate(rows):
+        entry = TomlTable(row, table.file, f"{table.key('gemm')}[{i}]", ProfileError)
+        m = entry.raw("tokens")
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1 or (tokens and m <= tokens[-1]):
+            raise entry.error("tokens", "expected whole token counts >= 1, strictly increasing down the table")
+        tokens.append(m)
+        effs.append(entry.number("efficiency", 0.0, 1.0))
+        entry.finish()
+    decode, prefill, elementwise = table.table("decode_attention"), table.table("prefill_attention"), \
+        table.table("elementwise")
+    kv_eff = decode.number("kv_efficiency", 0.0, 1.0, required=False)
+    figures = Kernels(
+        gemm_tokens=tuple(tokens), gemm_efficiency=tuple(effs), decode_kv_efficiency=kv_eff,
+        decode_layer_fixed_s=_kernel_time(decode, "layer_fixed"),
+        decode_per_request_s=_kernel_time(decode, "per_request"),
+        prefill_attention_efficiency=prefill.number("efficiency", 0.0, 1.0),
+        prefill_layer_fixed_s=_kernel_time(prefill, "layer_fixed"),
+        prefill_per_token_s=_kernel_time(prefill, "per_token"),
+        elementwise_layer_fixed_s=_kernel_time(elementwise, "layer_fixed"),
+        elementwise_per_token_s=_kernel_time(elementwise, "per_token"))
+    for sub in (decode, prefill, elementwise, table):
+        sub.finish()
+    return figures
+
+
 def _read_json(path: Path) -> object:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -279,12 +382,14 @@ def parse_device(data: dict, path: Path) -> DeviceProfile:
                 raise top.error(f"measurement.{key}", "missing: a measured profile records date, device, torch and command")
     calibration = top.raw("calibration", required=False)
     interconnect = _interconnect(top.table("interconnect", required=False), sources)
+    kernels = _kernels(top.table("kernels", required=False), sources)
     top.finish()
     return DeviceProfile(name=name, description=description, path=path, measured=measured, memory_type=memory_type,
                          capacity_bytes=capacity, peak_bandwidth_bytes_per_s=peak_bw, peak_fp16_flops=fp16,
                          peak_bf16_flops=bf16, memory_fraction=fraction, activation_reserve_bytes=reserve,
                          step_overhead_s=overhead or 0.0, bandwidth=bandwidth, sources=sources,
-                         measurement=measurement, calibration=calibration, interconnect=interconnect)
+                         measurement=measurement, calibration=calibration, interconnect=interconnect,
+                         kernels=kernels)
 
 
 def device_paths() -> list[Path]:
@@ -373,6 +478,33 @@ class ModelProfile:
     def kv_bytes_per_token(self) -> int:
         """Bytes a token's KV occupies across all layers; rounded up to whole bytes for Oaken."""
         return int(math.ceil(self.kv_bytes_per_token_layer * self.num_layers - 1e-9))
+
+    @property
+    def head_params(self) -> int:
+        """The output head's vocab x hidden matrix: what lm_head reads, tied to the embedding or not."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def layer_weight_bytes(self) -> int:
+        """The weights a forward pass streams through its layers' GEMMs: everything but the embedding
+        table (a step reads only its tokens' rows) and the head (its own GEMM)."""
+        untied_head = 0 if self.tie_word_embeddings else self.head_params
+        return (self.total_params - self.head_params - untied_head) * WEIGHT_DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def layer_active_params(self) -> int:
+        """Parameters one token multiplies through in the layers (the experts it is routed to)."""
+        untied_head = 0 if self.tie_word_embeddings else self.head_params
+        return self.active_params - self.head_params - untied_head
+
+    @property
+    def weight_bytes_per_value(self) -> int:
+        return WEIGHT_DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def kv_run_bytes_per_token(self) -> float:
+        """Bytes one token adds to one KV head's K (or V) run in one layer: the run a kernel reads."""
+        return self.kv_bytes_per_token_layer / (2 * self.num_kv_heads)
 
     def with_kv_dtype(self, kv_dtype: str) -> ModelProfile:
         return replace(self, kv_dtype=kv_dtype)

@@ -3,7 +3,14 @@ with its KV bytes per token at every precision (`profiles list` / `profiles show
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+
+from odmactl.hw.cost import PAGED_BLOCK_TOKENS, CostModel, KvLayout
 from odmactl.hw.profiles import KV_DTYPE_BITS, DeviceProfile, ModelProfile
+
+FULL_POOL_BATCH = 256  # requests sharing a full pool in `paged_vs_contiguous`: vLLM's default max_num_seqs
 
 
 def device_summary(device: DeviceProfile, models: list[ModelProfile]) -> dict:
@@ -26,6 +33,7 @@ def device_summary(device: DeviceProfile, models: list[ModelProfile]) -> dict:
         "usable_bytes": device.usable_bytes, "step_overhead_s": device.step_overhead_s,
         "bandwidth_table": [{"chunk_bytes": c, "efficiency": e} for c, e in zip(bw.chunk_bytes, bw.efficiency)],
         "kv_pool": pools, "sources": dict(device.sources),
+        "kernels": dataclasses.asdict(device.kernels) if device.kernels is not None else None,
         "measurement": dict(device.measurement) if device.measurement else None,
         "calibration": device.calibration,
         "interconnect": None if device.interconnect is None else {
@@ -45,3 +53,24 @@ def model_summary(model: ModelProfile) -> dict:
         "max_position_embeddings": model.max_position_embeddings,
         "kv_bytes_per_token": {d: model.with_kv_dtype(d).kv_bytes_per_token for d in KV_DTYPE_BITS},
     }
+
+
+def paged_vs_contiguous(device: DeviceProfile, model: ModelProfile) -> dict:
+    """One decode step at a full KV pool (tp 1): FULL_POOL_BATCH requests (fewer when the pool holds
+    fewer tokens) sharing the pool's tokens equally, read paged at each of PAGED_BLOCK_TOKENS
+    against contiguous; the ratios of the KV reads and of the whole step."""
+    cost = CostModel(device, model, compute_dtype=device.compute_dtype)
+    pool_tokens = cost.kv_pool_bytes() // model.kv_bytes_per_token
+    batch = int(min(FULL_POOL_BATCH, pool_tokens))
+    context = int(pool_tokens // batch) if batch else 0
+    kv = np.full(batch, context)
+    contiguous = cost.decode_step(kv, KvLayout.contiguous())
+    rows = []
+    for block in PAGED_BLOCK_TOKENS:
+        paged = cost.decode_step(kv, KvLayout.paged(block))
+        rows.append({"block_tokens": block, "run_bytes": block * model.kv_run_bytes_per_token,
+                     "paged_step_s": paged.total_s, "kv_ratio": paged.kv_s / contiguous.kv_s if contiguous.kv_s else None,
+                     "step_ratio": paged.total_s / contiguous.total_s if contiguous.total_s else None})
+    return {"model": model.name, "kv_dtype": model.kv_dtype, "kv_pool_tokens": int(pool_tokens), "batch": batch,
+            "context_tokens": context, "contiguous_step_s": contiguous.total_s,
+            "contiguous_kv_s": contiguous.kv_s, "paged": rows}

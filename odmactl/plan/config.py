@@ -71,10 +71,11 @@ def config_document(doc: dict, setup: Serving, command: str, predictor: str, tra
     return {
         "plan": record,
         "allocator": allocator_table(doc["chosen"]["allocator"], doc["max_model_len"]),
-        "scheduler": {"max_num_seqs": doc["max_num_seqs"], "max_num_batched_tokens": doc["max_num_batched_tokens"]},
+        "scheduler": {"max_num_seqs": doc["max_num_seqs"], "max_num_batched_tokens": doc["max_num_batched_tokens"],
+                      **({"max_new_tokens": doc["max_new_tokens"]} if doc.get("max_new_tokens") else {})},
         "thresholds": {k: v for k, v in gate.items() if v is not None and k != "baseline"},
         "engine": {"vllm": vllm_settings(setup, doc["kv_dtype"], doc["max_model_len"], doc["max_num_seqs"],
-                                         doc["max_num_batched_tokens"]),
+                                         doc["max_num_batched_tokens"], doc["block_size_tokens"]),
                    "odma": odma_settings(setup, odma_config)},
     }
 

@@ -41,9 +41,10 @@ VLLM_ARGS = ("tensor_parallel_size", "max_model_len", "max_num_seqs", "max_num_b
              "num_gpu_blocks_override", "gpu_memory_utilization", "kv_cache_dtype")
 
 
-def vllm_settings(setup: Serving, kv_dtype: str, max_len: int, max_num_seqs: int, max_num_batched_tokens: int) -> dict:
-    """[engine.vllm]: the launch settings the plan corresponds to (the module docstring)."""
-    block = AllocatorConfig().block_size_tokens
+def vllm_settings(setup: Serving, kv_dtype: str, max_len: int, max_num_seqs: int, max_num_batched_tokens: int,
+                  block: int) -> dict:
+    """[engine.vllm]: the launch settings the plan corresponds to (the module docstring), with the
+    paged baseline's block of `block` tokens."""
     device = setup.device
     per_device_bytes = setup.model.weight_bytes + device.activation_reserve_bytes + setup.pool_bytes / setup.tp
     utilization = int(per_device_bytes / device.capacity_bytes * 10_000) / 10_000

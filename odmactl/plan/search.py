@@ -85,10 +85,10 @@ from odmactl.plan.grid import (
 from odmactl.plan.spec import PlanSpec
 from odmactl.render.plan_text import tp_advice
 from odmactl.rules.buckets import quantile_boundaries
-from odmactl.run.config import config_tables
+from odmactl.run.config import config_tables, scheduler_table
 from odmactl.run.executors import run_jobs
 from odmactl.run.replay import prepare, run_policies
-from odmactl.run.serving import Serving, serving
+from odmactl.run.serving import Serving, serving, static_baselines
 from odmactl.run.spec import LoadOptions, ReplaySpec
 from odmactl.sim.workload import Workload
 
@@ -188,6 +188,8 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> tuple[dict, Serv
         "predictor": label,
         "kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token, "max_model_len": max_len,
         "max_num_seqs": ctx.scheduler.max_num_seqs, "max_num_batched_tokens": ctx.scheduler.batched_tokens(max_len),
+        "max_new_tokens": ctx.scheduler.max_new_tokens,
+        "block_size_tokens": spec.block_size_tokens or AllocatorConfig().block_size_tokens,
         "objective": spec.objective, "max_overflow_rate": spec.max_overflow_rate,
         "max_rejection_rate": spec.max_rejection_rate, "ttft_p99_s": spec.ttft_p99_s,
         "slo": None if spec.slo is None else dict(spec.slo.limits_s),
@@ -291,15 +293,16 @@ def _validate(frame: pl.DataFrame, spec: PlanSpec, hold_ctx, split: int, final_t
     objective every run gets its rate at the SLO."""
     tables = config_tables(tomllib.loads(config_text({
         "allocator": allocator_table(final_table, hold_ctx.max_len),
-        "scheduler": {"max_num_seqs": hold_ctx.scheduler.max_num_seqs,
-                      "max_num_batched_tokens": hold_ctx.scheduler.batched_tokens(hold_ctx.max_len)}}, "")), None)
+        "scheduler": scheduler_table(hold_ctx.scheduler, hold_ctx.max_len)}, "")), None)
     check_spec = ReplaySpec(device=spec.device, model=spec.model, kv_dtype=spec.kv_dtype, predictor=spec.predictor,
                             kv_pool_bytes=spec.kv_pool_bytes, tp=spec.tp, load=LoadOptions(skip=split))
     held = run_policies(frame, ["odma"], check_spec, tables=tables, sustainable=sustainable_scale)["results"]["odma"]
-    runs = [("static", "static", {}, hold_ctx.max_len)]
+    base = spec.allocator_overrides()
+    statics = static_baselines(spec, hold_ctx.workload, hold_ctx.max_len)
+    runs = [(name, "static", table, hold_ctx.max_len) for name, table in statics]
     if hold_ctx.max_len > STATIC_TIGHT_TOKENS:
-        runs.append((f"static@{STATIC_TIGHT_TOKENS}", "static", {}, STATIC_TIGHT_TOKENS))
-    runs += [("paged", "paged", {}, hold_ctx.max_len), ("s3", "s3", {}, hold_ctx.max_len)]
+        runs.append((f"static@{STATIC_TIGHT_TOKENS}", "static", statics[0][1], STATIC_TIGHT_TOKENS))
+    runs += [("paged", "paged", base, hold_ctx.max_len), ("s3", "s3", base, hold_ctx.max_len)]
     contexts = [hold_ctx if length == hold_ctx.max_len else dataclasses.replace(hold_ctx, max_len=length)
                 for *_, length in runs]
     done = run_jobs([(c, table, policy, True) for c, (_, policy, table, _) in zip(contexts, runs)], spec.workers,

@@ -2,11 +2,17 @@
 
 Everything is a function of four arrays (prompt tokens, realized output tokens, L_hat, u) and the
 allocation settings, so the figures are exactly what the `odma` allocator would do with them.
+
+Beside each bucket accuracy stands what the trivial predictor scores: a constant predictor that
+always names the most common bucket of the training part (`constant_buckets`; ties go to the
+smaller bucket). A predictor is worth its keep on a bucket accuracy only where it beats that
+figure: on the shipped Alpaca sample 97.3% (max length 2,048) to 99.8% (4,096) of outputs fall in
+S3's first bucket, so a `bucket_accuracy_s3` that high says nothing by itself. A constant predictor ranks nothing, so its Kendall tau is undefined (None, null in JSON).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.stats import kendalltau
@@ -26,6 +32,35 @@ class EvalSettings:
     tau: float
     max_model_len_tokens: int  # the large pool's block, and S3's maximum length
     s3_num_buckets: int = 10
+    # the constant predictor's buckets (`constant_buckets` of the training part); None: the most
+    # common bucket of the evaluated part itself, the best any constant predictor can score there
+    constant_bucket: int | None = None  # a fitted bucket over KV tokens (len(boundaries): past the last)
+    constant_bucket_s3: int | None = None  # an S3 class over output tokens
+
+    def with_constant_from(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> EvalSettings:
+        """These settings with the constant predictor fitted on (training) rows."""
+        fitted, s3 = constant_buckets(prompt_tokens, output_tokens, self)
+        return replace(self, constant_bucket=fitted, constant_bucket_s3=s3)
+
+
+def _fitted_classes(kv_tokens: np.ndarray, boundaries_tokens: tuple[int, ...]) -> np.ndarray:
+    """The fitted bucket of each KV length; a length past the last boundary is a class of its own."""
+    return np.searchsorted(np.asarray(boundaries_tokens, dtype=np.int64), kv_tokens, side="left")
+
+
+def _mode(classes: np.ndarray) -> int:
+    """The most common class; a tie goes to the smallest."""
+    return int(np.argmax(np.bincount(classes)))
+
+
+def constant_buckets(prompt_tokens: np.ndarray, output_tokens: np.ndarray, s: EvalSettings) -> tuple[int, int]:
+    """(fitted bucket, S3 class) that a constant predictor names: the most common of `s`'s fitted
+    buckets over KV tokens (prompt + output) and of S3's classes over output tokens, in these rows."""
+    prompt = np.asarray(prompt_tokens, dtype=np.int64)
+    actual = np.asarray(output_tokens, dtype=np.int64)
+    assert prompt.size == actual.size > 0
+    s3_buckets = s3_capacities(s.max_model_len_tokens, s.s3_num_buckets)
+    return _mode(_fitted_classes(prompt + actual, s.boundaries_tokens)), _mode(s3_classes(actual, s3_buckets))
 
 
 def _reserve(prompt: np.ndarray, l_hat: np.ndarray, u: np.ndarray, s: EvalSettings, *, gamma: float,
@@ -62,13 +97,16 @@ def evaluate_predictions(prompt_tokens: np.ndarray, output_tokens: np.ndarray, l
     l_hat = np.asarray(l_hat, dtype=np.int64)
     u = np.asarray(uncertainty, dtype=np.float64)
     assert prompt.size == actual.size == l_hat.size == u.size > 0
-    bounds = np.asarray(s.boundaries_tokens, dtype=np.int64)
 
     s3_buckets = s3_capacities(s.max_model_len_tokens, s.s3_num_buckets)
     s3_pred, s3_true = s3_classes(l_hat, s3_buckets), s3_classes(actual, s3_buckets)
     # fitted buckets over KV tokens; a length past the last boundary is a class of its own (large)
-    fit_pred = np.searchsorted(bounds, prompt + l_hat, side="left")
-    fit_true = np.searchsorted(bounds, prompt + actual, side="left")
+    fit_pred = _fitted_classes(prompt + l_hat, s.boundaries_tokens)
+    fit_true = _fitted_classes(prompt + actual, s.boundaries_tokens)
+    # the constant predictor: the training part's most common bucket, else the evaluated part's
+    mode_of = "training part" if s.constant_bucket is not None and s.constant_bucket_s3 is not None else "held-out part"
+    const_fit = s.constant_bucket if s.constant_bucket is not None else _mode(fit_true)
+    const_s3 = s.constant_bucket_s3 if s.constant_bucket_s3 is not None else _mode(s3_true)
     tau_b = kendalltau(l_hat, actual).statistic if np.unique(l_hat).size > 1 else 0.0
 
     hedged, large = _reserve(prompt, l_hat, u, s, gamma=s.gamma, tau=s.tau)
@@ -98,6 +136,10 @@ def evaluate_predictions(prompt_tokens: np.ndarray, output_tokens: np.ndarray, l
         "kendall_tau": float(tau_b),
         "bucket_accuracy_s3": float(np.mean(s3_pred == s3_true)),
         "bucket_accuracy": float(np.mean(fit_pred == fit_true)),
+        "constant_bucket_accuracy_s3": float(np.mean(s3_true == const_s3)),
+        "constant_bucket_accuracy": float(np.mean(fit_true == const_fit)),
+        "constant_kendall_tau": None,  # a constant ranks nothing: tau-b is undefined
+        "constant_predictor": {"bucket": int(const_fit), "bucket_s3": int(const_s3), "mode_of": mode_of},
         "under_rate": main["under_rate"],
         "reserved_over_actual": main["reserved_over_actual"],
         "kv_utilization": main["kv_utilization"],

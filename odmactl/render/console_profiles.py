@@ -71,10 +71,35 @@ def render_device(console: Console, d: dict) -> None:
         bw.add_row(format_bytes(row["chunk_bytes"]), f"{row['efficiency']:.4f}")
     console.print(bw)
     console.print(escape(f"source: {src.get('bandwidth.scattered', '-')}"), soft_wrap=True)
+    k = d["kernels"]
+    if k is None:
+        console.print("kernels: no [kernels] table: GEMMs and prefill attention at the sequential share of the "
+                      "peaks, no fixed costs (profiles/README.md, 'Kernels')", soft_wrap=True)
+    else:
+        gemm = ", ".join(f"{e:.2f} at {t:,}" for t, e in zip(k["gemm_tokens"], k["gemm_efficiency"]) if t in (1, 128, 4096))
+        kv = "the table" if k["decode_kv_efficiency"] is None else f"{k['decode_kv_efficiency']:.3f} of peak"
+        console.print(escape(f"kernels: GEMM efficiency {gemm} tokens; decode attention {k['decode_layer_fixed_s'] * 1e6:g} us "
+                             f"+ {k['decode_per_request_s'] * 1e6:g} us per request per layer, KV read at {kv}; prefill "
+                             f"attention at {k['prefill_attention_efficiency']:.2f} of peak; elementwise "
+                             f"{k['elementwise_layer_fixed_s'] * 1e6:g} us + {k['elementwise_per_token_s'] * 1e6:g} us per "
+                             f"token per layer. source: {src.get('kernels', '-')}"), soft_wrap=True)
     rows = [[escape(p["model"]), p["kv_dtype"], format_bytes(p["weight_bytes"]), format_bytes(p["kv_pool_bytes"]),
              f"{p['kv_pool_tokens']:,}"] for p in d["kv_pool"]]
     console.print(narrow_table("KV pool (capacity * fraction - weights - activation reserve)",
                                ("kv dtype", "weights", "KV pool", "KV tokens"), rows, key="model"))
+    if "paged_vs_contiguous" in d:
+        render_paged_vs_contiguous(console, d["paged_vs_contiguous"])
+
+
+def render_paged_vs_contiguous(console: Console, p: dict) -> None:
+    """The decode step at a full pool, paged at each block size against contiguous."""
+    rows = [[str(r["block_tokens"]), format_bytes(r["run_bytes"]), f"{r['paged_step_s'] * 1e3:.2f}",
+             f"{r['kv_ratio']:.3f}" if r["kv_ratio"] is not None else "-",
+             f"{r['step_ratio']:.4f}" if r["step_ratio"] is not None else "-"] for r in p["paged"]]
+    title = (f"{p['model']} ({p['kv_dtype']}) at a full pool: {p['batch']} requests x {p['context_tokens']:,} "
+             f"tokens; contiguous step {p['contiguous_step_s'] * 1e3:.2f} ms")
+    console.print(narrow_table(escape(title), ("run per\nKV head", "paged\nstep (ms)", "KV read\npaged /\ncontig.",
+                                               "step\npaged /\ncontig."), rows, key="block"))
 
 
 def render_model(console: Console, m: dict) -> None:
@@ -118,3 +143,18 @@ def render_calibration(console: Console, out_path: str, doc: dict, seconds: floa
         bw.add_row(format_bytes(row["chunk_bytes"]), format_rate(row["gather_bytes_per_s"], "B/s"),
                    format_rate(row["contiguous_bytes_per_s"], "B/s"), f"{entry['efficiency']:.4f}")
     console.print(bw)
+
+
+def render_kernels(console: Console, doc: dict) -> None:
+    """`profiles kernels`: the derived [kernels] table, the fits' residuals and the comparison."""
+    console.print(escape(f"{doc['device']}: kernel figures from aiconfigurator's {doc['database']} database "
+                         f"({doc['system']}), fitted on {doc['model']}'s operations"))
+    console.print(escape(doc["toml"]), soft_wrap=True, highlight=False)
+    worst = ", ".join(f"{k.replace('_', ' ')} {v:.1%}" for k, v in doc["fit_worst_relative_error"].items())
+    console.print(escape(f"largest relative error of each fit: {worst}"))
+    shipped = "profile_ms" in doc["comparison"][0]
+    columns = ("aiconfig.\n(ms)", "derived\n(ms)", "ratio") + (("profile\n(ms)", "ratio") if shipped else ())
+    rows = [[escape(r["step"]), f"{r['aiconfigurator_ms']:.2f}", f"{r['derived_ms']:.2f}", f"{r['derived_ratio']:.3f}"]
+            + ([f"{r['profile_ms']:.2f}", f"{r['profile_ratio']:.3f}"] if shipped else []) for r in doc["comparison"]]
+    console.print(narrow_table("cost model against aiconfigurator (Llama-3-8B, tp 1; decode on vLLM's 16-token blocks)",
+                               columns, rows, key="step"))

@@ -90,24 +90,45 @@ def render_stats(console: Console, path: str, stats: dict) -> None:
         console.print(_drift_table(stats))
 
 
+CONSTANT_NOTE = ("constant: a predictor that always names the {mode_of}'s most common bucket (fitted bucket "
+                 "{bucket}, S3 bucket {bucket_s3}); it ranks nothing, so its kendall_tau is undefined (n/a)")
+
+
+def _figure(value: float | None, digits: int = 4) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
 def render_fit(console: Console, out_dir: str, summary: dict, seconds: float) -> None:
     ev = summary["evaluation"]
     split = summary["split"]
+    seeds = summary.get("over_seeds")
+    many = seeds is not None and seeds["count"] > 1
+    epochs = summary["training"]["epochs"]
+    trained = (f"{split['train_rows']:,} rows ({epochs} epochs at seed {split['seed']}; {seeds['count']} fits in "
+               f"{seconds:,.1f} s)" if many else f"{split['train_rows']:,} rows in {seconds:,.1f} s ({epochs} epochs)")
     console.print(escape(f"predictor ({summary['family']}, {summary['mode']} heads) -> {out_dir}: trained on "
-                         f"{split['train_rows']:,} rows in {seconds:,.1f} s ({summary['training']['epochs']} epochs); "
-                         f"held out {split['test_rows']:,} rows by {split['by']}"))
-    table = Table(title="held-out evaluation", title_justify="left")
+                         f"{trained}; held out {split['test_rows']:,} rows by {split['by']}"))
+    table = Table(title="held-out evaluation" + (f" (seed {split['seed']}: the artifact's fit)" if many else ""),
+                  title_justify="left")
     table.add_column("metric")
-    table.add_column("value", justify="right")
-    rows = [("kendall_tau", ev["kendall_tau"]), ("mae_tokens", ev["mae_tokens"]),
-            ("bucket_accuracy (fitted buckets)", ev["bucket_accuracy"]),
-            (f"bucket_accuracy_s3 ({ev['s3_bucket_width_tokens']:g}-token buckets)", ev["bucket_accuracy_s3"]),
-            (f"under_rate (gamma {ev['gamma']:g}, tau {ev['tau']:g})", ev["under_rate"]),
-            ("reserved_over_actual", ev["reserved_over_actual"]), ("kv_utilization", ev["kv_utilization"]),
-            ("routed_large_rate", ev["routed_large_rate"])]
-    for name, value in rows:
-        table.add_row(name, f"{value:.4f}")
+    table.add_column("predictor", justify="right")
+    table.add_column("constant", justify="right")
+    rows = [("kendall_tau", ev["kendall_tau"], _figure(ev.get("constant_kendall_tau"))),
+            ("mae_tokens", ev["mae_tokens"], ""),
+            ("bucket_accuracy (fitted buckets)", ev["bucket_accuracy"], _figure(ev.get("constant_bucket_accuracy"))),
+            (f"bucket_accuracy_s3 ({ev['s3_bucket_width_tokens']:g}-token buckets)", ev["bucket_accuracy_s3"],
+             _figure(ev.get("constant_bucket_accuracy_s3"))),
+            (f"under_rate (gamma {ev['gamma']:g}, tau {ev['tau']:g})", ev["under_rate"], ""),
+            ("reserved_over_actual", ev["reserved_over_actual"], ""), ("kv_utilization", ev["kv_utilization"], ""),
+            ("routed_large_rate", ev["routed_large_rate"], "")]
+    for name, value, constant in rows:
+        table.add_row(name, f"{value:.4f}", constant)
     console.print(table)
+    constant = ev.get("constant_predictor")
+    if constant is not None:
+        console.print(escape(CONSTANT_NOTE.format(**constant)))
+    if many:
+        console.print(_seeds_table(seeds))
     console.print(escape(f"buckets (KV tokens): {summary['buckets']['boundaries_tokens']}"))
     unc = summary["uncertainty"]
     coverage = unc.get("coverage_gamma")
@@ -130,3 +151,28 @@ def render_fit(console: Console, out_dir: str, summary: dict, seconds: float) ->
         dec.add_row(str(d["decile"]), f"{d['u_min']:.3f}-{d['u_max']:.3f}", f"{d['rows']:,}",
                     f"{d['under_rate_uniform']:.4f}", f"{d['under_rate_unhedged']:.4f}", f"{d['under_rate']:.4f}")
     console.print(dec)
+
+
+SEED_ROWS = (("kendall_tau", "kendall_tau", "constant_kendall_tau", None),
+             ("bucket_accuracy", "bucket_accuracy", "constant_bucket_accuracy", "bucket_accuracy_over_constant"),
+             ("bucket_accuracy_s3", "bucket_accuracy_s3", "constant_bucket_accuracy_s3",
+              "bucket_accuracy_s3_over_constant"))
+
+
+def _seeds_table(seeds: dict) -> Table:
+    """Mean and sample sd over the seeds of the predictor, the constant predictor and the margin."""
+    metrics = seeds["metrics"]
+    cells = []
+    for name, model, constant, margin in SEED_ROWS:
+        row = [name]
+        for key in (model, constant, margin):
+            figure = metrics[key] if key is not None else {"mean": None, "sd": None}
+            row += [_figure(figure["mean"]), _figure(figure["sd"])]
+        cells.append(row)
+    first, last = seeds["seeds"][0], seeds["seeds"][-1]
+    held_out = "a different held-out share of prompts per seed" if seeds["split_varies_with_seed"] else \
+        "time split: the same held-out rows for every seed, which vary the training alone"
+    return narrow_table(f"over {seeds['count']} seeds, {first}-{last} ({held_out}; "
+                        "margin: predictor - constant, per seed; sd: sample, ddof=1)",
+                        ("predictor mean", "predictor sd", "constant mean", "constant sd", "margin mean",
+                         "margin sd"), cells, key="metric")

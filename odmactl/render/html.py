@@ -78,7 +78,7 @@ def _boundaries(doc: dict) -> str:
     max_len = doc["max_model_len"]
     for j, capacity in enumerate(s3_capacities(max_len, s3["s3_num_buckets"])):
         ax.axvline(capacity, color="tab:green", linestyle=":", linewidth=1,
-                   label="s3 equal-width buckets" if j == 0 else None)
+                   label="s3 equal-width output buckets (reserved: prompt + one)" if j == 0 else None)
     ax.set_xlabel("KV tokens")
     ax.set_ylabel("requests")
     ax.legend(fontsize=8)

@@ -52,6 +52,14 @@ def scheduler_settings(table: dict, source: Path | None = None, **overrides) -> 
     return dataclasses.replace(from_file, **overrides)
 
 
+def scheduler_table(settings: SchedulerSettings, max_len: int) -> dict[str, int]:
+    """The [scheduler] table a config records for these settings at this max_model_len."""
+    out = {"max_num_seqs": settings.max_num_seqs, "max_num_batched_tokens": settings.batched_tokens(max_len)}
+    if settings.max_new_tokens is not None:
+        out["max_new_tokens"] = settings.max_new_tokens
+    return out
+
+
 def read_config(path: Path | None) -> dict[str, dict]:
     """The tables of a config TOML (plan's output), checked (`config_tables`); all empty without one."""
     if path is None:

@@ -133,6 +133,8 @@ def prepare(frame: pl.DataFrame, spec: ServingSpec, setup: Serving, *, load: Loa
         overrides["max_num_seqs"] = spec.max_num_seqs
     if spec.max_num_batched_tokens is not None:
         overrides["max_num_batched_tokens"] = spec.max_num_batched_tokens
+    if spec.max_new_tokens is not None:
+        overrides["max_new_tokens"] = spec.max_new_tokens
     scheduler = scheduler_settings(tables["scheduler"], config, **overrides)
     if scheduler.batched_tokens(max_len) < max_len:
         raise ConfigError(f"max_num_batched_tokens ({scheduler.max_num_batched_tokens:,}) is smaller than max_model_len "
@@ -167,15 +169,16 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
     ctx, label = prepare(frame, spec, setup, load=spec.load, tables=tables, config=spec.config,
                          fast_forward=spec.fast_forward and device is None, policies=tuple(policies))
     results = {}
+    table = {**tables["allocator"], **spec.allocator_overrides()}
     for policy in policies:
         tick = (lambda label_, done, total, p=policy: progress(f"replay {p}", done, total)) if progress else None
-        result, config, notes, section = replay_policy(ctx, policy, tables["allocator"], tick, device)
+        result, config, notes, section = replay_policy(ctx, policy, table, tick, device)
         queue = dict(result.queue)
         if queue["overloaded"] and sustainable is not None and device is None:
             label_ = f"replay {policy}: overloaded, the rate it sustains"
             if progress:
                 progress(label_, 0, 1)
-            queue["sustainable"] = sustainable(ctx, policy, tables["allocator"])
+            queue["sustainable"] = sustainable(ctx, policy, table)
             if progress:
                 progress(label_, 1, 1)
         results[policy] = {"metrics": result.metrics, "config": config.to_mapping(), "notes": notes,
@@ -193,7 +196,8 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
         "device": setup.device.name, "tp": setup.tp, "model": setup.model_name, "kv_dtype": spec.kv_dtype,
         "kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token, "max_model_len": ctx.max_len,
         "predictor": label, "scheduler": {"max_num_seqs": scheduler.max_num_seqs,
-                                          "max_num_batched_tokens": scheduler.batched_tokens(ctx.max_len)},
+                                          "max_num_batched_tokens": scheduler.batched_tokens(ctx.max_len),
+                                          "max_new_tokens": scheduler.max_new_tokens},
         "time_advance": advance, "mismatches": list(ctx.mismatches),
         "results": results,
     }

@@ -11,6 +11,7 @@ from odmactl.core.limits import MAX_POOL_TOKENS
 from odmactl.core.units import format_bytes
 from odmactl.hw.cost import CostModel
 from odmactl.hw.profiles import DeviceProfile, ModelProfile, load_device, load_model
+from odmactl.run.spec import ServingSpec
 from odmactl.sim.workload import Workload
 
 
@@ -102,3 +103,21 @@ def default_max_model_len(workload: Workload, model: ModelProfile, pool_tokens: 
     if model.max_position_embeddings:
         value = min(value, model.max_position_embeddings)
     return max(1, min(value, pool_tokens))
+
+
+def default_max_new_tokens(workload: Workload, max_len: int) -> int:
+    """vLLM's max_tokens when none is given: the trace's longest output rounded up to a power of
+    two, within max_len (so it truncates no request of the trace)."""
+    longest = int(workload.output_tokens.max()) if workload.size else 1
+    return max(1, min(1 << max(longest - 1, 0).bit_length(), max_len))
+
+
+def static_baselines(spec: ServingSpec, workload: Workload, max_len: int) -> list[tuple[str, dict[str, object]]]:
+    """The two static settings plan and capacity compare against, as (name, [allocator] settings
+    over the command line's): "static", a slot of max_model_len per request, and "static+N", a slot
+    of prompt + N with N = --max-new-tokens or `default_max_new_tokens` (Cambricon-vLLM's
+    pre-allocation, the ODMA papers' baseline)."""
+    n = spec.max_new_tokens or default_max_new_tokens(workload, max_len)
+    base = spec.allocator_overrides()
+    return [("static", {**base, "static_slot": "max_model_len"}),
+            (f"static+{n}", {**base, "static_slot": "prompt_plus_max_new", "max_new_tokens": n})]

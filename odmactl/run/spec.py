@@ -10,6 +10,7 @@ from pathlib import Path
 
 from odmactl.core.errors import ConfigError
 from odmactl.core.limits import MAX_NUM_SEQS, MAX_REQUESTS, MAX_TOKENS, MAX_TP, check_seed, check_whole
+from odmactl.hw.cost import PAGED_BLOCK_TOKENS
 
 
 def _positive_int(value: object, flag: str, high: int | None) -> None:
@@ -59,6 +60,18 @@ class ServingSpec:
     kv_pool_bytes: int | None = None
     tp: int = 1  # tensor parallelism: the model split over this many devices of the profile
     allow_mismatch: bool = False  # run a config's settings on another deployment than its [plan] (a warning)
+    block_size_tokens: int | None = None  # --block-size: the paged policy's block (None: the config's, else 16)
+    max_new_tokens: int | None = None  # --max-new-tokens: vLLM's max_tokens; static then reserves prompt + this
+
+    def allocator_overrides(self) -> dict[str, object]:
+        """The [allocator] settings the command line sets over a config's: paged's block size; with
+        --max-new-tokens, static's slot of prompt + max_new_tokens (the ODMA papers' baseline)."""
+        out: dict[str, object] = {}
+        if self.block_size_tokens is not None:
+            out["block_size_tokens"] = self.block_size_tokens
+        if self.max_new_tokens is not None:
+            out.update(static_slot="prompt_plus_max_new", max_new_tokens=self.max_new_tokens)
+        return out
 
     def __post_init__(self) -> None:
         _positive_int(self.max_model_len, "--max-model-len", MAX_TOKENS)
@@ -66,6 +79,10 @@ class ServingSpec:
         _positive_int(self.max_num_batched_tokens, "--max-num-batched-tokens", MAX_TOKENS)
         check_whole(self.tp, 1, MAX_TP, "--tp")
         _positive_int(self.kv_pool_bytes, "--kv-pool (in bytes)", None)  # the profile bounds it
+        _positive_int(self.max_new_tokens, "--max-new-tokens", MAX_TOKENS)
+        if self.block_size_tokens is not None and self.block_size_tokens not in PAGED_BLOCK_TOKENS:
+            raise ConfigError(f"--block-size must be one of {', '.join(map(str, PAGED_BLOCK_TOKENS))} (the block sizes "
+                              f"vLLM's attention kernels take), got {self.block_size_tokens!r}")
 
 
 @dataclass(frozen=True)

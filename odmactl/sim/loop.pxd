@@ -13,7 +13,7 @@ cdef class Replay:
     cdef public long long max_len
     cdef public bint paged
     # per run (see the class docstring)
-    cdef bint ff, track_boundaries, dirty
+    cdef bint ff, track_boundaries, dirty, retry
     cdef long long B, num, max_seqs, max_prefill, num_blocks
     cdef object block_bytes, pred, unc, ids, queue, series, boundaries
     cdef long long[:] prompt, target, output, arrival, gen, base, seq_of, start_ps, first_ps, done_ps, reserved_tokens

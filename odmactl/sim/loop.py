@@ -9,8 +9,10 @@ one token. A request is done when it has its realized output length; completion 
 
 The loop asks the policy how it grows (the Allocator protocol, allocator/base.py), never its name:
 - a policy with `block_size_tokens` None gives each request one contiguous block; growing past it
-  asks the policy to `extend` (ODMA migrates into the large pool, S3 moves to a larger bucket; the
-  copy time is charged to the iteration), and a failed extend preempts the request itself;
+  asks the policy to `extend` (ODMA migrates into the large pool, S3 with s3_overflow "migrate"
+  moves to a larger bucket; the copy time is charged to the iteration), and a failed extend
+  preempts the request itself (S3's supervisor, s3_overflow "preempt"): no prefill runs at that
+  boundary, and admission is retried after one decode iteration, as vLLM schedules at every step;
 - a policy with a block size grows a request a block at a time from its `num_blocks` blocks; when
   they run out the newest running requests are preempted (released, queued at the front,
   recomputed later), and no prefill runs at that boundary (vLLM's recompute preemption);
@@ -104,12 +106,17 @@ class SchedulerSettings:
     that schedules prefills runs only them, otherwise it decodes the batch. The budget defaults as
     vLLM's does without chunked prefill (vllm/config.py, SchedulerConfig): max(max_model_len, 2048).
 
-    Invariant (checked): `max_num_seqs` and `max_num_batched_tokens` (None: the default above) are
-    whole numbers >= 1, so every iteration admits or runs at least one request; `series_points` >= 2.
+    `max_new_tokens` is vLLM's per-request `max_tokens` (SamplingParams): a request stops after
+    that many output tokens (counted as truncated, like one that reaches max_model_len); None: no cap.
+
+    Invariant (checked): `max_num_seqs`, `max_num_batched_tokens` and `max_new_tokens` (None: the
+    defaults above) are whole numbers >= 1, so every iteration admits or runs at least one request;
+    `series_points` >= 2.
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None  # None: max(max_model_len, VLLM_MIN_BATCHED_TOKENS)
+    max_new_tokens: int | None = None
     fast_forward: bool = True
     series_points: int = 512
 
@@ -119,7 +126,7 @@ class SchedulerSettings:
 
     def __post_init__(self) -> None:
         for key, low, high in (("max_num_seqs", 1, MAX_NUM_SEQS), ("max_num_batched_tokens", 1, MAX_TOKENS),
-                               ("series_points", 2, 1 << 20)):
+                               ("max_new_tokens", 1, MAX_TOKENS), ("series_points", 2, 1 << 20)):
             value = getattr(self, key)
             problem = None if value is None else whole_number_problem(value, low, high)
             if problem is not None:
@@ -128,8 +135,9 @@ class SchedulerSettings:
 
 class Replay:
     """One replay of `workload` through `allocator`; `run()` returns the ReplayResult.
-    `max_model_len` caps every request's KV tokens: longer outputs are truncated (counted), prompts
-    that leave no room for one output token are rejected (counted).
+    `max_model_len` caps every request's KV tokens and the settings' `max_new_tokens` its output:
+    longer outputs are truncated (counted), prompts that leave no room for one output token are
+    rejected (counted).
 
     State during `run()`, per request i (int64 buffers): `gen[i]` tokens generated as of the last
     boundary it ran at; while running, its KV tokens at decode iteration I are `base[i] + I` and
@@ -145,7 +153,7 @@ class Replay:
     __slots__ = (
         "w", "alloc", "settings", "max_len", "block", "paged", "coeff", "cost", "progress", "probe",
         # per run
-        "ff", "track_boundaries", "B", "num", "max_seqs", "max_prefill", "num_blocks", "block_bytes",
+        "ff", "track_boundaries", "retry", "B", "num", "max_seqs", "max_prefill", "num_blocks", "block_bytes",
         "prompt", "target", "output", "arrival", "gen", "base", "seq_of", "start_ps", "first_ps", "done_ps",
         "reserved_tokens", "request_of_seq", "phase", "runs", "pred", "unc", "ids", "allocs", "queue",
         "running", "finish", "overflow", "segment", "prefill_clock", "series", "boundaries",
@@ -165,7 +173,8 @@ class Replay:
         self.max_len = max_model_len
         self.block = allocator.block_size_tokens  # None: one contiguous block per request
         self.paged = self.block is not None
-        self.coeff = cost.step_coefficients(KvLayout.paged(self.block) if self.paged else KvLayout.contiguous())
+        self.coeff = cost.step_coefficients(KvLayout.paged(self.block) if self.paged else KvLayout.contiguous(),
+                                            max_batch=settings.max_num_seqs)
         self.cost = cost
         self.progress = progress
         self.probe = probe  # device.ondevice.DecodeProbe: runs and times each decode iteration on the device
@@ -211,11 +220,17 @@ class Replay:
                 self.dirty = False
                 if not self.running:
                     continue
+                # a contiguous policy's failed extend freed a whole block: admission is retried
+                # after one iteration (block growth waits for a release: its blocks ran out)
+                self.retry = not self.paged
             if self.ff:
                 self._decode_fast()
             else:
                 self._decode_stepping()
             self._complete()
+            if self.retry:
+                self.retry = False
+                self.dirty = True
             total_steps += 1
             if self.progress is not None and total_steps % 4096 == 0:
                 self.progress("replay", self.completed, self.num)
@@ -230,6 +245,8 @@ class Replay:
         self.num = w.size
         prompt_np = w.prompt_tokens.astype(np.int64)
         target_np = np.minimum(w.output_tokens, np.maximum(self.max_len - w.prompt_tokens, 0)).astype(np.int64)
+        if settings.max_new_tokens is not None:
+            target_np = np.minimum(target_np, settings.max_new_tokens)
         self.prompt = _int64s(prompt_np)
         self.target = _int64s(target_np)
         self.output = _int64s(w.output_tokens)
@@ -263,7 +280,7 @@ class Replay:
         self.kv_sum = self.runs_now = self.peak_blocks = 0
         self.phase = _filled(self.B, 0)
         self.next_arrival = self.next_seq = 0
-        self.dirty = False
+        self.dirty = self.retry = False
         self.preemptions = self.rejections = self.too_long = self.truncated = self.recomputed = 0
         self.migrations = self.peak = self.prefills = self.decodes = self.completed = 0
         # byte x ps sums outgrow 64 bits: Python integers (occupancy_acc is the part not yet added)
@@ -426,7 +443,7 @@ class Replay:
         seq: cython.longlong
         dt: cython.longlong
         B: cython.longlong = self.B
-        prompt_sum: cython.longlong = 0  # the prefill's cost depends on these two sums only
+        prompt_sum: cython.longlong = 0  # the prefill's cost depends on these two sums and the count only
         prompt_squares: cython.longlong = 0
         for i in admitted:
             k = self.prompt[i] + self.gen[i]
@@ -455,7 +472,7 @@ class Replay:
                 self.phase[self.base[i] % B] += 1
         if self.runs_now > self.peak_blocks:
             self.peak_blocks = self.runs_now
-        dt = self.prefill_clock.ps(prompt_sum, prompt_squares)
+        dt = self.prefill_clock.ps(prompt_sum, prompt_squares, len(admitted))
         started: cython.longlong = self.t
         self.t += dt
         self.occupancy_byte_ps += self._reserved_bytes() * dt
@@ -571,7 +588,7 @@ class Replay:
     def _decode_fast(self) -> None:
         """k decode iterations of the fixed batch, summed in closed form."""
         n: cython.longlong = len(self.running)
-        k: cython.longlong = self._next_event()
+        k: cython.longlong = 1 if self.retry else self._next_event()
         rho: cython.longlong
         dt: cython.longlong
         reserved_now: cython.longlong

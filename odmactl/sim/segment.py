@@ -3,10 +3,10 @@
 Between two events every running request grows by one token per iteration, so iteration j (0-based)
 reads `kv_tokens_sum + n * j` tokens and `runs[j]` runs, and with `StepCoefficients`
 
-    step_j = max(weights + per_token * (S + n j) + per_run * runs[j], compute_per_seq * n) + overhead(n),
+    step_j = batch(n) + per_token * (S + n j) + per_run * runs[j],
 
-overhead(n) being the step overhead and tensor parallelism's all-reduces (StepCoefficients.batch_overhead_ps),
-constant while n is.
+batch(n) being the GEMMs, the fixed and per-request costs and tensor parallelism's all-reduces
+(StepCoefficients.batch_ps), constant while n is.
 
 A contiguous request is one run whatever its length (period 1, runs constant); a paged request
 starts a new block every `block` tokens, so along each residue class j = rho + m * block the run
@@ -32,36 +32,26 @@ OCCUPANCY_C_LIMIT = 1 << 60  # held x step x k below this: occupancy sums fit 64
 OCCUPANCY_MAX_K = 1 << 20  # and k below this, so the closed-form sum of m**2 does too
 
 
-def _occupancy_c(h0: cython.longlong, g: cython.longlong, c: cython.longlong, ov: cython.longlong, m0: cython.longlong,
-                 dm: cython.longlong, cut: cython.longlong, terms: cython.longlong) -> cython.longlong:
-    """Sum over m < terms of (h0 + g m) x step(m), step(m) = c + ov for m < cut (compute-bound)
-    and m0 + dm m + ov after: one residue class of `Segment.advance`, as 64-bit integers (the
-    caller checked the bound; every product below is at most the sum, or zero terms are skipped)."""
-    rest: cython.longlong = terms - cut
-    s1: cython.longlong = (terms * (terms - 1) - cut * (cut - 1)) // 2
+def _occupancy_c(h0: cython.longlong, g: cython.longlong, ov: cython.longlong, m0: cython.longlong,
+                 dm: cython.longlong, terms: cython.longlong) -> cython.longlong:
+    """Sum over m < terms of (h0 + g m) x (m0 + dm m + ov): one residue class of `Segment.advance`,
+    as 64-bit integers (the caller checked the bound; every product below is at most the sum)."""
+    s1: cython.longlong = terms * (terms - 1) // 2
     a: cython.longlong = m0 + ov
-    out: cython.longlong = 0
-    squares: cython.longlong
-    if cut:
-        out += (c + ov) * (h0 * cut + g * (cut * (cut - 1) // 2))
-    if rest:
-        out += h0 * a * rest
+    out: cython.longlong = h0 * a * terms
     if s1:
         out += h0 * dm * s1 + g * a * s1
         if g:
-            squares = ((terms - 1) * terms * (2 * terms - 1) - (cut - 1) * cut * (2 * cut - 1)) // 6
-            out += g * dm * squares
+            out += g * dm * ((terms - 1) * terms * (2 * terms - 1) // 6)
     return out
 
 
-def _occupancy_py(h0, g, c, ov, m0, dm, cut, terms):
+def _occupancy_py(h0, g, ov, m0, dm, terms):
     """`_occupancy_c` as Python integers, for segments whose sums may outgrow 64 bits."""
-    rest = terms - cut
-    s1 = (terms * (terms - 1) - cut * (cut - 1)) // 2
+    s1 = terms * (terms - 1) // 2
     a = m0 + ov
-    # sum of m^2 for cut <= m < terms; it only counts when the runs grow (g > 0)
-    squares = ((terms - 1) * terms * (2 * terms - 1) - (cut - 1) * cut * (2 * cut - 1)) // 6 if g else 0
-    return (c + ov) * (h0 * cut + g * (cut * (cut - 1) // 2)) + h0 * a * rest + (h0 * dm + g * a) * s1 + g * dm * squares
+    squares = (terms - 1) * terms * (2 * terms - 1) // 6 if g else 0  # sum of m^2 for m < terms
+    return h0 * a * terms + (h0 * dm + g * a) * s1 + g * dm * squares
 
 
 class Segment:
@@ -73,19 +63,17 @@ class Segment:
     buffer `runs` and calls `reset` (the coefficients are read once, the buffers reused, no
     Python integers made); compiled, it is an extension type with C fields (segment.pxd)."""
 
-    __slots__ = ("weights_ps", "per_token_ps", "per_run_ps", "compute_per_seq_ps", "overhead_ps",
-                 "comm_fixed_ps", "comm_per_seq_ps", "batch_overhead_ps", "period", "paged", "compute_ps", "runs", "_runs", "m0", "dm", "held", "d_held")
+    __slots__ = ("gemm_ps", "fixed_ps", "per_seq_ps", "per_token_ps", "per_run_ps", "batch_ps",
+                 "period", "paged", "runs", "_runs", "m0", "dm", "held", "d_held")
 
     def __init__(self, coeff: StepCoefficients) -> None:
         """An empty batch of the layout `coeff` describes (paged: period = its block size); fill
         `runs` and `reset` to describe each real one."""
-        self.weights_ps = coeff.weights_ps
+        self.gemm_ps = array("q", coeff.gemm_ps)  # by batch size, 0..max_num_seqs
+        self.fixed_ps = coeff.fixed_ps
+        self.per_seq_ps = coeff.per_seq_ps
         self.per_token_ps = coeff.per_token_ps
         self.per_run_ps = coeff.per_run_ps
-        self.compute_per_seq_ps = coeff.compute_per_seq_ps
-        self.overhead_ps = coeff.overhead_ps
-        self.comm_fixed_ps = coeff.comm_fixed_ps
-        self.comm_per_seq_ps = coeff.comm_per_seq_ps
         self.paged = coeff.block_tokens is not None
         self.period = coeff.block_tokens if self.paged else 1
         self.runs = array("q", bytes(8 * (self.period + 1)))  # the caller's input, read by reset
@@ -100,14 +88,14 @@ class Segment:
         period: cython.longlong = self.period
         per_run: cython.longlong = self.per_run_ps
         step_tokens: cython.longlong = self.per_token_ps * n
-        base: cython.longlong = self.weights_ps + self.per_token_ps * kv_tokens_sum
+        base: cython.longlong = self.per_token_ps * kv_tokens_sum
+        gemm: cython.longlong[:] = self.gemm_ps
         growth: cython.longlong = n if self.paged else 0
         rho: cython.longlong
         runs: cython.longlong[:] = self._runs
         m0: cython.longlong[:] = self.m0
         held: cython.longlong[:] = self.held
-        self.compute_ps = self.compute_per_seq_ps * n
-        self.batch_overhead_ps = self.overhead_ps + self.comm_fixed_ps + self.comm_per_seq_ps * n
+        self.batch_ps = gemm[n] + self.fixed_ps + self.per_seq_ps * n
         for rho in range(period):
             m0[rho] = base + step_tokens * rho + per_run * runs[rho]
             held[rho] = runs[rho + 1]
@@ -131,17 +119,13 @@ class Segment:
         kk: cython.longlong = k
         q: cython.longlong = kk // p
         r: cython.longlong = kk % p
-        c: cython.longlong = self.compute_ps
         dm: cython.longlong = self.dm
-        ov: cython.longlong = self.batch_overhead_ps
+        ov: cython.longlong = self.batch_ps
         g: cython.longlong = self.d_held
         total: cython.longlong = kk * ov
         rho: cython.longlong
         terms: cython.longlong
         m0: cython.longlong
-        cut: cython.longlong
-        rest: cython.longlong
-        s1: cython.longlong
         m0s: cython.longlong[:] = self.m0
         helds: cython.longlong[:] = self.held
         small: cython.bint = False
@@ -151,24 +135,16 @@ class Segment:
         occ: cython.longlong = 0
         if held and kk > 0:
             h_last = helds[(kk - 1) % p] + g * ((kk - 1) // p)
-            step_last = max(c, m0s[(kk - 1) % p] + dm * ((kk - 1) // p)) + ov
+            step_last = m0s[(kk - 1) % p] + dm * ((kk - 1) // p) + ov
             small = kk < OCCUPANCY_MAX_K and h_last <= OCCUPANCY_C_LIMIT // max(step_last, 1) // kk
-        for rho in range(kk if kk < p else p):  # m < cut: compute-bound terms (memory below compute)
+        for rho in range(kk if kk < p else p):
             terms = q + 1 if rho < r else q
             m0 = m0s[rho]
-            if m0 >= c:
-                cut = 0
-            elif dm == 0:
-                cut = terms
-            else:
-                cut = min(terms, -(-(c - m0) // dm))
-            rest = terms - cut
-            s1 = (terms * (terms - 1) - cut * (cut - 1)) // 2
-            total += cut * c + m0 * rest + dm * s1
+            total += m0 * terms + dm * (terms * (terms - 1) // 2)
             if small:
-                occ += _occupancy_c(helds[rho], g, c, ov, m0, dm, cut, terms)
+                occ += _occupancy_c(helds[rho], g, ov, m0, dm, terms)
             elif held:
-                occupancy += _occupancy_py(helds[rho], g, c, ov, m0, dm, cut, terms)
+                occupancy += _occupancy_py(helds[rho], g, ov, m0, dm, terms)
         return total, (occ if small else occupancy)
 
     def held_runs_ps(self, k: int) -> int:
