@@ -24,8 +24,9 @@ Run from the repository root:
 The two kv_utilization figures of the ceiling count an overflowing request's final reservation as its
 own length (no cost at all) and as one max_model_len block (odma's large-pool migration). s3's
 figure uses odmactl's s3 rule (`s3_capacities`, the allocator's default 10 equal-width buckets over
-max_model_len; an overflow moves to the smallest bucket that holds the final length) with the
-predictor's L_hat, without replay.
+output tokens up to max_model_len; the reservation is the prompt plus the predicted output's bucket,
+and an outgrown request ends in the smallest bucket that holds its output, whether preempted and
+re-admitted one bucket up at a time or migrated) with the predictor's L_hat, without replay.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def capacity(
     predictor: Annotated[Optional[str], typer.Option(help="`odmactl fit` artifact folder, `oracle` or `none` "
                                                           "(default: the --config's [plan] predictor; odma and s3 need one)")] = None,
     tp: Annotated[str, typer.Option(help="tensor-parallel sizes to try, comma-separated")] = "1",
-    max_migration_rate: Annotated[float, typer.Option(help="most migrations per request odma and s3 may cause")] = 0.005,
+    max_migration_rate: Annotated[float, typer.Option(help="most overflows (migrations + preemptions) per request odma and s3 may cause")] = 0.005,
     target_rate: Annotated[Optional[float], typer.Option(help="requests/s to size the deployment for (default: the trace's peak 10-minute rate)")] = None,
     workers: Annotated[int, typer.Option(help="worker processes, one policy and size each")] = 1,
     max_replicas: Annotated[int, typer.Option(help="most engines tried for the target rate")] = 256,
