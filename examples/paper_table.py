@@ -77,7 +77,7 @@ def _shape(alpaca: dict) -> list[str]:
     """The paragraph that sets these rows beside the ODMA papers' table (seeds/001 §5)."""
     rows = alpaca["rows"]
     papers = next(r for k, r in rows.items() if "papers'" in k)["metrics"]
-    full = next(r for k, r in rows.items() if "truncates none" in k)["metrics"]
+    full = next(r for k, r in rows.items() if "holds every output" in k)["metrics"]
     odma, paged = rows["odma"]["metrics"], rows["paged (16-token blocks)"]["metrics"]
     s3 = rows["s3, preempt (its paper)"]["metrics"]
     n = alpaca["max_new_tokens_at_paper_utilization"]["Alpaca"]
@@ -117,9 +117,13 @@ def _max_new_at(prompt, output, target: float) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, default=Path("/tmp/odmactl-paper"))
-    parser.add_argument("--out", type=Path, default=ROOT / "examples" / "paper_table.md")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] + " Needs ../shared/traces beside the "
+                                     "repository; the first run fits two predictors (about 10 minutes on 2 cores), "
+                                     "later runs reuse them from --work (seconds).")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/odmactl-paper"),
+                        help="folder for the ingested traces, their cuts and the fitted predictors (reused)")
+    parser.add_argument("--out", type=Path, default=ROOT / "examples" / "paper_table.md",
+                        help="the markdown table (and .json beside it); the default replaces the shipped one")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
 
@@ -132,7 +136,8 @@ def main() -> None:
 
     lines = [f"# {MODEL} on {DEVICE}: static, paged, s3 and odma", "",
              "Made by `python examples/paper_table.py` (see its docstring). Each row replays the same "
-             f"{REPLAY_REQUESTS:,} requests; odma and s3 use the length predictor fitted on the trace's earlier requests.", ""]
+             f"{REPLAY_REQUESTS:,} requests; odma and s3 use the length predictor fitted on the trace's earlier "
+             "requests.", ""]
     everything = {}
     for name, (ingest_args, train_rows, max_len, split) in TRACES.items():
         test, pred = prepare(args.work, name, ingest_args, train_rows, max_len, split)
@@ -143,7 +148,7 @@ def main() -> None:
         rows = {}
         runs = (
             (f"static, max_model_len {32_768:,}", ["static"], 32_768, {}, {}),
-            (f"static, prompt + {new_tokens:,} new tokens (truncates none)", ["static"], max_len,
+            (f"static, prompt + {new_tokens:,} new tokens (holds every output)", ["static"], max_len,
              {"max_new_tokens": new_tokens}, {}),
             (f"static, prompt + {at_paper['Alpaca']:,} new tokens (the papers' 55.05%)", ["static"], max_len,
              {"max_new_tokens": at_paper["Alpaca"]}, {}),
@@ -166,14 +171,17 @@ def main() -> None:
                             "max_new_tokens_at_paper_utilization": at_paper,
                             "mean_output_tokens": float(output.mean()), "mean_prompt_tokens": float(prompt.mean())}
         table = [[key, f"{length:,}"] + [format_metric(k, r["metrics"][k]) for k in METRIC_KEYS]
-                 + [f"{r['metrics'][k]:,}" for k in ("truncated", "completed")]
+                 + [f"{r['metrics'][k]:,}" for k in ("rejections", "truncated", "completed")]
                  for (key, r), (*_, length, _s, _a) in zip(rows.items(), runs)]
         lines += [f"## {name}", ""] + markdown_table(["policy", "max_model_len", *(METRICS[k].header for k in METRIC_KEYS),
-                                                      "truncated", "completed"], table)
+                                                      "rejected", "truncated", "completed"], table)
         at = everything[name]["max_new_tokens_at_paper_utilization"]
-        lines += ["", "Static at prompt + N reaches the ODMA papers' static utilization at " + " and ".join(
-            f"N = {n:,} ({PAPER_STATIC_UTILIZATION[paper]:.2%}, their {paper} figure)" for paper, n in at.items())
-            + f" on these requests (mean output {output.mean():,.0f} tokens, mean prompt {prompt.mean():,.0f}).", ""]
+        lines += ["", "By the papers' formula on these requests' lengths, sum (p + min(o, N)) / sum (p + N), static at "
+                  "prompt + N has the ODMA papers' static utilization at " + " and ".join(
+                      f"N = {n:,} ({PAPER_STATIC_UTILIZATION[paper]:.2%}, their {paper} figure)" for paper, n in at.items())
+                  + f" (mean output {output.mean():,.0f} tokens, mean prompt {prompt.mean():,.0f}); the replayed row "
+                  "differs where max_model_len rejects or truncates requests. Rejected: prompts past max_model_len, "
+                  "which no policy serves; truncated: outputs cut at max_model_len or at N.", ""]
     lines += _shape(everything["alpaca_eval"])
     args.out.write_text("\n".join(lines) + "\n")
     args.out.with_suffix(".json").write_text(to_json(everything) + "\n")

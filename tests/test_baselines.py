@@ -107,3 +107,58 @@ def test_plan_and_capacity_compare_against_both_static_settings(cli, trace, tmp_
     rows = json.loads(r.out)["rows"]
     assert [row["policy"] for row in rows] == ["static", "static+1024", "paged"]  # 1,024 holds the longest output
     assert rows[1]["devices_saved_vs_static"] > 0  # against static at max_model_len
+
+
+def test_the_console_says_which_settings_ran(cli, trace):
+    r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--predictor", "oracle", "--compare",
+            "static,paged,s3", "--block-size", "8", "--max-new-tokens", "128", "--offline")
+    assert r.code == 0, r.err
+    text = " ".join(r.out.split())
+    assert "outputs capped at 128 new tokens" in text and "static reserves prompt + 128 tokens" in text
+    assert "paged in 8-token blocks" in text
+    assert "truncated at max_model_len or max_new_tokens (128)" in text
+    assert "s3_overflow = 'preempt'" in text
+
+
+def test_a_config_capping_outputs_sizes_static_and_an_uncapped_slot_is_refused(cli, trace, tmp_path):
+    capped = tmp_path / "capped.toml"
+    capped.write_text("[scheduler]\nmax_new_tokens = 128\n")
+    doc = _replay(cli, trace, "--policy", "static", "--offline", "--config", capped)
+    assert doc["results"]["static"]["config"]["static_slot"] == "prompt_plus_max_new"
+    slot = tmp_path / "slot.toml"
+    slot.write_text('[allocator]\nstatic_slot = "prompt_plus_max_new"\nmax_new_tokens = 100\n')
+    r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "static", "--config", slot)
+    assert r.code == 1 and "allocator.static_slot" in r.err and "--max-new-tokens" in r.err
+    loose = tmp_path / "loose.toml"
+    loose.write_text("[allocator]\nmax_new_tokens = 100\n")
+    r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "static", "--config", loose)
+    assert r.code == 1 and "allocator.max_new_tokens" in r.err
+    top = tmp_path / "top.toml"
+    top.write_text('s3_overflow = "migrate"\n')
+    r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "s3", "--predictor", "oracle",
+            "--config", top)
+    assert r.code == 1 and "a setting outside any table" in r.err
+
+
+def test_a_pool_too_small_for_max_model_len_in_whole_blocks_is_refused(cli, trace):
+    """A 20-token pool holds one 16-token block: max_model_len 20 could never be scheduled paged."""
+    r = cli("replay", trace, "--device", "h100-sxm", "--model", "Llama-2-7B", "--policy", "paged",
+            "--kv-pool", "10 MiB")
+    assert r.code == 1 and "whole 16-token blocks (16 tokens)" in r.err, r.err
+
+
+def test_plan_records_block_size_and_max_new_tokens(cli, trace, tmp_path):
+    import tomllib
+
+    out = tmp_path / "c.toml"
+    r = cli("plan", trace, "--device", DEVICE, "--model", MODEL, "--predictor", "oracle", "--replays", "2",
+            "--block-size", "32", "--max-new-tokens", "2048", "--out", out)
+    assert r.code == 0, r.err
+    config = tomllib.loads(out.read_text())
+    assert "--block-size 32" in config["plan"]["generated_by"]
+    assert "--max-new-tokens 2048" in config["plan"]["generated_by"]
+    assert config["allocator"]["block_size_tokens"] == 32 and config["engine"]["vllm"]["block_size"] == 32
+    assert config["scheduler"]["max_new_tokens"] == 2048
+    doc = _replay(cli, trace, "--policy", "paged", "--config", out, "--offline")
+    assert doc["results"]["paged"]["config"]["block_size_tokens"] == 32
+    assert "static+2048" in r.out and "the ODMA papers' baseline" in " ".join(r.out.split())  # the legend

@@ -130,6 +130,10 @@ def test_kernels_table_errors_name_the_key(tmp_path):
         (lambda d: d["kernels"]["elementwise"].__setitem__("per_token", "0.1 GB"), "kernels.elementwise.per_token"),
         (lambda d: d["kernels"].__setitem__("bogus", 1), "kernels.bogus"),
         (lambda d: d["kernels"].pop("prefill_attention"), "kernels.prefill_attention"),
+        (lambda d: d["kernels"]["decode_attention"].__setitem__("kv_efficiency", 5e-324),
+         "kernels.decode_attention.kv_efficiency"),
+        (lambda d: d["kernels"]["gemm"][2].__setitem__("efficiency", 0.001), "kernels.gemm[2].efficiency"),
+        (lambda d: d["kernels"].__setitem__("gemm", []), "kernels.gemm"),
     ]
     for mutate, key in cases:
         data = json.loads(json.dumps(base))
@@ -181,3 +185,33 @@ def test_step_times_within_ten_percent_of_aiconfigurator(name):
     assert len(rows) == 6
     for row in rows:
         assert 0.9 <= row.ratio <= 1.1, (name, row)
+
+
+def test_the_kernels_source_is_valid_toml_whatever_the_path():
+    import tomllib
+
+    text = aic._quote("by `odmactl profiles kernels dev/a\nb \"c\" \\ d.toml`")
+    assert tomllib.loads(f"source = {text}")["source"] == "by `odmactl profiles kernels dev/a\nb \"c\" \\ d.toml`"
+
+
+def test_no_run_streams_faster_than_peak():
+    """On H100 and H200 the scaled table would read a contiguous run above peak; it is held there,
+    and the 4 KiB anchor run still reads at the measured paged rate."""
+    for name in GPUS:
+        device = load_device(name)
+        cost = CostModel(device, load_model("Llama-3-8B"))
+        assert cost.stream_bw <= device.peak_bandwidth_bytes_per_s
+        run = 4096
+        seconds = run / cost.stream_bw + cost.access_s(KvLayout.paged(16))
+        assert run / seconds / device.peak_bandwidth_bytes_per_s == pytest.approx(device.kernels.decode_kv_efficiency)
+
+
+@needs_aic
+def test_a_profile_whose_peaks_no_kernel_reaches_is_refused(tmp_path):
+    import tomllib
+    data = tomllib.loads(load_device("h100-sxm").path.read_text())
+    data["memory"]["peak_bandwidth"]["value"] = "3350000000 TB/s"
+    data["compute"]["peak_fp16"]["value"] = data["compute"]["peak_bf16"]["value"] = "989000000000 TFLOPS"
+    device = parse_device(data, tmp_path / "huge.toml")
+    with pytest.raises(ProfileError, match="no real peaks give"):
+        aic.derive(device, load_model(aic.MODEL), aic.Estimator("h100_sxm"))

@@ -86,6 +86,9 @@ class AllocatorConfig:
             raise ConfigError(problem, key="max_new_tokens")
         if self.static_slot == "prompt_plus_max_new" and not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
             raise ConfigError("static_slot = 'prompt_plus_max_new' needs max_new_tokens >= 1", key="max_new_tokens")
+        if self.max_new_tokens is not None and self.static_slot != "prompt_plus_max_new":
+            raise ConfigError("max_new_tokens sizes static's slot under static_slot = 'prompt_plus_max_new' and nothing "
+                              "else (the output cap is [scheduler] max_new_tokens)", key="max_new_tokens")
         if self.refit_mode not in REFIT_MODES:
             raise ConfigError(f"expected one of {', '.join(REFIT_MODES)}, got {self.refit_mode!r}", key="refit_mode")
         if not (0 <= self.gamma <= MAX_GAMMA):

@@ -29,6 +29,19 @@ class PagedAllocator(AllocatorBase):
 
     name = "paged"
 
+    @classmethod
+    def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,
+                        realized_kv_tokens) -> tuple[AllocatorConfig, dict]:
+        """Nothing to fill in; a max_model_len past what the pool holds in whole blocks is refused,
+        as vLLM refuses it at start-up (a request of that length could never be scheduled)."""
+        block = config.block_size_tokens
+        held = pool_bytes // (block * bytes_per_token) * block
+        if config.max_model_len_tokens > held:
+            raise ConfigError(f"max_model_len ({config.max_model_len_tokens:,} tokens) is more than the KV pool holds in "
+                              f"whole {block}-token blocks ({held:,} tokens), which vLLM refuses at start-up",
+                              hint=f"a max_model_len up to {held:,}, a smaller block, or a larger pool")
+        return config, {}
+
     def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
         super().__init__(pool_bytes, bytes_per_token, config, arena)
         self.block_size_tokens = config.block_size_tokens

@@ -7,9 +7,14 @@ from bisect import bisect_left
 
 from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation
-from odmactl.allocator.config import AllocatorConfig
+from odmactl.allocator.config import S3_OVERFLOWS, AllocatorConfig
 from odmactl.allocator.contiguous import ContiguousAllocator
 from odmactl.rules.s3 import s3_capacities
+
+OVERFLOW_MODES = dict(zip(S3_OVERFLOWS, (  # what happens to a request that outgrows its bucket, by s3_overflow
+    "an outgrown request is preempted and re-admitted with the next bucket (S3's supervisor)",
+    "an outgrown request is copied into a larger bucket (odmactl's earlier S3)",
+)))
 
 
 class S3Allocator(ContiguousAllocator):
@@ -54,6 +59,13 @@ class S3Allocator(ContiguousAllocator):
         self.preempts = config.s3_overflow == "preempt"
         self._escalated: dict = {}  # request id -> (original prompt tokens, the bucket it is re-admitted with)
         self.escalations = 0
+
+    @classmethod
+    def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,
+                        realized_kv_tokens) -> tuple[AllocatorConfig, dict]:
+        """Nothing to fill in; the notes say which overflow mode runs (AllocatorBase.complete_config)."""
+        how = OVERFLOW_MODES[config.s3_overflow]
+        return config, {"overflow": f"s3_overflow = {config.s3_overflow!r}: {how}"}
 
     def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
                 uncertainty: float | None = None) -> Allocation | None:

@@ -140,5 +140,6 @@ BlockSizeOption = Annotated[Optional[int], typer.Option(
     "--block-size", help="the paged policy's block in tokens: 8, 16 or 32 (vLLM's --block-size; default: the config's, else 16)")]
 MaxNewTokensOption = Annotated[Optional[int], typer.Option(
     "--max-new-tokens", help="vLLM's max_tokens: every request stops after this many output tokens (counted as "
-    "truncated), and static reserves prompt + this, the ODMA papers' Cambricon-vLLM baseline (default: no cap; static "
-    "reserves max_model_len)")]
+    "truncated), and static reserves prompt + this, the ODMA papers' Cambricon-vLLM baseline (default: no cap, and "
+    "static reserves max_model_len; plan and capacity compare static both ways, at prompt + the power of two that holds "
+    "the longest output when this is not given)")]

@@ -82,7 +82,7 @@ def profiles_kernels(
 
     from odmactl.hw import aic
     from odmactl.hw.cost import CostModel
-    from odmactl.hw.profiles import load_device, load_model
+    from odmactl.hw.profiles import device_paths, load_device, load_model
     from odmactl.render.console_profiles import render_kernels
     from odmactl.render.json import to_json
 
@@ -95,7 +95,8 @@ def profiles_kernels(
     shipped = None
     if profile.kernels is not None:
         shipped = aic.compare(CostModel(profile, model, compute_dtype=profile.compute_dtype), estimator)
-    toml = aic.kernels_toml(derivation, f"odmactl profiles kernels {device}")
+    shipped_name = next((path.stem for path in device_paths() if path == profile.path), None)
+    toml = aic.kernels_toml(derivation, f"odmactl profiles kernels {shipped_name or profile.path}")
     doc = {"device": profile.name, "system": derivation.system, "database": f"{aic.AIC_BACKEND} {derivation.version}",
            "model": aic.MODEL, "kernels": dataclasses.asdict(derivation.kernels),
            "fit_worst_relative_error": derivation.worst_error, "toml": toml,

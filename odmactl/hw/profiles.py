@@ -134,8 +134,9 @@ class Kernels:
     - elementwise kernels (norms, residual adds, the gated activation), per layer:
       `elementwise_layer_fixed_s` per iteration and `elementwise_per_token_s` per token.
 
-    Invariant: `gemm_tokens` strictly increasing whole numbers >= 1, efficiencies in (0, 1], times
-    >= 0. A profile without [kernels] gets `Kernels.flat(sequential_efficiency)`: every GEMM and the
+    Invariant: `gemm_tokens` strictly increasing whole numbers >= 1, efficiencies in
+    (MIN_EFFICIENCY, 1], times from 0 to 1 ms. A profile without [kernels] gets
+    `Kernels.flat(sequential_efficiency)`: every GEMM and the
     prefill attention at the sequential share, no fixed costs, the KV table unscaled.
     """
 
@@ -159,6 +160,7 @@ class Kernels:
 
 
 KV_ANCHOR_RUN_BYTES = 4096  # 16 tokens x 128 dims x 2 B: one KV head's run in a 16-token paged block
+MIN_EFFICIENCY = 0.01  # a kernel at 1% of its roofline is a broken figure, not a slow device
 
 
 @dataclass(frozen=True)
@@ -309,16 +311,16 @@ def _kernels(table: TomlTable | None, sources: dict[str, str]) -> Kernels | None
         if isinstance(m, bool) or not isinstance(m, int) or m < 1 or (tokens and m <= tokens[-1]):
             raise entry.error("tokens", "expected whole token counts >= 1, strictly increasing down the table")
         tokens.append(m)
-        effs.append(entry.number("efficiency", 0.0, 1.0))
+        effs.append(entry.number("efficiency", MIN_EFFICIENCY, 1.0))
         entry.finish()
     decode, prefill, elementwise = table.table("decode_attention"), table.table("prefill_attention"), \
         table.table("elementwise")
-    kv_eff = decode.number("kv_efficiency", 0.0, 1.0, required=False)
+    kv_eff = decode.number("kv_efficiency", MIN_EFFICIENCY, 1.0, required=False)
     figures = Kernels(
         gemm_tokens=tuple(tokens), gemm_efficiency=tuple(effs), decode_kv_efficiency=kv_eff,
         decode_layer_fixed_s=_kernel_time(decode, "layer_fixed"),
         decode_per_request_s=_kernel_time(decode, "per_request"),
-        prefill_attention_efficiency=prefill.number("efficiency", 0.0, 1.0),
+        prefill_attention_efficiency=prefill.number("efficiency", MIN_EFFICIENCY, 1.0),
         prefill_layer_fixed_s=_kernel_time(prefill, "layer_fixed"),
         prefill_per_token_s=_kernel_time(prefill, "per_token"),
         elementwise_layer_fixed_s=_kernel_time(elementwise, "layer_fixed"),

@@ -70,7 +70,8 @@ def config_document(doc: dict, setup: Serving, command: str, predictor: str, tra
     gate = doc["gate"]["thresholds"]
     return {
         "plan": record,
-        "allocator": allocator_table(doc["chosen"]["allocator"], doc["max_model_len"]),
+        "allocator": {**allocator_table(doc["chosen"]["allocator"], doc["max_model_len"]),
+                      **({"block_size_tokens": doc["block_size_tokens"]} if doc["block_size_given"] else {})},
         "scheduler": {"max_num_seqs": doc["max_num_seqs"], "max_num_batched_tokens": doc["max_num_batched_tokens"],
                       **({"max_new_tokens": doc["max_new_tokens"]} if doc.get("max_new_tokens") else {})},
         "thresholds": {k: v for k, v in gate.items() if v is not None and k != "baseline"},
@@ -100,7 +101,9 @@ def plan_command(trace_path: Path, spec: PlanSpec, out_path: Path) -> str:
                                  ("--max-rejection-rate", spec.max_rejection_rate, 0.0),
                                  ("--max-num-seqs", spec.max_num_seqs, None),
                                  ("--max-num-batched-tokens", spec.max_num_batched_tokens, None),
-                                 ("--kv-dtype", spec.kv_dtype, "fp16"), ("--kv-pool", spec.kv_pool_bytes, None)):
+                                 ("--kv-dtype", spec.kv_dtype, "fp16"), ("--kv-pool", spec.kv_pool_bytes, None),
+                                 ("--block-size", spec.block_size_tokens, None),
+                                 ("--max-new-tokens", spec.max_new_tokens, None)):
         if value != default:
             args += [flag, f"{value} B" if flag == "--kv-pool" else value]
     return " ".join(shlex.quote(str(a)) for a in args)

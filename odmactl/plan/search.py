@@ -190,6 +190,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> tuple[dict, Serv
         "max_num_seqs": ctx.scheduler.max_num_seqs, "max_num_batched_tokens": ctx.scheduler.batched_tokens(max_len),
         "max_new_tokens": ctx.scheduler.max_new_tokens,
         "block_size_tokens": spec.block_size_tokens or AllocatorConfig().block_size_tokens,
+        "block_size_given": spec.block_size_tokens is not None,  # then [allocator] records it for replay --config
         "objective": spec.objective, "max_overflow_rate": spec.max_overflow_rate,
         "max_rejection_rate": spec.max_rejection_rate, "ttft_p99_s": spec.ttft_p99_s,
         "slo": None if spec.slo is None else dict(spec.slo.limits_s),

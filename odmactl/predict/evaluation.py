@@ -107,7 +107,8 @@ def evaluate_predictions(prompt_tokens: np.ndarray, output_tokens: np.ndarray, l
     mode_of = "training part" if s.constant_bucket is not None and s.constant_bucket_s3 is not None else "held-out part"
     const_fit = s.constant_bucket if s.constant_bucket is not None else _mode(fit_true)
     const_s3 = s.constant_bucket_s3 if s.constant_bucket_s3 is not None else _mode(s3_true)
-    tau_b = kendalltau(l_hat, actual).statistic if np.unique(l_hat).size > 1 else 0.0
+    # a constant prediction ranks nothing: tau-b is undefined (None), for a predictor as for the baseline
+    tau_b = kendalltau(l_hat, actual).statistic if np.unique(l_hat).size > 1 else None
 
     hedged, large = _reserve(prompt, l_hat, u, s, gamma=s.gamma, tau=s.tau)
     main = reservation_metrics(prompt, actual, hedged, large, s, gamma=s.gamma, tau=s.tau)
@@ -133,7 +134,7 @@ def evaluate_predictions(prompt_tokens: np.ndarray, output_tokens: np.ndarray, l
     return {
         "rows": int(prompt.size),
         "mae_tokens": float(np.mean(np.abs(l_hat - actual))),
-        "kendall_tau": float(tau_b),
+        "kendall_tau": None if tau_b is None else float(tau_b),
         "bucket_accuracy_s3": float(np.mean(s3_pred == s3_true)),
         "bucket_accuracy": float(np.mean(fit_pred == fit_true)),
         "constant_bucket_accuracy_s3": float(np.mean(s3_true == const_s3)),

@@ -73,8 +73,8 @@ def render_device(console: Console, d: dict) -> None:
     console.print(escape(f"source: {src.get('bandwidth.scattered', '-')}"), soft_wrap=True)
     k = d["kernels"]
     if k is None:
-        console.print("kernels: no [kernels] table: GEMMs and prefill attention at the sequential share of the "
-                      "peaks, no fixed costs (profiles/README.md, 'Kernels')", soft_wrap=True)
+        console.print(escape("kernels: no [kernels] table: GEMMs and prefill attention at the sequential share of "
+                             "the peaks, no fixed costs (profiles/README.md, 'Kernels')"))
     else:
         gemm = ", ".join(f"{e:.2f} at {t:,}" for t, e in zip(k["gemm_tokens"], k["gemm_efficiency"]) if t in (1, 128, 4096))
         kv = "the table" if k["decode_kv_efficiency"] is None else f"{k['decode_kv_efficiency']:.3f} of peak"
@@ -82,7 +82,8 @@ def render_device(console: Console, d: dict) -> None:
                              f"+ {k['decode_per_request_s'] * 1e6:g} us per request per layer, KV read at {kv}; prefill "
                              f"attention at {k['prefill_attention_efficiency']:.2f} of peak; elementwise "
                              f"{k['elementwise_layer_fixed_s'] * 1e6:g} us + {k['elementwise_per_token_s'] * 1e6:g} us per "
-                             f"token per layer. source: {src.get('kernels', '-')}"), soft_wrap=True)
+                             f"token per layer."))
+        console.print(escape(f"kernels source: {src.get('kernels', '-')}"), soft_wrap=True)
     rows = [[escape(p["model"]), p["kv_dtype"], format_bytes(p["weight_bytes"]), format_bytes(p["kv_pool_bytes"]),
              f"{p['kv_pool_tokens']:,}"] for p in d["kv_pool"]]
     console.print(narrow_table("KV pool (capacity * fraction - weights - activation reserve)",
@@ -158,3 +159,6 @@ def render_kernels(console: Console, doc: dict) -> None:
             + ([f"{r['profile_ms']:.2f}", f"{r['profile_ratio']:.3f}"] if shipped else []) for r in doc["comparison"]]
     console.print(narrow_table("cost model against aiconfigurator (Llama-3-8B, tp 1; decode on vLLM's 16-token blocks)",
                                columns, rows, key="step"))
+    console.print("derived: the cost model with the table above; ratio: derived / aiconfigurator"
+                  + ("; profile: with the [kernels] table the profile carries now" if shipped else ""), highlight=False,
+                  markup=False)

@@ -13,6 +13,7 @@ from odmactl.render.metrics import CAPACITY_KEYS, METRICS, REPLAY_KEYS, format_m
 from odmactl.render.plan_text import holdout_title, plan_headline
 from odmactl.render.tables import deployment, narrow_table
 from odmactl.render.warnings import mismatch_lines, replay_warnings
+from odmactl.run.serving import static_legend
 
 
 def _warn(console: Console, lines: list[str]) -> None:
@@ -43,12 +44,25 @@ def render_replay(console: Console, doc: dict) -> None:
                   f"{escape(deployment(doc))}; KV pool {format_bytes(doc['kv_pool_bytes'])} = "
                   f"{doc['kv_pool_bytes'] // doc['kv_bytes_per_token']:,} tokens; max_model_len {doc['max_model_len']:,}; "
                   f"predictor {escape(doc['predictor'])}; {doc['time_advance']}", highlight=False)
+    new_tokens = doc["scheduler"].get("max_new_tokens")
+    settings = []
+    if new_tokens:
+        settings.append(f"outputs capped at {new_tokens:,} new tokens (max_new_tokens, vLLM's max_tokens)")
+    for policy, r in doc["results"].items():
+        c = r["config"]
+        if policy == "static" and c.get("static_slot") == "prompt_plus_max_new":
+            settings.append(f"static reserves prompt + {c['max_new_tokens']:,} tokens, the ODMA papers' baseline")
+        if policy == "paged":
+            settings.append(f"paged in {c['block_size_tokens']}-token blocks")
+    if settings:
+        console.print(escape("; ".join(settings)), highlight=False)
     console.print(_policies_table(doc["results"], REPLAY_KEYS))
     for policy, r in doc["results"].items():
         m = r["metrics"]
         extra = []
         if m["truncated"]:
-            extra.append(f"{m['truncated']:,} outputs truncated at max_model_len")
+            limit = "max_model_len" + (f" or max_new_tokens ({new_tokens:,})" if new_tokens else "")
+            extra.append(f"{m['truncated']:,} outputs truncated at {limit}")
         for key, note in r["notes"].items():
             extra.append(f"{key.replace('_', ' ')}: {note}")
         if extra:
@@ -135,6 +149,9 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
     keys = plan_keys(doc["objective"])
     _wrapped(console, holdout_title(doc), "default")
     console.print(_policies_table(doc["validation"], keys))
+    legend = static_legend(doc["validation"])
+    if legend:
+        _wrapped(console, legend, "default")
     console.print(escape(f"wrote {', '.join(written)}" if written else "wrote nothing"), highlight=False)
 
 
@@ -173,6 +190,9 @@ def render_capacity(console: Console, doc: dict) -> None:
         console.print(escape(f"warning: the SLO failed below the reported rate for {', '.join(odd)} (not monotone): "
                              "see failed_below_at_scale in --json"), highlight=False)
     _warn(console, mismatch_lines(doc))
+    legend = static_legend(r["policy"] for r in doc["rows"])
+    if legend:
+        console.print(escape(legend), highlight=False)
     console.print(escape(f"rates bracketed to {doc['tolerance']:.0%}: the SLO holds at the rate shown and fails "
                          "at the next one tried; rejected requests (never fit) do not count against it"),
                   highlight=False)

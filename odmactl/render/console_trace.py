@@ -122,7 +122,7 @@ def render_fit(console: Console, out_dir: str, summary: dict, seconds: float) ->
             ("reserved_over_actual", ev["reserved_over_actual"], ""), ("kv_utilization", ev["kv_utilization"], ""),
             ("routed_large_rate", ev["routed_large_rate"], "")]
     for name, value, constant in rows:
-        table.add_row(name, f"{value:.4f}", constant)
+        table.add_row(name, _figure(value), constant)
     console.print(table)
     constant = ev.get("constant_predictor")
     if constant is not None:

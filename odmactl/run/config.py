@@ -75,6 +75,9 @@ def config_tables(data: dict, source: Path | None) -> dict[str, dict]:
     known = CONFIG_TABLES + RECORD_TABLES + ("meta",)
     for key in top.data:
         if key not in known:
+            if not isinstance(top.data[key], dict):
+                raise top.error(key, f"a setting outside any table; settings go in a table ({', '.join(known)}), "
+                                     f"e.g. [allocator] {key} = ...")
             raise top.error(key, f"unknown table '{key}' (known: {', '.join(known)})")
     tables: dict[str, dict] = {}
     for name in CONFIG_TABLES + RECORD_TABLES:

@@ -170,6 +170,18 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
                          fast_forward=spec.fast_forward and device is None, policies=tuple(policies))
     results = {}
     table = {**tables["allocator"], **spec.allocator_overrides()}
+    cap = ctx.scheduler.max_new_tokens
+    if cap is not None and "static_slot" not in table:
+        # outputs capped at max_new_tokens (a config's [scheduler]): static reserves prompt + that,
+        # as with --max-new-tokens
+        table.update(static_slot="prompt_plus_max_new", max_new_tokens=cap)
+    if "static" in policies and table.get("static_slot") == "prompt_plus_max_new" and \
+            (cap is None or cap > table.get("max_new_tokens", 0)):
+        raise ConfigError(f"static_slot = 'prompt_plus_max_new' reserves prompt + {table.get('max_new_tokens')} tokens, "
+                          f"which holds only when outputs stop there, and they are capped at "
+                          f"{'nothing' if cap is None else f'{cap:,}'}", file=spec.config, key="allocator.static_slot",
+                          hint="cap them with --max-new-tokens N (or [scheduler] max_new_tokens = N), N at most the "
+                               "slot's max_new_tokens")
     for policy in policies:
         tick = (lambda label_, done, total, p=policy: progress(f"replay {p}", done, total)) if progress else None
         result, config, notes, section = replay_policy(ctx, policy, table, tick, device)

@@ -112,12 +112,23 @@ def default_max_new_tokens(workload: Workload, max_len: int) -> int:
     return max(1, min(1 << max(longest - 1, 0).bit_length(), max_len))
 
 
+def static_legend(names) -> str | None:
+    """What the static baselines' names mean, for the tables that show them (None without one)."""
+    papers = sorted({n for n in names if n.startswith("static+")})
+    if not papers:
+        return None
+    n = papers[0].removeprefix("static+")
+    return (f"static: a slot of max_model_len per request; static+{n}: a slot of prompt + {n} new tokens, "
+            "Cambricon-vLLM's pre-allocation (the ODMA papers' baseline; N is --max-new-tokens, else the power of "
+            "two that holds the longest output)")
+
+
 def static_baselines(spec: ServingSpec, workload: Workload, max_len: int) -> list[tuple[str, dict[str, object]]]:
     """The two static settings plan and capacity compare against, as (name, [allocator] settings
     over the command line's): "static", a slot of max_model_len per request, and "static+N", a slot
     of prompt + N with N = --max-new-tokens or `default_max_new_tokens` (Cambricon-vLLM's
     pre-allocation, the ODMA papers' baseline)."""
     n = spec.max_new_tokens or default_max_new_tokens(workload, max_len)
-    base = spec.allocator_overrides()
+    base = {k: v for k, v in spec.allocator_overrides().items() if k not in ("static_slot", "max_new_tokens")}
     return [("static", {**base, "static_slot": "max_model_len"}),
             (f"static+{n}", {**base, "static_slot": "prompt_plus_max_new", "max_new_tokens": n})]

@@ -304,7 +304,8 @@ class Replay:
                     "recomputed_tokens": self.recomputed, "migrations": self.migrations,
                     "migrated_bytes": self.migrated_bytes, "peak_concurrency": self.peak,
                     "prefill_iterations": self.prefills, "decode_iterations": self.decodes,
-                    "occupancy_byte_ps": self.occupancy_byte_ps, "migration_ps": self.migration_ps}
+                    "occupancy_byte_ps": self.occupancy_byte_ps, "migration_ps": self.migration_ps,
+                    "end_ps": self.t}
         timeline = Timeline(np.asarray(self.arrival), np.asarray(self.start_ps), np.asarray(self.first_ps),
                             np.asarray(self.done_ps), target_np,
                             prompt_np, np.asarray(self.reserved_tokens), self.arrival[0] if self.num else 0)

@@ -96,7 +96,8 @@ def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
     ttft = (tl.first_ps[ok] - tl.arrival_ps[ok]) / PS
     multi = ok & (tl.target > 1)
     tpot = (tl.done_ps[multi] - tl.first_ps[multi]) / (tl.target[multi] - 1) / PS
-    last_done = int(tl.done_ps[ok].max()) if ok.any() else tl.first_arrival_ps
+    # the span ends at the last completion (or, when none completed, where the replay's clock stopped)
+    last_done = int(tl.done_ps[ok].max()) if ok.any() else c["end_ps"]
     span_ps = max(last_done - tl.first_arrival_ps, 1)
     generated = int(tl.target[ok].sum())
     num = int(tl.arrival_ps.size)
