@@ -162,3 +162,32 @@ def test_plan_records_block_size_and_max_new_tokens(cli, trace, tmp_path):
     doc = _replay(cli, trace, "--policy", "paged", "--config", out, "--offline")
     assert doc["results"]["paged"]["config"]["block_size_tokens"] == 32
     assert "static+2048" in r.out and "the ODMA papers' baseline" in " ".join(r.out.split())  # the legend
+
+
+def test_capacity_with_a_config_capping_outputs_compares_static_at_that_cap(cli, trace, tmp_path):
+    """A config whose [scheduler] caps outputs at N (with or without static's own slot) gives
+    capacity's 'static+N' at that N, and the plain static row at max_model_len."""
+    for text in ("[scheduler]\nmax_new_tokens = 128\n",
+                 '[allocator]\nstatic_slot = "prompt_plus_max_new"\nmax_new_tokens = 128\n[scheduler]\nmax_new_tokens = 128\n'):
+        config = tmp_path / "c.toml"
+        config.write_text(text)
+        r = cli("capacity", trace, "--device", DEVICE, "--model", MODEL, "--config", config, "--policies", "static",
+                "--slo", "tpot_p99=500ms", "--json")
+        assert r.code == 0, r.err
+        doc = json.loads(r.out)
+        assert [row["policy"] for row in doc["rows"]] == ["static", "static+128"]
+        assert doc["rows"][0]["replayed_as"]["allocator"]["static_slot"] == "max_model_len"
+        assert doc["scheduler"]["max_new_tokens"] == 128
+
+
+def test_fit_on_outputs_of_one_length_writes_a_predictor_that_loads(cli, trace, tmp_path):
+    import polars as pl
+
+    same = tmp_path / "same.parquet"
+    pl.read_parquet(trace).with_columns(pl.lit(128, dtype=pl.Int32).alias("output_tokens")).write_parquet(same)
+    r = cli("fit", same, "--out", tmp_path / "p", "--epochs", "2", "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["evaluation"]["kendall_tau"] is None
+    r = cli("replay", same, "--device", DEVICE, "--model", MODEL, "--policy", "odma", "--predictor", tmp_path / "p",
+            "--offline")
+    assert r.code == 0, r.err

@@ -39,7 +39,7 @@ class PagedAllocator(AllocatorBase):
         if config.max_model_len_tokens > held:
             raise ConfigError(f"max_model_len ({config.max_model_len_tokens:,} tokens) is more than the KV pool holds in "
                               f"whole {block}-token blocks ({held:,} tokens), which vLLM refuses at start-up",
-                              hint=f"a max_model_len up to {held:,}, a smaller block, or a larger pool")
+                              hint=(f"a max_model_len up to {held:,}, " if held else "") + "a smaller block or a larger pool")
         return config, {}
 
     def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:

@@ -91,9 +91,8 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
         mismatched += [f"tp {tp}: {line}" for line in ctx.mismatches]
         table = {**tables["allocator"], **spec.allocator_overrides()}
         for policy in spec.policies:  # static twice: at max_model_len and at prompt + max_new_tokens
-            runs = [(policy, table)] if policy != "static" else [
-                (name, {**tables["allocator"], **settings}) for name, settings in
-                static_baselines(spec, ctx.workload, ctx.max_len)]
+            runs = [(policy, table)] if policy != "static" else static_baselines(
+                spec, ctx.workload, ctx.max_len, tables["allocator"], ctx.scheduler.max_new_tokens)
             names += [name for name, _ in runs]
             jobs += [(ctx, policy, settings, target, target_rate / mean_rate) for _, settings in runs]
     found = run_jobs(jobs, spec.workers, "capacity", progress, fn=capacity_job, executor=spec.executor)
@@ -138,6 +137,7 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
         "max_migration_rate": spec.max_migration_rate, "target_rate_per_s": target_rate,
         "target_is_peak": spec.target_rate_per_s is None, "tolerance": target.tolerance,
         "scheduler": {"max_num_seqs": first.scheduler.max_num_seqs,
-                      "max_num_batched_tokens": first.scheduler.batched_tokens(first.max_len)},
+                      "max_num_batched_tokens": first.scheduler.batched_tokens(first.max_len),
+                      "max_new_tokens": first.scheduler.max_new_tokens},
         "mismatches": mismatched, "rows": rows,
     }

@@ -107,8 +107,10 @@ def evaluate_predictions(prompt_tokens: np.ndarray, output_tokens: np.ndarray, l
     mode_of = "training part" if s.constant_bucket is not None and s.constant_bucket_s3 is not None else "held-out part"
     const_fit = s.constant_bucket if s.constant_bucket is not None else _mode(fit_true)
     const_s3 = s.constant_bucket_s3 if s.constant_bucket_s3 is not None else _mode(s3_true)
-    # a constant prediction ranks nothing: tau-b is undefined (None), for a predictor as for the baseline
+    # constant predictions (or lengths) rank nothing: tau-b is undefined (None), as for the baseline
     tau_b = kendalltau(l_hat, actual).statistic if np.unique(l_hat).size > 1 else None
+    if tau_b is not None and not np.isfinite(tau_b):  # all actual lengths equal: nothing to rank either
+        tau_b = None
 
     hedged, large = _reserve(prompt, l_hat, u, s, gamma=s.gamma, tau=s.tau)
     main = reservation_metrics(prompt, actual, hedged, large, s, gamma=s.gamma, tau=s.tau)

@@ -172,7 +172,9 @@ def render_capacity(console: Console, doc: dict) -> None:
     console.print(escape(f"{t['path']}: {t['requests']:,} requests at {t['mean_rate_per_s']:,.3f} req/s "
                          f"(peak 10 min {t['peak_10min_rate_per_s']:,.3f}), {doc['model']} on {doc['device']}, "
                          f"predictor {doc['predictor']}; SLO {doc['slo_label']}"
-                         f"{', overflow rate <= ' + format_metric('overflow_rate', doc['max_migration_rate'])}"),
+                         f"{', overflow rate <= ' + format_metric('overflow_rate', doc['max_migration_rate'])}"
+                         + (f"; outputs capped at {cap:,} new tokens" if (cap := doc['scheduler'].get('max_new_tokens'))
+                            else "")),
                   highlight=False)
     rows = [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k) for k in CAPACITY_KEYS)] for r in doc["rows"]]
     target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the peak 10 min)" if doc["target_is_peak"] else "")

@@ -123,12 +123,18 @@ def static_legend(names) -> str | None:
             "two that holds the longest output)")
 
 
-def static_baselines(spec: ServingSpec, workload: Workload, max_len: int) -> list[tuple[str, dict[str, object]]]:
-    """The two static settings plan and capacity compare against, as (name, [allocator] settings
-    over the command line's): "static", a slot of max_model_len per request, and "static+N", a slot
-    of prompt + N with N = --max-new-tokens or `default_max_new_tokens` (Cambricon-vLLM's
-    pre-allocation, the ODMA papers' baseline)."""
-    n = spec.max_new_tokens or default_max_new_tokens(workload, max_len)
-    base = {k: v for k, v in spec.allocator_overrides().items() if k not in ("static_slot", "max_new_tokens")}
+STATIC_KEYS = ("static_slot", "max_new_tokens")  # the [allocator] settings that size static's slot
+
+
+def static_baselines(spec: ServingSpec, workload: Workload, max_len: int, allocator: dict | None = None,
+                     cap: int | None = None) -> list[tuple[str, dict[str, object]]]:
+    """The two static settings plan and capacity compare against, as (name, [allocator] table):
+    `allocator` (a config's table) with the command line's settings over it, static's own slot
+    settings replaced by "static", a slot of max_model_len per request, and "static+N", a slot of
+    prompt + N with N = --max-new-tokens, else the output cap in force (`cap`, a config's
+    [scheduler] max_new_tokens), else `default_max_new_tokens` (Cambricon-vLLM's pre-allocation,
+    the ODMA papers' baseline)."""
+    n = spec.max_new_tokens or cap or default_max_new_tokens(workload, max_len)
+    base = {k: v for k, v in {**(allocator or {}), **spec.allocator_overrides()}.items() if k not in STATIC_KEYS}
     return [("static", {**base, "static_slot": "max_model_len"}),
             (f"static+{n}", {**base, "static_slot": "prompt_plus_max_new", "max_new_tokens": n})]
