@@ -12,6 +12,7 @@ from odmactl.cli.app import app, out, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     MaxNewTokensOption,
+    MetricsOutOption,
     check_outputs,
     input_paths,
     parse_kv_pool,
@@ -58,6 +59,7 @@ def capacity(
     report: Annotated[Optional[Path], typer.Option(help="write an HTML report: the table and the curves")] = None,
     force: Annotated[bool, typer.Option(help="replace --out / --plot / --report if they exist")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    metrics_out: MetricsOutOption = None,
 ) -> None:
     """Find, by replay and bisection, the highest request rate each policy serves within the SLO, and the devices a target rate needs."""
     from odmactl.capacity.run import CapacitySpec
@@ -74,7 +76,7 @@ def capacity(
     chosen = parse_policies(policies, None, flag="--policies")
     if plot is not None and plot.suffix.lower() != ".png":
         raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
-    check_outputs([out_path, plot, report], force, input_paths(trace_path, config, predictor, device, model))
+    check_outputs([metrics_out, out_path, plot, report], force, input_paths(trace_path, config, predictor, device, model))
     spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size,
                       max_new_tokens=max_new_tokens, predictor=predictor,
                         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
@@ -96,6 +98,11 @@ def capacity(
     if out_path is not None:
         with atomic_output(out_path, force=force) as tmp:
             tmp.write_text(to_json(doc) + "\n", encoding="utf-8")
+    if metrics_out is not None:
+        from odmactl.render.prometheus import metrics_text
+
+        with atomic_output(metrics_out, force=force) as tmp:
+            tmp.write_text(metrics_text(doc, "capacity"), encoding="utf-8")
     if json_out:
         print(to_json(doc))
     else:

@@ -11,6 +11,7 @@ from odmactl.cli.app import app, out, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     MaxNewTokensOption,
+    MetricsOutOption,
     check_outputs,
     check_policy_names,
     input_paths,
@@ -50,6 +51,7 @@ def check(
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the replay result as JSON")] = None,
     force: Annotated[bool, typer.Option(help="replace --junit / --markdown / --out if they exist")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the verdicts and metrics as JSON")] = False,
+    metrics_out: MetricsOutOption = None,
 ) -> int:
     """Replay a trace with a config and test it against thresholds: exit 0 when all hold, 1 when one fails."""
     import time
@@ -71,7 +73,7 @@ def check(
              "min_tps_gain": min_tps_gain, "baseline": baseline}
     setup = prepare_check(config, policy, flags)
     check_policy_names(setup.policies)
-    check_outputs([junit, markdown_path, out_path], force, input_paths(trace_path, config, predictor, device, model))
+    check_outputs([metrics_out, junit, markdown_path, out_path], force, input_paths(trace_path, config, predictor, device, model))
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size,
                       max_new_tokens=max_new_tokens, predictor=predictor, config=config,
                       load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit, skip=skip), max_model_len=max_model_len,
@@ -86,6 +88,11 @@ def check(
         with atomic_output(out_path, force=force) as tmp:
             summary = outcome.document(policy, config)
             tmp.write_text(to_json({**doc, "passed": summary["passed"], "verdicts": summary["verdicts"]}) + "\n")
+    if metrics_out is not None:
+        from odmactl.render.prometheus import metrics_text
+
+        with atomic_output(metrics_out, force=force) as tmp:
+            tmp.write_text(metrics_text(doc, "check"), encoding="utf-8")
     if junit is not None:
         with atomic_output(junit, force=force) as tmp:
             tmp.write_text(junit_xml(outcome.verdicts, f"{trace_path.name} / {config.name} / {policy}", outcome.seconds,

@@ -143,3 +143,5 @@ MaxNewTokensOption = Annotated[Optional[int], typer.Option(
     "truncated), and static reserves prompt + this, the ODMA papers' Cambricon-vLLM baseline (default: no cap, and "
     "static reserves max_model_len; plan and capacity compare static both ways, at prompt + the power of two that holds "
     "the longest output when this is not given)")]
+MetricsOutOption = Annotated[Optional[Path], typer.Option(
+    "--metrics-out", help="write the run's metrics in the Prometheus / OpenMetrics text format (e.g. M.prom)")]

@@ -11,6 +11,7 @@ from odmactl.cli.app import app, out, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     MaxNewTokensOption,
+    MetricsOutOption,
     check_outputs,
     input_paths,
     parse_kv_pool,
@@ -54,6 +55,7 @@ def replay(
     plot: Annotated[Optional[Path], typer.Option(help="write a PNG of occupancy, batch, queue and boundaries over time")] = None,
     force: Annotated[bool, typer.Option(help="replace --out / --plot if they exist")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the full result as JSON")] = False,
+    metrics_out: MetricsOutOption = None,
 ) -> None:
     """Replay a trace through allocator policies under continuous batching; report DESIGN.md's metrics."""
     from odmactl.core.atomic import atomic_output
@@ -67,7 +69,7 @@ def replay(
     policies = parse_policies(compare, policy)
     if plot is not None and plot.suffix.lower() != ".png":
         raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
-    check_outputs([out_path, plot], force, input_paths(trace_path, config, predictor, device, model, profile))
+    check_outputs([metrics_out, out_path, plot], force, input_paths(trace_path, config, predictor, device, model, profile))
     pool_bytes = parse_kv_pool(kv_pool)
     device_spec = None
     if on_device and tp != 1:
@@ -103,6 +105,11 @@ def replay(
     if out_path is not None:
         with atomic_output(out_path, force=force) as tmp:
             tmp.write_text(text + "\n")
+    if metrics_out is not None:
+        from odmactl.render.prometheus import metrics_text
+
+        with atomic_output(metrics_out, force=force) as tmp:
+            tmp.write_text(metrics_text(doc, "replay"), encoding="utf-8")
     if plot is not None:
         with atomic_output(plot, force=force) as tmp:
             write_replay_plot(doc, tmp)

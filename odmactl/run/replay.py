@@ -23,7 +23,7 @@ from odmactl.run.serving import Serving, default_max_model_len, serving
 from odmactl.run.spec import LoadOptions, ReplaySpec, ServingSpec
 from odmactl.run.workload import build_workload
 from odmactl.sim.loop import Replay, SchedulerSettings
-from odmactl.sim.metrics import ReplayResult
+from odmactl.sim.metrics import ReplayResult, latency_histograms
 from odmactl.sim.workload import CLOCK_LIMIT_PS, PS, Workload
 
 
@@ -194,7 +194,8 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
             if progress:
                 progress(label_, 1, 1)
         results[policy] = {"metrics": result.metrics, "config": config.to_mapping(), "notes": notes,
-                           "allocator": result.allocator, "queue": queue, "series": result.series}
+                           "allocator": result.allocator, "queue": queue, "series": result.series,
+                           "latency_histograms": latency_histograms(result)}
         if section is not None:
             results[policy]["on_device"] = section
     workload, scheduler = ctx.workload, ctx.scheduler

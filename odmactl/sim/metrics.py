@@ -142,3 +142,24 @@ def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
         "bucket_boundaries": [{"time_s": ts, "boundaries_tokens": b} for ts, b in boundaries],
     }
     return ReplayResult(alloc.name, metrics, series_out, alloc.stats().to_dict(), ttft, tpot, queue)
+
+
+# Bucket upper bounds (seconds) of the latency histograms a replay exports (replay --metrics-out):
+# TTFT from tens of milliseconds to the hours of an overloaded queue, TPOT around a decode step.
+LATENCY_BUCKETS_S = {
+    "ttft_s": (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0),
+    "tpot_s": (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+}
+
+
+def latency_histograms(result: ReplayResult) -> dict[str, dict]:
+    """TTFT and TPOT of the completed requests as cumulative histograms over LATENCY_BUCKETS_S:
+    for each bound `le` the requests at or below it (the last bound is +Inf: all of them), their
+    sum in seconds and their count (Prometheus' histogram model)."""
+    out = {}
+    for name, values in (("ttft_s", result.ttft_s), ("tpot_s", result.tpot_s)):
+        v = np.sort(np.asarray(values, dtype=np.float64))
+        bounds = LATENCY_BUCKETS_S[name]
+        cumulative = [int(np.searchsorted(v, b, side="right")) for b in bounds] + [int(v.size)]
+        out[name] = {"le": [*bounds, "+Inf"], "cumulative": cumulative, "sum": float(v.sum()), "count": int(v.size)}
+    return out
