@@ -92,7 +92,7 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
         table = {**tables["allocator"], **spec.allocator_overrides()}
         for policy in spec.policies:  # static twice: at max_model_len and at prompt + max_new_tokens
             runs = [(policy, table)] if policy != "static" else static_baselines(
-                spec, ctx.workload, ctx.max_len, tables["allocator"], ctx.scheduler.max_new_tokens)
+                spec, ctx.workload, ctx.max_len, ctx.scheduler.max_new_tokens, tables["allocator"])
             names += [name for name, _ in runs]
             jobs += [(ctx, policy, settings, target, target_rate / mean_rate) for _, settings in runs]
     found = run_jobs(jobs, spec.workers, "capacity", progress, fn=capacity_job, executor=spec.executor)

@@ -186,7 +186,6 @@ class CostModel:
         self.model = model
         self.tp = tp
         kernels = device.kernel_figures
-        self.kernels = kernels
         layers = model.num_layers
         # two all-reduces per layer of hidden_size 16-bit values per token: fixed + per-token seconds
         link = device.interconnect_for(tp)

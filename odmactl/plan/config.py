@@ -28,8 +28,9 @@ from odmactl.allocator import AllocatorConfig
 from odmactl.gate.thresholds import Thresholds
 from odmactl.plan.engine import odma_settings, vllm_settings
 from odmactl.plan.spec import PlanSpec
-from odmactl.run.config import config_tables
+from odmactl.run.config import config_tables, scheduler_table
 from odmactl.run.serving import Serving
+from odmactl.sim.loop import SchedulerSettings
 
 EXPECTED_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate", "rejections", "ttft_p99", "tpot_p99",
                  "peak_concurrency", "overloaded")
@@ -72,8 +73,8 @@ def config_document(doc: dict, setup: Serving, command: str, predictor: str, tra
         "plan": record,
         "allocator": {**allocator_table(doc["chosen"]["allocator"], doc["max_model_len"]),
                       **({"block_size_tokens": doc["block_size_tokens"]} if doc["block_size_given"] else {})},
-        "scheduler": {"max_num_seqs": doc["max_num_seqs"], "max_num_batched_tokens": doc["max_num_batched_tokens"],
-                      **({"max_new_tokens": doc["max_new_tokens"]} if doc.get("max_new_tokens") else {})},
+        "scheduler": scheduler_table(SchedulerSettings(doc["max_num_seqs"], doc["max_num_batched_tokens"],
+                                                       doc["max_new_tokens"]), doc["max_model_len"]),
         "thresholds": {k: v for k, v in gate.items() if v is not None and k != "baseline"},
         "engine": {"vllm": vllm_settings(setup, doc["kv_dtype"], doc["max_model_len"], doc["max_num_seqs"],
                                          doc["max_num_batched_tokens"], doc["block_size_tokens"]),

@@ -299,7 +299,7 @@ def _validate(frame: pl.DataFrame, spec: PlanSpec, hold_ctx, split: int, final_t
                             kv_pool_bytes=spec.kv_pool_bytes, tp=spec.tp, load=LoadOptions(skip=split))
     held = run_policies(frame, ["odma"], check_spec, tables=tables, sustainable=sustainable_scale)["results"]["odma"]
     base = spec.allocator_overrides()
-    statics = static_baselines(spec, hold_ctx.workload, hold_ctx.max_len, cap=hold_ctx.scheduler.max_new_tokens)
+    statics = static_baselines(spec, hold_ctx.workload, hold_ctx.max_len, hold_ctx.scheduler.max_new_tokens)
     runs = [(name, "static", table, hold_ctx.max_len) for name, table in statics]
     if hold_ctx.max_len > STATIC_TIGHT_TOKENS:
         runs.append((f"static@{STATIC_TIGHT_TOKENS}", "static", statics[0][1], STATIC_TIGHT_TOKENS))

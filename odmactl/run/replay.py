@@ -20,7 +20,7 @@ from odmactl.allocator import ALLOCATORS, AllocatorConfig, make_allocator
 from odmactl.core.errors import ConfigError
 from odmactl.run.config import mismatches, predictor_from_config, read_config, scheduler_settings
 from odmactl.run.serving import Serving, default_max_model_len, serving
-from odmactl.run.spec import LoadOptions, ReplaySpec, ServingSpec
+from odmactl.run.spec import LoadOptions, ReplaySpec, ServingSpec, papers_static
 from odmactl.run.workload import build_workload
 from odmactl.sim.loop import Replay, SchedulerSettings
 from odmactl.sim.metrics import ReplayResult, latency_histograms
@@ -170,11 +170,10 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
                          fast_forward=spec.fast_forward and device is None, policies=tuple(policies))
     results = {}
     table = {**tables["allocator"], **spec.allocator_overrides()}
-    cap = ctx.scheduler.max_new_tokens
-    if cap is not None and "static_slot" not in table:
-        # outputs capped at max_new_tokens (a config's [scheduler]): static reserves prompt + that,
-        # as with --max-new-tokens
-        table.update(static_slot="prompt_plus_max_new", max_new_tokens=cap)
+    cap = ctx.scheduler.max_new_tokens  # --max-new-tokens, else the config's [scheduler] max_new_tokens
+    if cap is not None and (spec.max_new_tokens is not None or "static_slot" not in table):
+        # outputs capped at N: static reserves prompt + N (the flag's slot over a config's own)
+        table.update(papers_static(cap))
     if "static" in policies and table.get("static_slot") == "prompt_plus_max_new" and \
             (cap is None or cap > table.get("max_new_tokens", 0)):
         raise ConfigError(f"static_slot = 'prompt_plus_max_new' reserves prompt + {table.get('max_new_tokens')} tokens, "

@@ -11,7 +11,7 @@ from odmactl.core.limits import MAX_POOL_TOKENS
 from odmactl.core.units import format_bytes
 from odmactl.hw.cost import CostModel
 from odmactl.hw.profiles import DeviceProfile, ModelProfile, load_device, load_model
-from odmactl.run.spec import ServingSpec
+from odmactl.run.spec import ServingSpec, papers_static
 from odmactl.sim.workload import Workload
 
 
@@ -126,15 +126,13 @@ def static_legend(names) -> str | None:
 STATIC_KEYS = ("static_slot", "max_new_tokens")  # the [allocator] settings that size static's slot
 
 
-def static_baselines(spec: ServingSpec, workload: Workload, max_len: int, allocator: dict | None = None,
-                     cap: int | None = None) -> list[tuple[str, dict[str, object]]]:
+def static_baselines(spec: ServingSpec, workload: Workload, max_len: int, cap: int | None,
+                     allocator: dict | None = None) -> list[tuple[str, dict[str, object]]]:
     """The two static settings plan and capacity compare against, as (name, [allocator] table):
     `allocator` (a config's table) with the command line's settings over it, static's own slot
     settings replaced by "static", a slot of max_model_len per request, and "static+N", a slot of
-    prompt + N with N = --max-new-tokens, else the output cap in force (`cap`, a config's
-    [scheduler] max_new_tokens), else `default_max_new_tokens` (Cambricon-vLLM's pre-allocation,
-    the ODMA papers' baseline)."""
-    n = spec.max_new_tokens or cap or default_max_new_tokens(workload, max_len)
-    base = {k: v for k, v in {**(allocator or {}), **spec.allocator_overrides()}.items() if k not in STATIC_KEYS}
-    return [("static", {**base, "static_slot": "max_model_len"}),
-            (f"static+{n}", {**base, "static_slot": "prompt_plus_max_new", "max_new_tokens": n})]
+    prompt + N with N the output cap in force (`cap`: --max-new-tokens, else a config's
+    [scheduler] max_new_tokens), else `default_max_new_tokens` (`papers_static`)."""
+    n = cap or default_max_new_tokens(workload, max_len)
+    base = {**{k: v for k, v in (allocator or {}).items() if k not in STATIC_KEYS}, **spec.allocator_overrides()}
+    return [("static", {**base, "static_slot": "max_model_len"}), (f"static+{n}", {**base, **papers_static(n)})]

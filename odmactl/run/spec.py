@@ -42,6 +42,12 @@ class LoadOptions:
         check_whole(self.skip, 0, MAX_REQUESTS, "--skip")
 
 
+def papers_static(max_new_tokens: int) -> dict[str, object]:
+    """static's [allocator] settings for a slot of prompt + `max_new_tokens`: Cambricon-vLLM's
+    pre-allocation under vLLM's max_tokens, the ODMA papers' baseline."""
+    return {"static_slot": "prompt_plus_max_new", "max_new_tokens": max_new_tokens}
+
+
 @dataclass(frozen=True)
 class ServingSpec:
     """The deployment a replay models: a model on a device profile (on `tp` of them, tensor
@@ -64,14 +70,10 @@ class ServingSpec:
     max_new_tokens: int | None = None  # --max-new-tokens: vLLM's max_tokens; static then reserves prompt + this
 
     def allocator_overrides(self) -> dict[str, object]:
-        """The [allocator] settings the command line sets over a config's: paged's block size; with
-        --max-new-tokens, static's slot of prompt + max_new_tokens (the ODMA papers' baseline)."""
-        out: dict[str, object] = {}
-        if self.block_size_tokens is not None:
-            out["block_size_tokens"] = self.block_size_tokens
-        if self.max_new_tokens is not None:
-            out.update(static_slot="prompt_plus_max_new", max_new_tokens=self.max_new_tokens)
-        return out
+        """The [allocator] settings the command line sets over a config's: paged's block size.
+        (--max-new-tokens caps the outputs, the scheduler's setting; static's slot follows the cap
+        in force, `papers_static`.)"""
+        return {} if self.block_size_tokens is None else {"block_size_tokens": self.block_size_tokens}
 
     def __post_init__(self) -> None:
         _positive_int(self.max_model_len, "--max-model-len", MAX_TOKENS)
