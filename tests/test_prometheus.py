@@ -45,7 +45,8 @@ def test_replay_metrics_parse_and_match_the_json(cli, trace, tmp_path):
         assert buckets == sorted(buckets)  # cumulative
     assert families["odmactl_ttft_seconds"].type == "histogram"
     assert families["odmactl_migrations"].type == "counter"
-    assert _sample(families["odmactl_allocator_escalations"], "odmactl_allocator_escalations", policy="s3") >= 0
+    assert families["odmactl_allocator_escalations"].type == "counter"
+    assert _sample(families["odmactl_allocator_escalations"], "odmactl_allocator_escalations_total", policy="s3") >= 0
     again = tmp_path / "again.prom"
     assert cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--compare", "static,paged,s3", "--predictor",
                "oracle", "--metrics-out", again).code == 0
@@ -80,3 +81,36 @@ def test_metrics_out_is_never_clobbered_or_half_written(cli, trace, tmp_path):
     r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "paged", "--metrics-out", tmp_path)
     assert r.code == 1 and "Traceback" not in r.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.prom"]
+
+
+def test_the_new_designs_export_evictions_offloads_and_the_host_link(cli, trace, tmp_path):
+    """ellm with a host buffer on a small pool (offloads, fetches), unified with adapters (loads)."""
+    import polars as pl
+
+    frame = pl.read_parquet(trace).with_columns(pl.Series("tenant", [f"t{i % 3}" for i in range(300)]))
+    tenants = tmp_path / "tenants.parquet"
+    frame.write_parquet(tenants)
+    config = tmp_path / "c.toml"
+    config.write_text("[allocator]\nellm_host_buffer_bytes = 8000000000\nellm_borrow_bytes = 0\n")
+    prom = tmp_path / "m.prom"
+    r = cli("replay", tenants, "--device", DEVICE, "--model", MODEL, "--compare", "paged,ellm,unified", "--predictor",
+            "none", "--config", config, "--kv-pool", "600MiB", "--metrics-out", prom, "--json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    families = _families(prom)
+    for name, policy in (("offloads", "ellm"), ("fetched_bytes", "ellm"), ("adapter_loads", "unified"),
+                         ("evictions", "unified")):
+        family = families[f"odmactl_allocator_{name}"]
+        assert family.type == "counter"
+        value = _sample(family, f"odmactl_allocator_{name}_total", policy=policy)
+        assert value == doc["results"][policy]["allocator"]["policy_counters"][name]
+    assert _sample(families["odmactl_allocator_offloads"], "odmactl_allocator_offloads_total", policy="ellm") > 0
+    assert _sample(families["odmactl_allocator_adapter_loads"], "odmactl_allocator_adapter_loads_total",
+                   policy="unified") >= 3
+    assert families["odmactl_allocator_resident_adapters"].type == "gauge"
+    for policy in ("ellm", "unified"):
+        m = doc["results"][policy]["metrics"]
+        assert _sample(families["odmactl_host_link_bytes"], "odmactl_host_link_bytes_total", policy=policy) \
+            == m["host_link_bytes"] > 0
+        assert _sample(families["odmactl_kv_runs_per_request"], "odmactl_kv_runs_per_request",
+                       policy=policy) == pytest.approx(m["kv_runs_per_request"])

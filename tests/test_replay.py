@@ -126,6 +126,15 @@ CASES = [
     ("odma", 40_000, {"large_pool_bytes": 8192 * 57344 * 2, "boundaries_tokens": [512, 1024, 2048, 4096],
                       "refit_every": 50, "refit_window": 200}, "half", False),
     ("odma", 30_000, {"large_pool_bytes": 8192 * 57344, "boundaries_tokens": [600, 1400, 3000, 8192]}, "oracle", True),
+    # ellm: borrowing 6,000 tokens' worth of activation memory (Qwen-7B: 57,344 B a token), then
+    # with no borrowing and a host buffer (offload and fetch), then with its SLO-aware scaling
+    ("ellm", 20_000, {"ellm_borrow_bytes": 6_000 * 57344}, "none", False),
+    ("ellm", 12_000, {"ellm_borrow_bytes": 0, "ellm_host_buffer_bytes": 8_000 * 57344}, "none", False),
+    ("ellm", 12_000, {"ellm_borrow_bytes": 2_000 * 57344, "ellm_host_buffer_bytes": 8_000 * 57344,
+                      "ellm_ttft_slo_s": 2.0, "ellm_tpot_slo_s": 0.2}, "none", True),
+    # unified: page ranges from a small pool (growth into new ranges, preemption), first fit
+    ("unified", 20_000, {}, "none", False),
+    ("unified", 20_000, {"unified_fit": "first", "block_size_tokens": 4}, "none", True),
 ]
 
 
@@ -142,8 +151,17 @@ def test_fast_forward_equals_token_by_token_stepping(conv_sample, cost, policy, 
     m = fast.metrics
     assert m["completed"] == frame.height and m["generated_tokens"] == int(out.sum())
     assert m["overflow_rate"] == (m["migrations"] + m["preemptions"]) / m["requests"]
-    if policy == "paged" and pool_tokens == 20_000:
+    if policy in ("paged", "unified") and pool_tokens == 20_000:
         assert m["preemptions"] > 0
+    if policy == "unified":  # page ranges, never more than the blocks paged would hold; nothing copied
+        blocks = (frame["prompt_tokens"] + frame["output_tokens"]).to_numpy() / config.get("block_size_tokens", 16)
+        assert 1 < m["kv_runs_per_request"] <= float(np.ceil(blocks).mean()) and m["migrations"] == 0
+    if config.get("ellm_host_buffer_bytes"):
+        c = fast.allocator["policy_counters"]
+        assert c["offloads"] > 0 and c["fetches"] == c["offloads"] and m["host_link_bytes"] > 0
+        assert slow.allocator["policy_counters"] == c
+    if config.get("ellm_ttft_slo_s"):
+        assert fast.allocator["policy_counters"]["buffer_scalings"] > 0
     if (policy == "odma" or config.get("s3_overflow") == "migrate") and predictor == "half":
         assert m["migrations"] > 0
     elif policy == "s3" and predictor == "half":  # preempted and re-admitted with the next bucket

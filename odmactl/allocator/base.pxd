@@ -11,6 +11,8 @@ cdef class AllocatorBase:
     cdef public object migrations, migrated_bytes, releases
     # the replay's questions (the Allocator protocol): growth geometry and boundary changes
     cdef public object block_size_tokens, num_blocks, block_bytes, boundaries_tokens, boundary_updates
+    cdef public object read_block_tokens, runs_tracked, kv_runs, host_bytes, borrows_activation, serves_adapters
+    cdef public object host_buffer_bytes, slo_aware
     # no __dict__: every attribute is declared (here or in a policy's .pxd), so a cpdef call from
     # compiled code need not look for a Python-level override on the instance
     # the operations: C calls from compiled callers (the replay); policies override them in their .pxd

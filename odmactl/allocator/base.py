@@ -50,6 +50,18 @@ class Allocation:
         return f"Allocation({fields})"
 
 
+def with_tail(runs: list[list[int]], tail_start: int, tail_bytes: int) -> list[tuple[int, int]]:
+    """Free runs [start, nbytes] in address order, ending at or before `tail_start`, as (start,
+    nbytes) with the pool's tail (the `tail_bytes` after the last whole block or page: free, never
+    handed out) merged into the last run when they touch."""
+    if tail_bytes:
+        if runs and runs[-1][0] + runs[-1][1] == tail_start:
+            runs[-1][1] += tail_bytes
+        else:
+            runs.append([tail_start, tail_bytes])
+    return [(start, n) for start, n in runs]
+
+
 @dataclass(frozen=True)
 class RegionStats:
     pool_bytes: int
@@ -94,6 +106,7 @@ class AllocatorStats:
     releases: int
     regions: dict[str, RegionStats] = field(default_factory=dict)
     policy_counters: dict[str, int] = field(default_factory=dict)
+    policy_totals: list[str] = field(default_factory=list)  # the counters that are running totals, not levels
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -119,10 +132,25 @@ class Allocator(Protocol):
     - `boundaries_tokens` / `boundary_updates`: the bucket upper bounds new reservations use and
       how many times they changed, for a policy whose boundaries change at run time (empty and 0
       otherwise).
+    - `read_block_tokens`: the run length KV is read in, in tokens (the cost model's layout): None
+      one run per request, whatever `block_size_tokens` grows it by (eLLM's virtual tensors grow
+      in chunks and read as one run); `runs_tracked` True: a request is a few runs the policy
+      counts, `kv_runs` over the live allocations and `runs_of(a)` for one (ADR-006's page ranges);
+    - `host_bytes`: the bytes the policy has moved over the host link (adapter loads, KV offloaded
+      and fetched), which the loop charges at the profile's host-link bandwidth, overlapped with
+      the iteration they serve;
+    - `borrows_activation`: the pool is shared with activations, so KV may hold `pool_bytes`
+      less the activation demand of the iteration that runs (eLLM's inflation and deflation);
+    - `serves_adapters`: a request with a LoRA adapter is admitted only if `acquire_adapter(k)`
+      answers True (the adapter resident and pinned), and `release_adapter(k)` unpins it;
+    - `host_buffer_bytes` > 0: a request whose KV does not fit may be prefilled into a host
+      buffer (`reserve_offloaded`) and fetched back to decode (`fetch`); `slo_aware`: the loop
+      reports latency violations (`latency_feedback`), which resize the buffer's usable part.
     And of the policy's class, before a replay builds it: `complete_config(config, pool_bytes=,
-    bytes_per_token=, realized_kv_tokens=)`, the settings the policy fills in itself, and
-    `uses_predictions`, whether it sizes reservations from predicted lengths (a replay refuses to
-    run it without a predictor unless told `--predictor none`).
+    bytes_per_token=, realized_kv_tokens=, deployment=)`, the settings the policy fills in itself
+    (`deployment`: config.Deployment, the facts of the device and model it may need), `arena_bytes`,
+    the bytes its arena spans, and `uses_predictions`, whether it sizes reservations from predicted
+    lengths (a replay refuses to run it without a predictor unless told `--predictor none`).
     """
 
     name: str
@@ -169,14 +197,21 @@ class AllocatorBase:
 
     name = "base"
     uses_predictions = False  # True for a policy that sizes reservations from predicted lengths
+    policy_totals: tuple[str, ...] = ()  # names in policy_counters() that only grow (the rest are levels)
 
     @classmethod
     def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,
-                        realized_kv_tokens) -> tuple[AllocatorConfig, dict]:
+                        realized_kv_tokens, deployment=None) -> tuple[AllocatorConfig, dict]:
         """The config a replay runs this policy with, and notes on what was filled in: what the
         settings leave open that the policy decides from the pool and the trace's realized KV
         lengths in arrival order (capped at max_model_len). Nothing, unless a policy says so."""
         return config, {}
+
+    @classmethod
+    def arena_bytes(cls, pool_bytes: int, config: AllocatorConfig) -> int:
+        """The bytes the policy's arena spans for a KV pool of `pool_bytes`: the pool, unless a
+        policy takes memory besides it (eLLM borrows the activation reserve)."""
+        return pool_bytes
 
     def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None) -> None:
         if not isinstance(pool_bytes, int) or pool_bytes < 1:
@@ -205,6 +240,15 @@ class AllocatorBase:
         self.num_blocks = self.block_bytes = 0
         self.boundaries_tokens = ()
         self.boundary_updates = 0
+        # the rest of the protocol's questions, answered "no" unless a policy says otherwise
+        self.read_block_tokens = None
+        self.runs_tracked = False
+        self.kv_runs = 0
+        self.host_bytes = 0
+        self.borrows_activation = False
+        self.serves_adapters = False
+        self.host_buffer_bytes = 0
+        self.slo_aware = False
 
     # -- the operations (the Allocator protocol's), which each policy implements -----------------
 
@@ -287,6 +331,26 @@ class AllocatorBase:
         """Block-growth policies: blocks free now (0 for contiguous ones)."""
         return 0
 
+    # -- the protocol's optional parts (see Allocator): asked for only where a policy says so -----
+
+    def runs_of(self, allocation: Allocation) -> int:
+        raise NotImplementedError(f"{self.name} does not count runs (runs_tracked is False)")
+
+    def acquire_adapter(self, key) -> bool:
+        raise NotImplementedError(f"{self.name} serves no adapters")
+
+    def release_adapter(self, key) -> None:
+        raise NotImplementedError(f"{self.name} serves no adapters")
+
+    def reserve_offloaded(self, request_id: str, kv_tokens: int) -> Allocation | None:
+        raise NotImplementedError(f"{self.name} has no host buffer")
+
+    def fetch(self, allocation: Allocation) -> bool:
+        raise NotImplementedError(f"{self.name} has no host buffer")
+
+    def latency_feedback(self, ttft_s: float | None, tpot_s: float | None) -> None:
+        raise NotImplementedError(f"{self.name} is not SLO-aware")
+
     # -- reporting -------------------------------------------------------------------------------
 
     def stats(self) -> AllocatorStats:
@@ -305,7 +369,7 @@ class AllocatorBase:
             reserves=self.releases + len(self._live), failed_reserves=self.failed_reserves,
             extends=self.extends, failed_extends=self.failed_extends,
             migrations=self.migrations, migrated_bytes=self.migrated_bytes, releases=self.releases,
-            regions=regions, policy_counters=self.policy_counters(),
+            regions=regions, policy_counters=self.policy_counters(), policy_totals=list(self.policy_totals),
         )
 
     def check_invariants(self) -> None:
@@ -319,6 +383,7 @@ class AllocatorBase:
                 raise InvariantError(f"allocation sizes disagree: {a!r}")
             reserved += a.nbytes
             spans += [(start, n, f"request '{rid}'") for start, n in self._ranges(a)]
+        spans += self._other_spans()
         spans += [(start, n, "free extent") for start, n in self.free_extents()]
         spans.sort()
         pos, prev = 0, "the pool's start"
@@ -343,6 +408,11 @@ class AllocatorBase:
 
     def policy_counters(self) -> dict[str, int]:
         return {}
+
+    def _other_spans(self) -> list[tuple[int, int, str]]:
+        """(start, nbytes, what) of pool bytes held by something other than a request's KV (ADR-006's
+        adapters), for the tiling check."""
+        return []
 
     def _ranges(self, a: Allocation) -> list[tuple[int, int]]:
         raise NotImplementedError

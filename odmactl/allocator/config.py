@@ -16,6 +16,10 @@ from odmactl.rules.buckets import LEVEL_SHAPES, shaped_levels
 STATIC_SLOTS = ("max_model_len", "prompt_plus_max_new")
 S3_OVERFLOWS = ("preempt", "migrate")  # s3 on an outgrown bucket: the S3 paper's preemption, or a copy
 REFIT_MODES = ("inline", "deferred")
+UNIFIED_FITS = ("best", "first")  # ADR-006 §5.2: best fit by default, first fit for latency-critical paths
+MAX_HOST_BUFFER_BYTES = 1 << 50  # eLLM's host buffer: a petabyte of host memory is a typo
+MAX_ADAPTER_RANK = 4_096  # LoRA ranks are 8-64 in S-LoRA's and ADR-006's examples
+MAX_SLO_S = 86_400.0  # a latency target of more than a day is a typo
 SEQUENCES = ("boundaries_tokens", "quantile_levels", "hedge_edges", "hedge_output_tokens")  # lists in TOML
 NEVER = "never"  # tau = "never": no uncertainty sends a request to the large pool (tau infinite)
 TAU_EXPECTED = f'a number >= 0 or "{NEVER}"'
@@ -24,6 +28,19 @@ TAU_EXPECTED = f'a number >= 0 or "{NEVER}"'
 def tau_setting(tau: float) -> float | str:
     """tau as a config and the JSON write it: "never" for infinity (TOML and JSON have none)."""
     return tau if math.isfinite(tau) else NEVER
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What a policy may need to know of the deployment it is replayed on, besides the pool, for
+    `complete_config` to fill in its settings (the run layer measures these from the profiles):
+    `activation_peak_bytes`, the activation memory a static engine reserves at its batch limits
+    (modelled, hw/cost.CostModel.activation_bytes, and at most the profile's activation reserve),
+    and `lora_bytes_per_rank`, the bytes of a rank-1 LoRA adapter on the attention projections, both
+    over the tensor-parallel group. Zero: unknown."""
+
+    activation_peak_bytes: int = 0
+    lora_bytes_per_rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,23 @@ class AllocatorConfig:
     refit_mode: str = "inline"
     refit_window: int = 10_000
     refit_every: int = 1_000
+    # ellm (allocator/ellm.py): the activation memory the KV pool may borrow (None: filled in, the
+    # modelled activation peak at the scheduler's limits), the host buffer for offloaded KV (0: no
+    # offload) and the SLO-aware scaling of its logical size (no SLO: the whole buffer)
+    ellm_borrow_bytes: int | None = None
+    ellm_host_buffer_bytes: int = 0
+    ellm_ttft_slo_s: float | None = None
+    ellm_tpot_slo_s: float | None = None
+    ellm_buffer_alpha: float = 2.0
+    # unified (allocator/unified.py): page ranges by best or first fit, eviction between the
+    # watermarks (fractions of the pool's pages), LoRA adapters of `lora_rank` (their bytes filled
+    # in from the model), at most `unified_hot_adapters` resident
+    unified_fit: str = "best"
+    unified_high_watermark: float = 0.9
+    unified_low_watermark: float = 0.8
+    lora_rank: int = 16
+    adapter_bytes: int | None = None
+    unified_hot_adapters: int = 100
 
     def __post_init__(self) -> None:
         self._named_settings()
@@ -89,6 +123,31 @@ class AllocatorConfig:
         if self.max_new_tokens is not None and self.static_slot != "prompt_plus_max_new":
             raise ConfigError("max_new_tokens sizes static's slot under static_slot = 'prompt_plus_max_new' and nothing "
                               "else (the output cap is [scheduler] max_new_tokens)", key="max_new_tokens")
+        if self.unified_fit not in UNIFIED_FITS:
+            raise ConfigError(f"expected one of {', '.join(UNIFIED_FITS)}, got {self.unified_fit!r}", key="unified_fit")
+        for name, low, high in (("lora_rank", 1, MAX_ADAPTER_RANK), ("unified_hot_adapters", 0, 1 << 20),
+                                ("ellm_host_buffer_bytes", 0, MAX_HOST_BUFFER_BYTES)):
+            problem = whole_number_problem(getattr(self, name), low, high)
+            if problem is not None:
+                raise ConfigError(problem, key=name)
+        for name in ("ellm_borrow_bytes", "adapter_bytes"):
+            value = getattr(self, name)
+            problem = None if value is None else whole_number_problem(value, 0, MAX_HOST_BUFFER_BYTES)
+            if problem is not None:
+                raise ConfigError(problem, key=name)
+        for name in ("ellm_ttft_slo_s", "ellm_tpot_slo_s"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 < value <= MAX_SLO_S):
+                raise ConfigError(f"expected seconds above 0 and at most {MAX_SLO_S:g}, got {value!r}", key=name)
+        a = self.ellm_buffer_alpha
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 1 < a <= 1024:
+            raise ConfigError(f"expected a factor above 1 and at most 1024 (eLLM's default is 2), got {a!r}",
+                              key="ellm_buffer_alpha")
+        low, high = self.unified_low_watermark, self.unified_high_watermark
+        if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in (low, high)) or not 0 < low <= high <= 1:
+            raise ConfigError(f"expected 0 < unified_low_watermark <= unified_high_watermark <= 1, got {low!r} and "
+                              f"{high!r}", key="unified_low_watermark" if not 0 < low <= 1 else "unified_high_watermark")
         if self.refit_mode not in REFIT_MODES:
             raise ConfigError(f"expected one of {', '.join(REFIT_MODES)}, got {self.refit_mode!r}", key="refit_mode")
         if not (0 <= self.gamma <= MAX_GAMMA):

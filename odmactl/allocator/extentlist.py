@@ -85,6 +85,20 @@ class ExtentList(Int64Buffer):
             values[2 * j] = start
             values[2 * j + 1] = nbytes
 
+    def take_at(self, start: cython.longlong, nbytes: cython.longlong) -> cython.bint:
+        """Take [start, start + nbytes) if a free extent begins at `start` and holds it (growth
+        in place: the range before it is extended); answers whether it did."""
+        j: cython.longlong = self._after(start) - 1
+        values: cython.longlong[:] = self._values
+        if j < 0 or values[2 * j] != start or values[2 * j + 1] < nbytes:
+            return False
+        if values[2 * j + 1] == nbytes:
+            self._close(j)
+        else:
+            values[2 * j] = start + nbytes
+            values[2 * j + 1] -= nbytes
+        return True
+
     def tolist(self) -> list[tuple[int, int]]:
         """The extents as (start, nbytes), in address order."""
         flat = [int(v) for v in self._values[: self.size]]

@@ -48,7 +48,7 @@ class OdmaAllocator(ContiguousAllocator):
 
     @classmethod
     def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,
-                        realized_kv_tokens: np.ndarray) -> tuple[AllocatorConfig, dict]:
+                        realized_kv_tokens: np.ndarray, deployment=None) -> tuple[AllocatorConfig, dict]:
         """What a replay leaves open, filled in (AllocatorBase.complete_config): without
         boundaries, quantile boundaries of the realized KV lengths of the first `refit_window`
         requests (a warm start, as if that window had been observed before), refitted online from
@@ -153,6 +153,8 @@ class OdmaAllocator(ContiguousAllocator):
         if fresh is not None and fresh != self.boundaries_tokens:
             self.set_boundaries(fresh)
             self.boundary_updates += 1
+
+    policy_totals = ("routed_large", "boundary_updates", "refits")
 
     def policy_counters(self) -> dict[str, int]:
         return {"routed_large": self.routed_large, "boundary_updates": self.boundary_updates,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from array import array
 
 from odmactl.allocator.arena import Arena
-from odmactl.allocator.base import Allocation, AllocatorBase, RegionStats
+from odmactl.allocator.base import Allocation, AllocatorBase, RegionStats, with_tail
 from odmactl.allocator.config import AllocatorConfig
 from odmactl.core.errors import ConfigError
 
@@ -31,7 +31,7 @@ class PagedAllocator(AllocatorBase):
 
     @classmethod
     def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,
-                        realized_kv_tokens) -> tuple[AllocatorConfig, dict]:
+                        realized_kv_tokens, deployment=None) -> tuple[AllocatorConfig, dict]:
         """Nothing to fill in; a max_model_len past what the pool holds in whole blocks is refused,
         as vLLM refuses it at start-up (a request of that length could never be scheduled)."""
         block = config.block_size_tokens
@@ -44,7 +44,7 @@ class PagedAllocator(AllocatorBase):
 
     def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
         super().__init__(pool_bytes, bytes_per_token, config, arena)
-        self.block_size_tokens = config.block_size_tokens
+        self.block_size_tokens = self.read_block_tokens = config.block_size_tokens
         self.block_bytes = self.block_size_tokens * bytes_per_token
         self.num_blocks = pool_bytes // self.block_bytes
         if self.num_blocks == 0:
@@ -117,13 +117,7 @@ class PagedAllocator(AllocatorBase):
                 out[-1][1] += self.block_bytes
             else:
                 out.append([b * self.block_bytes, self.block_bytes])
-        if self.tail_bytes:
-            tail_start = self.num_blocks * self.block_bytes
-            if out and out[-1][0] + out[-1][1] == tail_start:
-                out[-1][1] += self.tail_bytes
-            else:
-                out.append([tail_start, self.tail_bytes])
-        return [(start, n) for start, n in out]
+        return with_tail(out, self.num_blocks * self.block_bytes, self.tail_bytes)
 
     def _region_stats(self) -> dict[str, RegionStats]:
         return {"main": RegionStats.of(self.pool_bytes, self.free_extents())}

@@ -62,7 +62,7 @@ class S3Allocator(ContiguousAllocator):
 
     @classmethod
     def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,
-                        realized_kv_tokens) -> tuple[AllocatorConfig, dict]:
+                        realized_kv_tokens, deployment=None) -> tuple[AllocatorConfig, dict]:
         """Nothing to fill in; the notes say which overflow mode runs (AllocatorBase.complete_config)."""
         how = OVERFLOW_MODES[config.s3_overflow]
         return config, {"overflow": f"s3_overflow = {config.s3_overflow!r}: {how}"}
@@ -105,6 +105,8 @@ class S3Allocator(ContiguousAllocator):
             return False
         bucket = bisect_left(caps, total_tokens - prompt)
         return self._migrate(allocation, "main", min(prompt + caps[bucket], self.max_tokens), bucket, total_tokens)
+
+    policy_totals = ("escalations",)
 
     def policy_counters(self) -> dict[str, int]:
         return {"escalations": self.escalations, "awaiting_readmission": len(self._escalated)}

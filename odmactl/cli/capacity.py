@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from odmactl.allocator import ALLOCATORS
 from odmactl.cli.app import app, out, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
@@ -35,7 +36,7 @@ def capacity(
     device: Annotated[str, typer.Option(help="device profile name or TOML path")],
     model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
     slo: Annotated[str, typer.Option(help="latency limits, e.g. ttft_p99=2s,tpot_p99=100ms (ttft_p50, ttft_p99, tpot_p50, tpot_p99)")],
-    policies: Annotated[str, typer.Option(help="comma-separated policies")] = "static,paged,s3,odma",
+    policies: Annotated[str, typer.Option(help=f"comma-separated policies, of {', '.join(ALLOCATORS)}")] = "static,paged,s3,odma",
     config: Annotated[Optional[Path], typer.Option(help="config TOML (plan's output): its [allocator] and [scheduler] apply")] = None,
     predictor: Annotated[Optional[str], typer.Option(help="`odmactl fit` artifact folder, `oracle` or `none` "
                                                           "(default: the --config's [plan] predictor; odma and s3 need one)")] = None,

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from odmactl.allocator import ALLOCATORS
 from odmactl.cli.app import app, out, progress_for
 from odmactl.cli.inputs import BlockSizeOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool
 
@@ -37,6 +38,9 @@ def plan(
     block_size: BlockSizeOption = None,
     max_new_tokens: MaxNewTokensOption = None,
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: the profile's)")] = None,
+    baselines: Annotated[str, typer.Option(help="comma-separated policies validated beside the recommendation, besides "
+                                                "static's slots: of " + ", ".join(p for p in ALLOCATORS
+                                                                                 if p not in ("static", "odma")))] = "paged,s3",
     force: Annotated[bool, typer.Option(help="replace --out / --report if they exist")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the plan (search, replays, validation) as JSON")] = False,
 ) -> int:
@@ -67,7 +71,8 @@ def plan(
                     max_overflow_rate=max_migration_rate, max_rejection_rate=max_rejection_rate, ttft_p99_s=ttft_p99, holdout=holdout, replays=replays,
                     workers=workers, executor=executor, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens,
-                    kv_pool_bytes=parse_kv_pool(kv_pool), tp=tp)
+                    kv_pool_bytes=parse_kv_pool(kv_pool), tp=tp,
+                    baselines=tuple(p.strip() for p in baselines.split(",") if p.strip()))
     frame = read_trace(trace_path)
     with progress_for(json_out) as progress:
         doc, setup = run_plan(frame, spec, progress=progress)

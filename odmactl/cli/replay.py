@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from odmactl.allocator import ALLOCATORS
 from odmactl.cli.app import app, out, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
@@ -25,7 +26,7 @@ def replay(
     device: Annotated[str, typer.Option(help="device profile name or TOML path (`odmactl profiles list`); "
                                              "with --on-device the torch device: auto, cpu, cuda or mlu")],
     model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
-    policy: Annotated[Optional[str], typer.Option(help="allocator policy: static, paged, s3, odma (default odma)")] = None,
+    policy: Annotated[Optional[str], typer.Option(help=f"allocator policy: {', '.join(ALLOCATORS)} (default odma)")] = None,
     compare: Annotated[Optional[str], typer.Option(help="comma-separated policies replayed on the same trace, side by side")] = None,
     predictor: Annotated[Optional[str], typer.Option(help="`odmactl fit` artifact folder, `oracle` (true lengths) or `none` "
                                                           "(default: the --config's [plan] predictor; odma and s3 need one)")] = None,

@@ -29,7 +29,8 @@ from pathlib import Path
 TYPED = ("odmactl.allocator.int64buffer", "odmactl.allocator.extentlist", "odmactl.sim.keyheap", "odmactl.sim.prefill",
          "odmactl.sim.segment", "odmactl.sim.loop")
 UNTYPED = ("odmactl.rules.odma", "odmactl.allocator.base", "odmactl.allocator.extents", "odmactl.allocator.contiguous",
-           "odmactl.allocator.static", "odmactl.allocator.s3", "odmactl.allocator.odma", "odmactl.allocator.paged")
+           "odmactl.allocator.static", "odmactl.allocator.s3", "odmactl.allocator.odma", "odmactl.allocator.paged",
+           "odmactl.allocator.unified")
 COMPILED = TYPED + UNTYPED
 PURE_ENV = "ODMACTL_PURE_PYTHON"
 

@@ -53,6 +53,7 @@ import numpy as np
 from odmactl.hw.profiles import KV_ANCHOR_RUN_BYTES, DeviceProfile, ModelProfile, gemm_efficiency
 
 ACTIVATION_BYTES = 2  # the all-reduced activations are 16-bit (fp16 / bf16)
+LOGITS_FP32_BYTES = 4  # the sampler's float32 copy of the logits
 CONTIGUOUS_REFERENCE_BLOCK_TOKENS = 16  # the run at which a contiguous layout's access cost is fitted
 PAGED_BLOCK_TOKENS = (8, 16, 32)  # the block sizes vLLM's CUDA attention kernels take (--block-size)
 
@@ -148,9 +149,12 @@ class StepCoefficients:
             return 0
         return 1 if self.block_tokens is None else -(-kv_tokens // self.block_tokens)
 
-    def step_ps(self, kv_tokens: list[int]) -> int:
-        """One iteration over a batch, request by request (the replay's reference form)."""
-        kv = sum(self.per_token_ps * c + self.per_run_ps * self.runs(c) for c in kv_tokens)
+    def step_ps(self, kv_tokens: list[int], runs: list[int] | None = None) -> int:
+        """One iteration over a batch, request by request (the replay's reference form); `runs`:
+        each request's run count, where the policy counts them (else from the layout)."""
+        if runs is None:
+            runs = [self.runs(c) for c in kv_tokens]
+        kv = sum(self.per_token_ps * c + self.per_run_ps * r for c, r in zip(kv_tokens, runs))
         return self.batch_ps(len(kv_tokens)) + kv
 
 
@@ -290,6 +294,37 @@ class CostModel:
         """Copy a contiguous KV block into the large pool: read it and write it once each, each
         device its 1/tp shard of the `num_bytes` in parallel."""
         return 2.0 * num_bytes / self.tp / self.seq_bw
+
+    # ------------------------------------------------------------------------------ activations, host link
+
+    def activation_bytes(self, tokens: int, sequences: int) -> int:
+        """The activation memory one iteration needs at its peak, over the `tp` devices: `tokens`
+        tokens through the layers (a prefill's prompt tokens, or one per decoding request) of which
+        `sequences` produce logits.
+
+        Per token, the live tensors at a layer's peak, the MLP: the residual stream and its
+        normalized copy (2 x hidden) beside the gate and up projections and their product
+        (3 x intermediate, times the experts a token is routed to), 16-bit each; a layer's tensors
+        are freed before the next runs, so one layer's worth is live. Per sequence, its logits:
+        vocab values at 16 bits out of the head and the sampler's 32-bit copy. For Llama-3-8B at
+        vLLM's profiling shape (8,192 tokens, 256 sequences) this is 0.96 GiB, against the 1.26 GiB
+        peak PyTorch measured there (vLLM PR #10511's log, the devices' `activation_reserve`
+        source): the allocator's caching and the attention kernel's workspace are not modelled."""
+        m = self.model
+        experts = m.num_experts_per_token if m.num_experts > 1 else 1
+        per_token = (2 * m.hidden_size + 3 * m.intermediate_size * experts) * ACTIVATION_BYTES
+        per_sequence = m.vocab_size * (ACTIVATION_BYTES + LOGITS_FP32_BYTES)
+        return (tokens * per_token + sequences * per_sequence) * self.tp
+
+    def host_link_s(self, num_bytes: float) -> float:
+        """Move `num_bytes` of the group's KV or weights between host memory and the devices, each
+        device its 1/tp share over its own host link (0 bytes: 0 s)."""
+        if num_bytes <= 0:
+            return 0.0
+        link = self.device.host_link
+        if link is None:
+            raise ValueError(f"{self.device.name} has no [host_link]")
+        return num_bytes / self.tp / link.bandwidth_bytes_per_s
 
     def kv_pool_bytes(self) -> int:
         """The pool over all `tp` devices: each keeps what its profile leaves beside its shard."""

@@ -104,6 +104,17 @@ class Interconnect:
         return self.allreduce_latency_s(ranks) + self.allreduce_s_per_byte(ranks) * num_bytes
 
 
+@dataclass(frozen=True)
+class HostLink:
+    """The link between a device and its host's memory (PCIe), one direction: what moves KV to a
+    host buffer and back (eLLM's offload) and LoRA adapters from the host tier (ADR-006).
+
+    Invariant: `bandwidth_bytes_per_s` > 0; `kind` names the generation and width."""
+
+    kind: str
+    bandwidth_bytes_per_s: float
+
+
 def gemm_efficiency(tokens: tuple[float, ...], efficiency: tuple[float, ...], m: float) -> float:
     """The GEMM efficiency at m tokens: linear in m between the table's entries, flat outside. The
     one form of it (the replay's compiled prefill clock does these float operations in this order)."""
@@ -190,6 +201,7 @@ class DeviceProfile:
     calibration: Mapping[str, object] | None = None
     interconnect: Interconnect | None = None  # None: the profile knows no link, so tp is 1
     kernels: Kernels | None = None  # None: no [kernels] table; see `kernel_figures`
+    host_link: HostLink | None = None  # None: the profile knows no host link (a host is its own memory)
 
     @property
     def kernel_figures(self) -> Kernels:
@@ -290,6 +302,18 @@ def _interconnect(table: TomlTable | None, sources: dict[str, str]) -> Interconn
     return Interconnect(kind, bandwidth, step, base)
 
 
+def _host_link(table: TomlTable | None, sources: dict[str, str]) -> HostLink | None:
+    if table is None:
+        return None
+    kind = _figure(table, "kind", "text", sources)
+    bandwidth = _figure(table, "bandwidth", "bandwidth", sources)
+    if bandwidth > 1e12:  # PCIe 6.0 x16 moves 121 GB/s each way; a terabyte a second is a broken figure
+        raise table.error("bandwidth", f"impossible value: {bandwidth:.4g} B/s; a host link moves at most about "
+                          "0.1 TB/s each way (PCIe 6.0 x16)")
+    table.finish()
+    return HostLink(kind, bandwidth)
+
+
 def _kernel_time(table: TomlTable, name: str) -> float:
     value = table.quantity(name, "seconds")
     if value < 0 or value > 1e-3:  # a kernel's fixed or per-token cost takes microseconds at most
@@ -385,13 +409,14 @@ def parse_device(data: dict, path: Path) -> DeviceProfile:
     calibration = top.raw("calibration", required=False)
     interconnect = _interconnect(top.table("interconnect", required=False), sources)
     kernels = _kernels(top.table("kernels", required=False), sources)
+    host_link = _host_link(top.table("host_link", required=False), sources)
     top.finish()
     return DeviceProfile(name=name, description=description, path=path, measured=measured, memory_type=memory_type,
                          capacity_bytes=capacity, peak_bandwidth_bytes_per_s=peak_bw, peak_fp16_flops=fp16,
                          peak_bf16_flops=bf16, memory_fraction=fraction, activation_reserve_bytes=reserve,
                          step_overhead_s=overhead or 0.0, bandwidth=bandwidth, sources=sources,
                          measurement=measurement, calibration=calibration, interconnect=interconnect,
-                         kernels=kernels)
+                         kernels=kernels, host_link=host_link)
 
 
 def device_paths() -> list[Path]:
@@ -510,6 +535,16 @@ class ModelProfile:
 
     def with_kv_dtype(self, kv_dtype: str) -> ModelProfile:
         return replace(self, kv_dtype=kv_dtype)
+
+    @property
+    def lora_bytes_per_rank(self) -> int:
+        """A rank-1 LoRA adapter on the attention projections q, k, v and o (S-LoRA's targets), in
+        16 bits: A (in x r) and B (r x out) for each, every layer. An adapter of rank r is r times
+        this."""
+        q = self.num_attention_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        h = self.hidden_size
+        return self.num_layers * ((h + q) + 2 * (h + kv) + (q + h)) * 2
 
     def shard(self, tp: int) -> ModelProfile:
         """What one of `tp` tensor-parallel devices holds, split as vLLM splits it: the attention

@@ -27,7 +27,7 @@ import tomli_w
 from odmactl.allocator import AllocatorConfig
 from odmactl.gate.thresholds import Thresholds
 from odmactl.plan.engine import odma_settings, vllm_settings
-from odmactl.plan.spec import PlanSpec
+from odmactl.plan.spec import DEFAULT_BASELINES, PlanSpec
 from odmactl.run.config import config_tables, scheduler_table
 from odmactl.run.serving import Serving
 from odmactl.sim.loop import SchedulerSettings
@@ -104,7 +104,8 @@ def plan_command(trace_path: Path, spec: PlanSpec, out_path: Path) -> str:
                                  ("--max-num-batched-tokens", spec.max_num_batched_tokens, None),
                                  ("--kv-dtype", spec.kv_dtype, "fp16"), ("--kv-pool", spec.kv_pool_bytes, None),
                                  ("--block-size", spec.block_size_tokens, None),
-                                 ("--max-new-tokens", spec.max_new_tokens, None)):
+                                 ("--max-new-tokens", spec.max_new_tokens, None),
+                                 ("--baselines", ",".join(spec.baselines), ",".join(DEFAULT_BASELINES))):
         if value != default:
             args += [flag, f"{value} B" if flag == "--kv-pool" else value]
     return " ".join(shlex.quote(str(a)) for a in args)

@@ -303,7 +303,7 @@ def _validate(frame: pl.DataFrame, spec: PlanSpec, hold_ctx, split: int, final_t
     runs = [(name, "static", table, hold_ctx.max_len) for name, table in statics]
     if hold_ctx.max_len > STATIC_TIGHT_TOKENS:
         runs.append((f"static@{STATIC_TIGHT_TOKENS}", "static", statics[0][1], STATIC_TIGHT_TOKENS))
-    runs += [("paged", "paged", base, hold_ctx.max_len), ("s3", "s3", base, hold_ctx.max_len)]
+    runs += [(name, name, base, hold_ctx.max_len) for name in spec.baselines]
     contexts = [hold_ctx if length == hold_ctx.max_len else dataclasses.replace(hold_ctx, max_len=length)
                 for *_, length in runs]
     done = run_jobs([(c, table, policy, True) for c, (_, policy, table, _) in zip(contexts, runs)], spec.workers,

@@ -11,6 +11,7 @@ from odmactl.run.executors import EXECUTORS
 from odmactl.run.spec import ServingSpec
 
 OBJECTIVES = ("tps", "utilization", "capacity")
+DEFAULT_BASELINES = ("paged", "s3")
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class PlanSpec(ServingSpec):
     workers: int = 1
     executor: str = "process"
     slo: Slo | None = None  # --objective capacity: the latency SLO the sustainable rate is found at
+    # --baselines: the registered policies validated beside the recommendation, besides static's
+    # slots (always there, odmactl/run/serving.static_baselines); never odma, the policy planned
+    baselines: tuple[str, ...] = DEFAULT_BASELINES
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -46,6 +50,15 @@ class PlanSpec(ServingSpec):
         check_whole(self.workers, 1, MAX_WORKERS, "--workers")
         if self.executor not in EXECUTORS:
             raise ConfigError(f"--executor expects one of {', '.join(EXECUTORS)}, got '{self.executor}'")
+        from odmactl.allocator import ALLOCATORS
+
+        for name in self.baselines:
+            if name not in ALLOCATORS or name in ("odma", "static"):
+                others = [p for p in ALLOCATORS if p not in ("odma", "static")]
+                raise ConfigError(f"--baselines: '{name}' is not a baseline (choose from: {', '.join(others)}; static's "
+                                  "slots are always compared, odma is the policy planned)")
+        if len(set(self.baselines)) != len(self.baselines):
+            raise ConfigError(f"--baselines names a policy twice: {','.join(self.baselines)}")
         if self.objective == "capacity" and self.slo is None:
             raise ConfigError("--objective capacity needs --slo (e.g. --slo ttft_p99=2s,tpot_p99=100ms)")
         if self.objective != "capacity" and self.slo is not None:

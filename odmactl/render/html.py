@@ -68,7 +68,7 @@ def _boundaries(doc: dict) -> str:
 
     fig, ax = plt.subplots(figsize=(8, 4))
     odma = doc["validation"]["odma"]
-    s3 = doc["validation"]["s3"]["config"]
+    s3 = doc["validation"]["s3"]["config"] if "s3" in doc["validation"] else None
     hist = doc["holdout_histogram"]
     edges = np.asarray(hist["edges_tokens"])
     ax.bar(edges[:-1], hist["counts"], width=np.diff(edges), align="edge", color="0.75",
@@ -76,7 +76,7 @@ def _boundaries(doc: dict) -> str:
     for j, b in enumerate(odma["config"]["boundaries_tokens"]):
         ax.axvline(b, color="tab:red", linewidth=1.5, label="recommended boundaries (start)" if j == 0 else None)
     max_len = doc["max_model_len"]
-    for j, capacity in enumerate(s3_capacities(max_len, s3["s3_num_buckets"])):
+    for j, capacity in enumerate(s3_capacities(max_len, s3["s3_num_buckets"]) if s3 is not None else ()):
         ax.axvline(capacity, color="tab:green", linestyle=":", linewidth=1,
                    label="s3 equal-width output buckets (reserved: prompt + one)" if j == 0 else None)
     ax.set_xlabel("KV tokens")

@@ -10,8 +10,12 @@ One registry per run; every sample carries `policy` (and capacity's `tp`) as lab
 - gauges for KV utilization, pool occupancy, output tokens per second, peak concurrency, the
   overflow and migration rates and the makespan;
 - counters for completed, rejected and truncated requests, migrations, migrated bytes,
-  preemptions and recomputed tokens, and, as gauges `odmactl_allocator_<name>`, the allocator's own
-  counts at the end when it keeps some (s3's escalations and requests awaiting re-admission).
+  preemptions and recomputed tokens, and the allocator's own counts when it keeps some, as
+  `odmactl_allocator_<name>`: counters for its running totals (`policy_totals`: s3's escalations,
+  unified's evictions and adapter loads, ellm's offloads and fetches), gauges for its levels at
+  the end (unified's resident adapters, ellm's peak borrowed bytes);
+- the KV runs per request, the bytes moved over the host link and the link's time (gauges and a
+  counter).
 From a capacity document, per policy and tp: the rate one engine and one device sustain at the
 SLO, and the devices the target rate needs (absent where none was found).
 """
@@ -39,6 +43,11 @@ REPLAY_SAMPLES = (
     ("migrated_bytes", "migrated_bytes", "bytes copied by migrations", "counter"),
     ("preemptions", "preemptions", "requests preempted (their KV freed and recomputed)", "counter"),
     ("recomputed_tokens", "recomputed_tokens", "tokens prefilled again after preemptions", "counter"),
+    ("kv_runs_per_request", "kv_runs_per_request", "KV runs a completed request is read as (per head, K and V, layer)",
+     "gauge"),
+    ("host_link_bytes", "host_link_bytes", "bytes moved between host memory and the devices", "counter"),
+    ("host_link_time_s", "host_link_seconds", "host-link time of those bytes", "gauge"),
+    ("link_bottleneck_s", "link_bottleneck_seconds", "host-link time no compute hid", "gauge"),
 )
 CAPACITY_SAMPLES = (
     ("max_rate_per_replica", "capacity_requests_per_second_per_engine", "highest arrival rate one engine serves within the SLO"),
@@ -80,12 +89,18 @@ class _Collector:
                 family.add_metric([policy], float(r["metrics"][key]))
             yield family
         counters: dict[str, list] = {}
+        totals: set[str] = set()
         for policy, r in results.items():
+            totals.update(r["allocator"].get("policy_totals", ()))
             for key, value in sorted(r["allocator"].get("policy_counters", {}).items()):
                 counters.setdefault(key, []).append((policy, value))
         for key, values in sorted(counters.items()):
-            family = GaugeMetricFamily(f"{PREFIX}_allocator_{key}", f"the allocator's own count at the end: {key}",
-                                       labels=["policy"])
+            if key in totals:  # evictions, offloads, adapter loads, escalations: running totals
+                family = CounterMetricFamily(f"{PREFIX}_allocator_{key}", f"the allocator's total: {key}",
+                                             labels=["policy"])
+            else:
+                family = GaugeMetricFamily(f"{PREFIX}_allocator_{key}", f"the allocator's own count at the end: {key}",
+                                           labels=["policy"])
             for policy, value in values:
                 family.add_metric([policy], float(value))
             yield family

@@ -17,6 +17,7 @@ from typing import Protocol
 import polars as pl
 
 from odmactl.allocator import ALLOCATORS, AllocatorConfig, make_allocator
+from odmactl.allocator.config import Deployment
 from odmactl.core.errors import ConfigError
 from odmactl.run.config import mismatches, predictor_from_config, read_config, scheduler_settings
 from odmactl.run.serving import Serving, default_max_model_len, serving
@@ -53,12 +54,25 @@ class DeviceHooks(Protocol):
     def release(self) -> None: ...
 
 
+def deployment(ctx: ReplayContext) -> Deployment:
+    """What a policy may need of the deployment (allocator/config.Deployment): the activation
+    memory a static engine reserves, modelled at vLLM's profiling shape (the token budget over as
+    many sequences as max_num_seqs allows) and at most the profile's activation reserve, and a
+    rank-1 LoRA adapter's bytes."""
+    s = ctx.serving
+    budget = ctx.scheduler.batched_tokens(ctx.max_len)
+    peak = s.cost.activation_bytes(budget, min(ctx.scheduler.max_num_seqs, budget))
+    return Deployment(activation_peak_bytes=int(min(peak, s.device.activation_reserve_bytes * s.tp)),
+                      lora_bytes_per_rank=s.full_model.lora_bytes_per_rank)
+
+
 def policy_config(policy: str, table: dict, ctx: ReplayContext) -> tuple[AllocatorConfig, dict]:
     """The policy's config for this context and notes on what the policy filled in."""
     config = AllocatorConfig.from_mapping({**table, "max_model_len_tokens": ctx.max_len})
     s = ctx.serving
     return ALLOCATORS[policy].complete_config(config, pool_bytes=s.pool_bytes, bytes_per_token=s.bytes_per_token,
-                                              realized_kv_tokens=ctx.workload.kv_tokens(ctx.max_len))
+                                              realized_kv_tokens=ctx.workload.kv_tokens(ctx.max_len),
+                                              deployment=deployment(ctx))
 
 
 def replay_policy(ctx: ReplayContext, policy: str, table: dict, progress=None,
@@ -69,6 +83,12 @@ def replay_policy(ctx: ReplayContext, policy: str, table: dict, progress=None,
     s = ctx.serving
     arena = "virtual" if device is None else device.arena(ctx)
     allocator = make_allocator(policy, s.pool_bytes, s.bytes_per_token, config, arena=arena)
+    moves = "offloads KV to a host buffer" if allocator.host_buffer_bytes else \
+        "loads LoRA adapters from host memory" if allocator.serves_adapters and ctx.workload.adapters is not None else None
+    if moves and s.device.host_link is None:
+        raise ConfigError(f"{policy} {moves}, and {s.device.name}'s profile has no [host_link] to charge the transfers at",
+                          file=s.device.path, hint="add [host_link] (kind, bandwidth) to the profile"
+                          + (", or set ellm_host_buffer_bytes = 0" if allocator.host_buffer_bytes else ""))
     probe = None if device is None else device.probe(allocator, ctx)
     try:
         result = Replay(ctx.workload, allocator, s.cost, ctx.max_len, ctx.scheduler, progress=progress,

@@ -27,6 +27,17 @@ def shape_arrivals(arrival_s: np.ndarray, load: LoadOptions) -> np.ndarray:
     return np.cumsum(gaps)
 
 
+def tenant_adapters(frame: pl.DataFrame) -> np.ndarray | None:
+    """One LoRA adapter per tenant (a policy that serves adapters loads it for the tenant's
+    requests): codes in order of first appearance, -1 where the tenant is empty; None when the
+    trace names no tenant."""
+    if "tenant" not in frame.columns or frame["tenant"].null_count() == frame.height:
+        return None
+    codes: dict[str, int] = {}
+    return np.array([-1 if t is None else codes.setdefault(t, len(codes)) for t in frame["tenant"].to_list()],
+                    dtype=np.int64)
+
+
 def build_workload(frame: pl.DataFrame, load: LoadOptions, predictor: str) -> tuple[Workload, pl.DataFrame, str]:
     """(the workload, the frame it was built from after --skip and --limit, the predictor's label)."""
     if load.skip:
@@ -42,6 +53,7 @@ def build_workload(frame: pl.DataFrame, load: LoadOptions, predictor: str) -> tu
                           hint="replay fewer requests (--limit) or faster arrivals (--rate)")
     l_hat, u, label = predictions(frame, predictor)
     workload = Workload(
+        adapters=tenant_adapters(frame),
         request_ids=frame["request_id"].to_list(),
         arrival_ps=np.round(arrival_s * PS).astype(np.int64),
         prompt_tokens=frame["prompt_tokens"].to_numpy().astype(np.int64),

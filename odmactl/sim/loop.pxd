@@ -27,6 +27,10 @@ cdef class Replay:
     cdef long long preemptions, rejections, too_long, truncated, recomputed, migrations, peak, prefills, decodes
     cdef long long completed, occupancy_acc, series_next_ps, updates_seen
     cdef object migrated_bytes, migration_ps, occupancy_byte_ps
+    cdef bint runs_tracked, borrows, serves_adapters, offload, slo_aware
+    cdef long long[:] adapters
+    cdef object parked, offloaded, host_seen, host_link_bytes, kv_pool_bytes
+    cdef long long link_ps, link_bottleneck_ps, fetched, adapter_waits, pending_link_ps
 
     cdef tuple _start(self)
     cdef object _finish(self, object prompt_np, object target_np)
@@ -40,8 +44,14 @@ cdef class Replay:
     cdef void _push_events(self, long long i, long long seq) except *
     cdef list _admit(self)
     cdef void _prefill(self, list admitted) except *
+    cdef void _join(self, long long i, long long v) except *
+    cdef long long _link_ps(self) except? -1
+    cdef void _fetch(self) except *
+    cdef void _finish_offloaded(self, long long i) except *
+    cdef long long _blocks_limit(self, long long tokens, long long sequences) except? -1
+    cdef long long _overlap_fetch(self, long long first_ps) except? -1
     cdef void _grow_contiguous(self, long long i) except *
-    cdef void _preempt_newest_until_fits(self, long long need_at) except *
+    cdef void _preempt_newest_until_fits(self, long long need_at, long long limit) except *
     cdef void _grow_fast(self) except *
     cdef void _grow_stepping(self) except *
     cdef long long _next_event(self) except? -1

@@ -161,6 +161,11 @@ class Replay:
         "preemptions", "rejections", "too_long", "truncated", "recomputed", "migrations", "peak", "prefills",
         "decodes", "completed", "migrated_bytes", "migration_ps", "occupancy_byte_ps", "occupancy_acc",
         "series_next_ps", "updates_seen",
+        # the protocol's optional parts (allocator/base.py): page ranges, the host link, borrowed
+        # activation memory, adapters, the host buffer
+        "runs_tracked", "borrows", "adapters", "serves_adapters", "offload", "slo_aware", "parked", "host_seen",
+        "host_link_bytes", "link_ps", "link_bottleneck_ps", "offloaded", "fetched", "adapter_waits",
+        "kv_pool_bytes", "pending_link_ps",
     )
 
     def __init__(self, workload: Workload, allocator: AllocatorBase, cost, max_model_len: int,
@@ -173,8 +178,7 @@ class Replay:
         self.max_len = max_model_len
         self.block = allocator.block_size_tokens  # None: one contiguous block per request
         self.paged = self.block is not None
-        self.coeff = cost.step_coefficients(KvLayout.paged(self.block) if self.paged else KvLayout.contiguous(),
-                                            max_batch=settings.max_num_seqs)
+        self.coeff = cost.step_coefficients(KvLayout(allocator.read_block_tokens), max_batch=settings.max_num_seqs)
         self.cost = cost
         self.progress = progress
         self.probe = probe  # device.ondevice.DecodeProbe: runs and times each decode iteration on the device
@@ -188,6 +192,8 @@ class Replay:
         prompt_np, target_np = self._start()
         while True:
             self._arrive()
+            if self.parked:
+                self._fetch()
             if self.dirty and self.queue:
                 self.dirty = False
                 admitted = self._admit()
@@ -195,6 +201,7 @@ class Replay:
                     self._prefill(admitted)
                     continue
             if not self.running:
+                assert not self.parked, "an offloaded request could not be fetched into an empty pool"
                 if self.queue:
                     self.dirty = True  # an empty system: the head is retried (and rejected if it can never fit)
                     continue
@@ -221,8 +228,9 @@ class Replay:
                 if not self.running:
                     continue
                 # a contiguous policy's failed extend freed a whole block: admission is retried
-                # after one iteration (block growth waits for a release: its blocks ran out)
-                self.retry = not self.paged
+                # after one iteration (block growth waits for a release: its blocks ran out, unless
+                # offloaded requests wait, which vLLM swaps in at the next step if they fit)
+                self.retry = not self.paged or len(self.parked) > 0
             if self.ff:
                 self._decode_fast()
             else:
@@ -258,7 +266,7 @@ class Replay:
         self.max_prefill = settings.batched_tokens(self.max_len)
         self.num_blocks = alloc.num_blocks if self.paged else 0
         self.block_bytes = alloc.block_bytes if self.paged else 0
-        self.segment = Segment(self.coeff)  # the batch between two events, reset at each
+        self.segment = Segment(self.coeff, self.block)  # the batch between two events, reset at each
         self.prefill_clock = PrefillClock(self.cost.prefill)
         self.runs = self.segment.runs  # its run counts at offsets 0..B, written at each event
         num = self.num
@@ -292,6 +300,20 @@ class Replay:
         self.series_next_ps = 0  # the series takes no sample before this time
         self.boundaries = []
         self.updates_seen = -1
+        self.runs_tracked = bool(alloc.runs_tracked)
+        self.borrows = bool(alloc.borrows_activation) and self.paged
+        self.serves_adapters = bool(alloc.serves_adapters) and w.adapters is not None
+        self.adapters = _int64s(w.adapters) if self.serves_adapters else None
+        self.offload = alloc.host_buffer_bytes > 0 and self.paged
+        self.slo_aware = bool(alloc.slo_aware)
+        self.parked = deque()  # offloaded after their prefill, waiting to be fetched back to decode
+        self.host_seen = alloc.host_bytes
+        self.host_link_bytes = 0
+        self.link_ps = self.link_bottleneck_ps = 0
+        self.offloaded = {}  # request -> admitted this round with its KV in the host buffer
+        self.fetched = self.adapter_waits = 0
+        self.pending_link_ps = 0  # a fetch's transfer, overlapped with the next decode iteration
+        self.kv_pool_bytes = alloc.kv_pool_bytes if self.borrows else alloc.pool_bytes
         return prompt_np, target_np
 
     def _finish(self, prompt_np: np.ndarray, target_np: np.ndarray) -> ReplayResult:
@@ -305,7 +327,9 @@ class Replay:
                     "migrated_bytes": self.migrated_bytes, "peak_concurrency": self.peak,
                     "prefill_iterations": self.prefills, "decode_iterations": self.decodes,
                     "occupancy_byte_ps": self.occupancy_byte_ps, "migration_ps": self.migration_ps,
-                    "end_ps": self.t}
+                    "end_ps": self.t, "host_link_bytes": self.host_link_bytes, "host_link_ps": self.link_ps,
+                    "link_bottleneck_ps": self.link_bottleneck_ps, "adapter_waits": self.adapter_waits,
+                    "kv_pool_bytes": self.kv_pool_bytes}
         timeline = Timeline(np.asarray(self.arrival), np.asarray(self.start_ps), np.asarray(self.first_ps),
                             np.asarray(self.done_ps), target_np,
                             prompt_np, np.asarray(self.reserved_tokens), self.arrival[0] if self.num else 0)
@@ -340,6 +364,8 @@ class Replay:
             self.phase[self.base[i] % self.B] -= 1
         del self.running[i]
         self.seq_of[i] = -1
+        if self.serves_adapters and self.adapters[i] >= 0:
+            self.alloc.release_adapter(self.adapters[i])
 
     def _catch_up(self, i: cython.longlong) -> cython.longlong:
         """Tell the allocator request i's KV length now (growth inside a contiguous block reaches
@@ -397,6 +423,9 @@ class Replay:
         g: cython.longlong
         kv: cython.longlong
         tokens: cython.longlong = 0
+        adapter: cython.longlong
+        need: cython.longlong
+        room: cython.longlong
         free_blocks: cython.longlong
         B: cython.longlong = self.B
         alloc: AllocatorBase = self.alloc
@@ -412,19 +441,40 @@ class Replay:
             if admitted and tokens + kv > self.max_prefill:
                 self.dirty = True
                 break
+            adapter = self.adapters[i] if self.serves_adapters else -1
+            if adapter >= 0 and not alloc.acquire_adapter(adapter):
+                self.adapter_waits += 1
+                if not self.running and not admitted:
+                    self._reject(queue.popleft())
+                    continue
+                break
             if self.paged:
-                if -(-(kv + 1) // B) > free_blocks:
-                    if not self.running and not admitted:
-                        self._reject(queue.popleft())
-                        continue
-                    break
-                a = alloc.reserve(self.ids[i], kv)
-                assert a is not None
-                free_blocks -= -(-(kv + 1) // B)
+                need = -(-(kv + 1) // B)
+                room = free_blocks
+                if self.borrows:  # the prefill's activations take their share of the shared pool first
+                    room -= self.num_blocks - self._blocks_limit(tokens + kv, len(admitted) + 1)
+                if need > room:
+                    a = None
+                    if self.offload and room >= 0 and need <= self._blocks_limit(1, 1):
+                        a = alloc.reserve_offloaded(self.ids[i], kv + 1)
+                    if a is None:
+                        if adapter >= 0:
+                            alloc.release_adapter(adapter)
+                        if not self.running and not admitted and not self.parked:
+                            self._reject(queue.popleft())
+                            continue
+                        break
+                    self.offloaded[i] = True
+                else:
+                    a = alloc.reserve(self.ids[i], kv)
+                    assert a is not None
+                    free_blocks -= need
             else:
                 p_out = None if pred is None else max(pred[i] - g, 1.0)
                 a = alloc.reserve(self.ids[i], kv, p_out, None if unc is None else unc[i])
                 if a is None:
+                    if adapter >= 0:
+                        alloc.release_adapter(adapter)
                     if not self.running and not admitted:
                         self._reject(queue.popleft())
                         continue
@@ -441,39 +491,33 @@ class Replay:
         a: Allocation
         i: cython.longlong
         k: cython.longlong
-        seq: cython.longlong
         dt: cython.longlong
-        B: cython.longlong = self.B
         prompt_sum: cython.longlong = 0  # the prefill's cost depends on these two sums and the count only
         prompt_squares: cython.longlong = 0
+        link: cython.longlong
+        ttft: cython.longlong = -1
         for i in admitted:
             k = self.prompt[i] + self.gen[i]
             prompt_sum += k
             prompt_squares += k * k
             self.recomputed += self.gen[i]
+            self.gen[i] += 1
+            if self.offload and i in self.offloaded:
+                continue  # its KV goes to the host buffer as the prefill writes it
             a = self.allocs[i]
             # the first token needs room: the reservation was for the prompt. Block growth takes the
             # block now; a contiguous block that already holds it is told lazily (_catch_up at an
             # overflow, release(a, final_tokens) at completion)
             if (self.paged or not self.ff or k + 1 > a.capacity_tokens) and not self.alloc.extend(a, k + 1):
                 raise AssertionError(f"admission of {self.ids[i]} left no room for its first token")
-            self.gen[i] += 1
-            seq = self.next_seq
-            self.next_seq += 1
-            assert seq < self.span, "more than 2**32 admissions"
-            if seq == len(self.request_of_seq):  # re-admissions after preemptions outnumber the requests
-                self.request_of_seq = _doubled(self.request_of_seq)
-            self.request_of_seq[seq] = i
-            self.running[i] = seq
-            self.seq_of[i] = seq
-            self.base[i] = k + 1 - self.it
-            self.kv_sum += k + 1
-            if self.paged:
-                self.runs_now += -(-(k + 1) // B)
-                self.phase[self.base[i] % B] += 1
-        if self.runs_now > self.peak_blocks:
-            self.peak_blocks = self.runs_now
+            self._join(i, k + 1)
         dt = self.prefill_clock.ps(prompt_sum, prompt_squares, len(admitted))
+        # adapters loaded and KV offloaded for this prefill cross the host link layer by layer,
+        # beside its compute (eLLM §4.3.2, ADR-006's warm tier): the iteration takes the longer
+        link = self._link_ps()
+        if link > dt:
+            self.link_bottleneck_ps += link - dt
+            dt = link
         started: cython.longlong = self.t
         self.t += dt
         self.occupancy_byte_ps += self._reserved_bytes() * dt
@@ -482,10 +526,96 @@ class Replay:
             if self.first_ps[i] < 0:
                 self.start_ps[i] = started
                 self.first_ps[i] = self.t
-            if self.gen[i] >= self.target[i]:
+                if self.t - self.arrival[i] > ttft:
+                    ttft = self.t - self.arrival[i]
+            if self.offload and i in self.offloaded:
+                del self.offloaded[i]
+                if self.gen[i] >= self.target[i]:
+                    self._finish_offloaded(i)
+                else:
+                    self.parked.append(i)
+            elif self.gen[i] >= self.target[i]:
                 self._finish_request(i)
             else:
                 self._push_events(i, self.seq_of[i])
+        if self.slo_aware and ttft >= 0:
+            self.alloc.latency_feedback(_seconds(ttft), None)
+
+    def _join(self, i: cython.longlong, v: cython.longlong) -> None:
+        """Request i, holding v KV tokens, joins the running batch (a new admission number)."""
+        seq: cython.longlong = self.next_seq
+        B: cython.longlong = self.B
+        self.next_seq += 1
+        assert seq < self.span, "more than 2**32 admissions"
+        if seq == len(self.request_of_seq):  # re-admissions after preemptions outnumber the requests
+            self.request_of_seq = _doubled(self.request_of_seq)
+        self.request_of_seq[seq] = i
+        self.running[i] = seq
+        self.seq_of[i] = seq
+        self.base[i] = v - self.it
+        self.kv_sum += v
+        if self.paged:
+            self.runs_now += -(-v // B)
+            self.phase[self.base[i] % B] += 1
+            if self.runs_now > self.peak_blocks:
+                self.peak_blocks = self.runs_now
+
+    def _link_ps(self) -> cython.longlong:
+        """The host-link time of the bytes the policy moved since the last call (0 without)."""
+        moved = self.alloc.host_bytes - self.host_seen
+        if moved == 0:
+            return 0
+        self.host_seen = self.alloc.host_bytes
+        self.host_link_bytes += moved
+        dt: cython.longlong = to_ps(self.cost.host_link_s(moved))
+        self.link_ps += dt
+        return dt
+
+    def _fetch(self) -> None:
+        """Offloaded requests back from the host buffer, oldest first, while their blocks fit
+        beside the running batch's (and its activations, when the pool is shared) and the batch
+        cap allows; before any admission, as vLLM swaps in before it prefills. Their transfer
+        overlaps the next decode iteration."""
+        i: cython.longlong
+        v: cython.longlong
+        n: cython.longlong
+        need: cython.longlong
+        held: cython.longlong
+        while self.parked and len(self.running) < self.max_seqs:
+            i = self.parked[0]
+            v = self.prompt[i] + self.gen[i]
+            need = -(-(v + 1) // self.B)
+            n = len(self.running) + 1
+            held = self.runs_now if self.ff else self.num_blocks - self.alloc.free_blocks
+            if held + need > self._blocks_limit(n, n) or not self.alloc.fetch(self.allocs[i]):
+                break
+            self.parked.popleft()
+            self.fetched += 1
+            self._join(i, v)
+            self._push_events(i, self.seq_of[i])
+        self.pending_link_ps += self._link_ps()
+
+    def _finish_offloaded(self, i: cython.longlong) -> None:
+        """A request done at its first token while its KV was in the host buffer."""
+        a: Allocation = self.allocs[i]
+        self.reserved_tokens[i] = a.capacity_tokens
+        self.alloc.release(a)
+        if self.serves_adapters and self.adapters[i] >= 0:
+            self.alloc.release_adapter(self.adapters[i])
+        self.allocs[i] = None
+        self.done_ps[i] = self.t
+        self.completed += 1
+        self.dirty = True
+
+    def _blocks_limit(self, tokens: cython.longlong, sequences: cython.longlong) -> cython.longlong:
+        """The blocks KV may hold during an iteration that runs `tokens` tokens for `sequences`
+        sequences: all of them, unless the pool is shared with activations: then the KV pool and
+        what the iteration's activation demand leaves of the borrowable memory (a demand past it
+        was the static engine's to reserve too, and takes nothing from the KV pool)."""
+        if not self.borrows:
+            return self.num_blocks
+        borrow = self.alloc.pool_bytes - self.kv_pool_bytes  # the activation memory the KV may borrow
+        return (self.alloc.pool_bytes - min(self.cost.activation_bytes(tokens, sequences), borrow)) // self.block_bytes
 
     # ------------------------------------------------------------------------------ growth
 
@@ -499,22 +629,24 @@ class Replay:
         before = self.alloc.migrated_bytes
         if self.alloc.extend(a, v + 1):
             copied = self.alloc.migrated_bytes - before
-            self.migrations += 1
-            self.migrated_bytes += copied
-            dt = to_ps(self.cost.migration_s(copied))
-            self.t += dt
-            self.migration_ps += dt
-            self.occupancy_byte_ps += self._reserved_bytes() * dt
+            if copied:  # moved; a policy that grows a request by more page ranges copies nothing
+                self.migrations += 1
+                self.migrated_bytes += copied
+                dt = to_ps(self.cost.migration_s(copied))
+                self.t += dt
+                self.migration_ps += dt
+                self.occupancy_byte_ps += self._reserved_bytes() * dt
             if a.capacity_tokens < self.prompt[i] + self.target[i]:
                 self.overflow.push((a.capacity_tokens - self.base[i]) * self.span + self.seq_of[i])
         else:
             self._preempt(i)
 
-    def _preempt_newest_until_fits(self, need_at: cython.longlong) -> None:
-        """Block growth: preempt the newest running requests until the next iteration's blocks fit."""
+    def _preempt_newest_until_fits(self, need_at: cython.longlong, limit: cython.longlong) -> None:
+        """Block growth: preempt the newest running requests until the next iteration's blocks fit
+        in `limit` blocks."""
         newest: cython.longlong
         v: cython.longlong
-        while self.running and need_at > self.num_blocks:
+        while self.running and need_at > limit:
             newest = next(reversed(self.running))
             v = self.base[newest] + self.it
             need_at -= -(-(v + 1) // self.B)
@@ -526,6 +658,7 @@ class Replay:
         seq: cython.longlong
         i: cython.longlong
         need: cython.longlong
+        limit: cython.longlong
         span: cython.longlong = self.span
         while self.overflow.size:
             key = self.overflow.top()
@@ -538,15 +671,22 @@ class Replay:
                 self._grow_contiguous(i)
         if self.paged:
             need = self.runs_now + self.phase[(-self.it) % self.B]
-            if need > self.num_blocks:
-                self.peak_blocks = self.num_blocks  # eager growth takes the last free block, then fails
-                self._preempt_newest_until_fits(need)
+            limit = self._blocks_limit(len(self.running), len(self.running))
+            if need > limit:
+                if not self.borrows:  # eager growth takes the last free block, then fails
+                    self.peak_blocks = self.num_blocks
+                self._preempt_newest_until_fits(need, limit)
 
     def _grow_stepping(self) -> None:
         """Stepping: every running request grows by one token now, eagerly."""
         a: Allocation
         i: cython.longlong
         v: cython.longlong
+        need: cython.longlong = 0
+        if self.borrows:  # the shared pool's limit first, as _grow_fast applies it
+            for i in self.running:
+                need += -(-(self.base[i] + self.it + 1) // self.B)
+            self._preempt_newest_until_fits(need, self._blocks_limit(len(self.running), len(self.running)))
         for i in list(self.running):
             if i not in self.running:
                 continue
@@ -602,13 +742,20 @@ class Replay:
             for rho in range(B):
                 runs[rho + 1] = runs[rho] + self.phase[(-self.it - rho) % B]
         else:
-            runs[0] = runs[1] = n
+            runs[0] = runs[1] = self.alloc.kv_runs if self.runs_tracked else n
         segment.reset(n, self.kv_sum)
         if self.paged:
-            k = segment.first_over(self.num_blocks, k)
+            k = segment.first_over(self._blocks_limit(n, n), k)
         if not self.queue and self.next_arrival < self.num and n < self.max_seqs:
             k = segment.iterations_until(self.arrival[self.next_arrival] - self.t, k)
         dt, held = segment.advance(k, self.paged)
+        if self.pending_link_ps:
+            stall = self._overlap_fetch(segment.elapsed_ps(1))
+            dt += stall
+            if self.paged:  # the first iteration's blocks are held while the transfer finishes
+                held += runs[1] * stall
+        if self.slo_aware:
+            self.alloc.latency_feedback(None, _seconds(dt // k))
         if self.paged:
             self.occupancy_byte_ps += held * self.block_bytes
             self.runs_now = runs[k % B] + n * (k // B)  # = the blocks held during the last iteration
@@ -632,11 +779,26 @@ class Replay:
         n: cython.longlong = len(self.running)
         dt: cython.longlong
         kv_now = [self.base[i] + self.it for i in self.running]
-        dt = self.coeff.step_ps(kv_now)
+        dt = self.coeff.step_ps(kv_now, [self.alloc.runs_of(self.allocs[i]) for i in self.running]
+                                if self.runs_tracked else None)
+        if self.pending_link_ps:
+            dt += self._overlap_fetch(dt)
+        if self.slo_aware:
+            self.alloc.latency_feedback(None, _seconds(dt))
         if self.probe is not None:
             self.probe.step([self.allocs[i] for i in self.running], kv_now, dt)
         self.occupancy_byte_ps += self.alloc.reserved_bytes * dt
         self._advance(n, 1, dt)
+
+    def _overlap_fetch(self, first_ps: cython.longlong) -> cython.longlong:
+        """Fetched KV crosses the host link beside the first decode iteration after the fetch
+        (`first_ps` long), layer by layer: returns what the transfer takes beyond it."""
+        extra: cython.longlong = self.pending_link_ps - first_ps
+        self.pending_link_ps = 0
+        if extra > 0:
+            self.link_bottleneck_ps += extra
+            return extra
+        return 0
 
     def _advance(self, n: cython.longlong, k: cython.longlong, dt: cython.longlong) -> None:
         self.t += dt

@@ -84,6 +84,15 @@ def queue_growth(timeline: Timeline) -> dict:
     return out
 
 
+def kv_runs_per_request(alloc, tl: Timeline, ok: np.ndarray) -> float:
+    """The mean KV runs of the completed requests at their end (see replay_result)."""
+    if alloc.runs_tracked:
+        return alloc.runs_released / alloc.releases if alloc.releases else 0.0
+    if alloc.read_block_tokens is None or not ok.any():
+        return 1.0 if ok.any() else 0.0
+    return float(np.mean(tl.reserved_tokens[ok] // alloc.read_block_tokens))
+
+
 def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
                   boundaries: list[tuple[float, list[int]]]) -> ReplayResult:
     """The metrics, from the per-request timeline and the loop's counters, and the time series."""
@@ -129,6 +138,14 @@ def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
         "decode_iterations": c["decode_iterations"],
         "prefill_iterations": c["prefill_iterations"],
         "makespan_s": span_ps / PS,
+        # the KV runs a request is read as (per KV head, K and V, per layer), at its end: one for a
+        # contiguous request, its blocks when paged, its page ranges where the policy counts them
+        "kv_runs_per_request": kv_runs_per_request(alloc, tl, ok),
+        # bytes the policy moved between host memory and the devices (adapters loaded, KV offloaded
+        # and fetched), the link's time, and the part of it no compute hid
+        "host_link_bytes": c["host_link_bytes"],
+        "host_link_time_s": c["host_link_ps"] / PS,
+        "link_bottleneck_s": c["link_bottleneck_ps"] / PS,
     }
     queue = queue_growth(tl)
     metrics["overloaded"] = queue["overloaded"]
@@ -137,10 +154,13 @@ def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
     series_out = {
         "time_s": [r[0] / PS for r in rows],
         "pool_occupancy": [r[1] / alloc.pool_bytes for r in rows],
+
         "batch_size": [r[2] for r in rows],
         "queue_length": [r[3] for r in rows],
         "bucket_boundaries": [{"time_s": ts, "boundaries_tokens": b} for ts, b in boundaries],
     }
+    if c["kv_pool_bytes"] < alloc.pool_bytes:  # a pool shared with activations (eLLM): the KV past the KV pool
+        series_out["borrowed_bytes"] = [max(0, r[1] - c["kv_pool_bytes"]) for r in rows]
     return ReplayResult(alloc.name, metrics, series_out, alloc.stats().to_dict(), ttft, tpot, queue)
 
 

@@ -8,7 +8,8 @@ reads `kv_tokens_sum + n * j` tokens and `runs[j]` runs, and with `StepCoefficie
 batch(n) being the GEMMs, the fixed and per-request costs and tensor parallelism's all-reduces
 (StepCoefficients.batch_ps), constant while n is.
 
-A contiguous request is one run whatever its length (period 1, runs constant); a paged request
+A contiguous request is one run whatever its length (period 1, runs constant; a policy whose requests
+are a few page ranges has the loop write their count); a paged request
 starts a new block every `block` tokens, so along each residue class j = rho + m * block the run
 count grows by exactly n per period. Along a class everything is therefore an arithmetic sequence in
 m, and sums of steps, of steps times reserved blocks, and the first iteration that needs more
@@ -64,18 +65,23 @@ class Segment:
     Python integers made); compiled, it is an extension type with C fields (segment.pxd)."""
 
     __slots__ = ("gemm_ps", "fixed_ps", "per_seq_ps", "per_token_ps", "per_run_ps", "batch_ps",
-                 "period", "paged", "runs", "_runs", "m0", "dm", "held", "d_held")
+                 "period", "paged", "read_per_request", "runs", "_runs", "m0", "dm", "held", "d_held")
 
-    def __init__(self, coeff: StepCoefficients) -> None:
-        """An empty batch of the layout `coeff` describes (paged: period = its block size); fill
-        `runs` and `reset` to describe each real one."""
+    def __init__(self, coeff: StepCoefficients, growth_block=0) -> None:
+        """An empty batch of the layout `coeff` describes; fill `runs` and `reset` to describe each
+        real one. Memory grows in blocks of `growth_block` tokens (0: the layout's block; None:
+        contiguous growth), the period; runs are read per block when the layout has blocks, else
+        one per request (`read_per_request`: eLLM's chunks grow a request that is read as one run),
+        or as many as the caller writes into `runs` for contiguous growth."""
         self.gemm_ps = array("q", coeff.gemm_ps)  # by batch size, 0..max_num_seqs
         self.fixed_ps = coeff.fixed_ps
         self.per_seq_ps = coeff.per_seq_ps
         self.per_token_ps = coeff.per_token_ps
         self.per_run_ps = coeff.per_run_ps
-        self.paged = coeff.block_tokens is not None
-        self.period = coeff.block_tokens if self.paged else 1
+        block = coeff.block_tokens if growth_block == 0 else growth_block
+        self.paged = block is not None
+        self.read_per_request = self.paged and coeff.block_tokens is None
+        self.period = block if self.paged else 1
         self.runs = array("q", bytes(8 * (self.period + 1)))  # the caller's input, read by reset
         self._runs = self.runs
         self.m0 = array("q", bytes(8 * self.period))
@@ -91,15 +97,17 @@ class Segment:
         base: cython.longlong = self.per_token_ps * kv_tokens_sum
         gemm: cython.longlong[:] = self.gemm_ps
         growth: cython.longlong = n if self.paged else 0
+        read_growth: cython.longlong = 0 if self.read_per_request else growth
+        per_request: cython.bint = self.read_per_request
         rho: cython.longlong
         runs: cython.longlong[:] = self._runs
         m0: cython.longlong[:] = self.m0
         held: cython.longlong[:] = self.held
         self.batch_ps = gemm[n] + self.fixed_ps + self.per_seq_ps * n
         for rho in range(period):
-            m0[rho] = base + step_tokens * rho + per_run * runs[rho]
+            m0[rho] = base + step_tokens * rho + per_run * (n if per_request else runs[rho])
             held[rho] = runs[rho + 1]
-        self.dm = step_tokens * period + per_run * growth
+        self.dm = step_tokens * period + per_run * read_growth
         self.d_held = growth
         return self
 

@@ -14,7 +14,8 @@ CLOCK_LIMIT_PS = 2**63  # the compiled clock is a signed 64-bit integer: about 1
 class Workload:
     """Requests in arrival order, as numpy arrays (row i is request i). `arrival_ps` is
     nondecreasing; `output_tokens` >= 1; `predicted_output_tokens` and `uncertainty` are None when no
-    predictor runs (then policies reserve without a prediction)."""
+    predictor runs (then policies reserve without a prediction); `adapters` the LoRA adapter each
+    request runs with (int64 codes >= 0, -1 for the base model), None when the trace names none."""
 
     request_ids: list[str]
     arrival_ps: np.ndarray
@@ -22,6 +23,7 @@ class Workload:
     output_tokens: np.ndarray
     predicted_output_tokens: np.ndarray | None = None
     uncertainty: np.ndarray | None = None
+    adapters: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -37,14 +39,15 @@ class Workload:
             return None if a is None else a[start:stop]
 
         return Workload(self.request_ids[start:stop], self.arrival_ps[start:stop], self.prompt_tokens[start:stop],
-                        self.output_tokens[start:stop], cut(self.predicted_output_tokens), cut(self.uncertainty))
+                        self.output_tokens[start:stop], cut(self.predicted_output_tokens), cut(self.uncertainty),
+                        cut(self.adapters))
 
     def at_rate_scale(self, scale: float) -> Workload:
         """The same requests arriving `scale` times as fast: every arrival time divided by `scale`
         (rounded to whole ps, so still nondecreasing)."""
         arrival = np.round(self.arrival_ps.astype(np.float64) / scale).astype(np.int64)
         return Workload(self.request_ids, arrival, self.prompt_tokens, self.output_tokens,
-                        self.predicted_output_tokens, self.uncertainty)
+                        self.predicted_output_tokens, self.uncertainty, self.adapters)
 
     def replica(self, index: int, replicas: int) -> Workload:
         """The requests a round-robin router sends to replica `index` of `replicas`: rows index,
@@ -54,4 +57,4 @@ class Workload:
 
         return Workload(self.request_ids[index::replicas], self.arrival_ps[index::replicas],
                         self.prompt_tokens[index::replicas], self.output_tokens[index::replicas],
-                        every(self.predicted_output_tokens), every(self.uncertainty))
+                        every(self.predicted_output_tokens), every(self.uncertainty), every(self.adapters))

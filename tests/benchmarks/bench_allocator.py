@@ -103,7 +103,7 @@ def steady_state(policy: str, requests: int, live: int, *, timed: bool, seed: in
     reserve, release, extend = alloc.reserve, alloc.release, alloc.extend
     deferred = getattr(alloc, "flush_refit", None) is not None and alloc.config.refit_mode == "deferred"
     lat_refit: list[int] = []
-    paged = policy == "paged"
+    paged = alloc.block_size_tokens is not None  # block growth: a block taken or returned is one operation
     held: list = []
     ops = d = 0
     lat_reserve: list[int] = []
@@ -250,7 +250,7 @@ def main() -> None:
           f"{summary['machine']}")
     for policy, r in results.items():
         extra = f"  per block p50 {r['per_block_p50_us']:.2f} / p99 {r['per_block_p99_us']:.2f} us" if "per_block_p99_us" in r else ""
-        print(f"  {policy:7s} {r['ops_per_s'] / 1e3:6.0f} k ops/s wall, {r['ops_per_s_in_calls'] / 1e3:6.0f} k in calls"
+        print(f"  {policy:8s} {r['ops_per_s'] / 1e3:6.0f} k ops/s wall, {r['ops_per_s_in_calls'] / 1e3:6.0f} k in calls"
               f" (best {r['best_ops_per_s'] / 1e3:.0f} / {r['best_ops_per_s_in_calls'] / 1e3:.0f} k)"
               f"  p50 {r['p50_us']:.2f} us  p99 {r['p99_us']:.2f} us"
               f"  (reserve p99 {r['reserve_p99_us']:.2f}, release p99 {r['release_p99_us']:.2f}){extra}"

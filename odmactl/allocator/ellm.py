@@ -1,0 +1,184 @@
+"""`ellm`: eLLM's elastic pool (seeds/003). KV and activations share one physical pool: the KV grows
+into the activation memory the running iteration leaves idle (inflation) and gives it back when a
+prefill needs it (deflation, lazily: only when the next iteration's demand asks for it); KV of
+requests that do not fit may be written to a host buffer during their prefill and fetched back to
+decode; an SLO-aware rule scales the part of that buffer in use."""
+
+from __future__ import annotations
+
+import dataclasses
+from array import array
+
+from odmactl.allocator.arena import Arena
+from odmactl.allocator.base import Allocation, InvariantError
+from odmactl.allocator.config import AllocatorConfig
+from odmactl.allocator.paged import PagedAllocator
+from odmactl.core.errors import AllocationError
+
+
+class EllmAllocator(PagedAllocator):
+    """Chunks of `block_size_tokens` tokens (eLLM maps 2 MB physical chunks; at Llama-3-8B's
+    128 KiB a token in fp16 a chunk is 16 tokens) from a pool of the KV pool plus `borrow_bytes`,
+    the activation memory a static engine would keep aside (filled in from the deployment:
+    config.Deployment.activation_peak_bytes). Growth, release and preemption are paged's. A
+    request's chunks are mapped into one virtual range (eLLM's KV eTensor), so its KV is read as
+    one run (`read_block_tokens` None) however many chunks back it.
+
+    What the pool may hold is the replay's to enforce (`borrows_activation`): during an iteration,
+    the KV may take `pool_bytes` less that iteration's activation demand (hw/cost
+    CostModel.activation_bytes). So at most `borrow_bytes` is borrowed, decode iterations
+    borrow almost all of it, and a prefill admits only what leaves its activations room
+    (Algorithm 1 of the paper: a request joins a prefill if KV and activations fit).
+
+    Host buffer (`host_buffer_bytes` > 0): a request whose KV does not fit may still be prefilled
+    when its activations do (Algorithm 1, line 8): its KV goes to the host buffer
+    (`reserve_offloaded`) as the prefill writes it, and comes back (`fetch`) when its chunks fit
+    and it is scheduled to decode. Both transfers count in `host_bytes`. The buffer's usable part,
+    `logical_buffer_bytes`, is the whole buffer without SLOs; with a TTFT or TPOT SLO it starts at
+    one chunk and `latency_feedback` scales it by `ellm_buffer_alpha` (Algorithm 2): down on a TPOT
+    violation, up on a TTFT violation, within [one chunk, the buffer].
+
+    Invariants (checked, besides paged's): offloaded requests are not live on the device and their
+    bytes add up to `host_used_bytes` <= `host_buffer_bytes`; `logical_buffer_bytes` stays within
+    its bounds.
+    """
+
+    name = "ellm"
+
+    @classmethod
+    def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,
+                        realized_kv_tokens, deployment=None) -> tuple[AllocatorConfig, dict]:
+        """The activation memory to borrow, when not set: the deployment's modelled peak."""
+        notes = {}
+        if config.ellm_borrow_bytes is None:
+            borrow = deployment.activation_peak_bytes if deployment is not None else 0
+            config = dataclasses.replace(config, ellm_borrow_bytes=borrow)
+            notes["ellm_borrow_bytes"] = f"{borrow:,} bytes of activation memory (the modelled peak at the batch limits)"
+        config, more = super().complete_config(config, pool_bytes=pool_bytes, bytes_per_token=bytes_per_token,
+                                               realized_kv_tokens=realized_kv_tokens)
+        return config, {**notes, **more}
+
+    @classmethod
+    def arena_bytes(cls, pool_bytes: int, config: AllocatorConfig) -> int:
+        return pool_bytes + (config.ellm_borrow_bytes or 0)
+
+    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
+        borrow = config.ellm_borrow_bytes or 0
+        super().__init__(pool_bytes + borrow, bytes_per_token, config, arena)
+        self.kv_pool_bytes = pool_bytes
+        self.borrow_bytes = borrow
+        self.read_block_tokens = None
+        self.borrows_activation = True
+        self.host_buffer_bytes = config.ellm_host_buffer_bytes
+        self.slo_aware = self.host_buffer_bytes > 0 and (config.ellm_ttft_slo_s is not None
+                                                         or config.ellm_tpot_slo_s is not None)
+        self.min_buffer_bytes = min(self.block_bytes, self.host_buffer_bytes)
+        self.logical_buffer_bytes = self.min_buffer_bytes if self.slo_aware else self.host_buffer_bytes
+        self.alpha = config.ellm_buffer_alpha
+        self.host_used_bytes = 0
+        self._offloaded: dict[str, Allocation] = {}
+        self.offloads = self.fetches = self.offloaded_bytes = self.fetched_bytes = 0
+        self.buffer_scalings = 0
+        self._ttft_window = self._tpot_window = 0  # the last five observations, a bit each (1: over the SLO)
+
+    # -- the host buffer -------------------------------------------------------------------------
+
+    def reserve_offloaded(self, request_id: str, kv_tokens: int) -> Allocation | None:
+        """Request `request_id`'s `kv_tokens` of KV written to the host buffer by its prefill
+        (None: the usable part of the buffer has no room). The allocation is not live on the
+        device until `fetch`."""
+        self._admit(request_id, kv_tokens)
+        if request_id in self._offloaded:
+            raise AllocationError(f"request '{request_id}' is already offloaded")
+        nbytes = kv_tokens * self.bytes_per_token
+        if self.host_used_bytes + nbytes > self.logical_buffer_bytes:
+            return None
+        self.host_used_bytes += nbytes
+        self.host_bytes += nbytes
+        self.offloads += 1
+        self.offloaded_bytes += nbytes
+        a = Allocation(request_id, 0, nbytes, kv_tokens, kv_tokens, None, "host", array("q"))
+        self._offloaded[request_id] = a
+        return a
+
+    def fetch(self, allocation: Allocation) -> bool:
+        """Bring an offloaded request's KV back into chunks of the pool (False: too few free). It
+        is then a live allocation like any other, holding the chunks for its tokens."""
+        if self._offloaded.get(allocation.request_id) is not allocation:
+            raise AllocationError(f"request '{allocation.request_id}' is not offloaded here")
+        tokens = allocation.used_tokens
+        n = -(-tokens // self.block_size_tokens)
+        if n > self.free_blocks:
+            return False
+        del self._offloaded[allocation.request_id]
+        self.host_used_bytes -= allocation.nbytes
+        self.host_bytes += allocation.nbytes
+        self.fetches += 1
+        self.fetched_bytes += allocation.nbytes
+        blocks = self._take(n)
+        allocation.region = "main"
+        allocation.block_ids = blocks
+        allocation.offset_bytes = blocks[0] * self.block_bytes
+        allocation.capacity_tokens = n * self.block_size_tokens
+        allocation.nbytes = n * self.block_bytes
+        self._admitted(allocation)
+        return True
+
+    def release(self, allocation: Allocation, final_tokens: int | None = None) -> None:
+        """Paged's release, or for a request still in the host buffer, its bytes there freed."""
+        if allocation.region != "host":
+            PagedAllocator.release(self, allocation, final_tokens)
+            return
+        if self._offloaded.get(allocation.request_id) is not allocation:
+            raise AllocationError(f"allocation of request '{allocation.request_id}' is not offloaded here")
+        del self._offloaded[allocation.request_id]
+        self.host_used_bytes -= allocation.nbytes
+        allocation.live = False
+        self.releases += 1
+
+    def latency_feedback(self, ttft_s: float | None, tpot_s: float | None) -> None:
+        """Algorithm 2, from the latencies the replay observes: a prefill's longest TTFT, a decode
+        iteration's time (TPOT). A violation event is three of the last five observations of one
+        kind over its SLO (the paper's window); a TPOT event shrinks the usable buffer by alpha
+        (fewer prefills offloaded, so decodes are not crowded out), else a TTFT event grows it."""
+        ttft_slo, tpot_slo = self.config.ellm_ttft_slo_s, self.config.ellm_tpot_slo_s
+        if ttft_s is not None and ttft_slo is not None:
+            self._ttft_window = (self._ttft_window << 1 | (ttft_s > ttft_slo)) & 0b11111
+        if tpot_s is not None and tpot_slo is not None:
+            self._tpot_window = (self._tpot_window << 1 | (tpot_s > tpot_slo)) & 0b11111
+        tpot_violated = self._tpot_window.bit_count() >= 3
+        ttft_violated = self._ttft_window.bit_count() >= 3
+        if tpot_violated:
+            self._tpot_window = 0
+        elif ttft_violated:
+            self._ttft_window = 0
+        before = self.logical_buffer_bytes
+        if tpot_violated:
+            self.logical_buffer_bytes = max(int(before / self.alpha), self.min_buffer_bytes)
+        elif ttft_violated:
+            self.logical_buffer_bytes = min(int(before * self.alpha), self.host_buffer_bytes)
+        if self.logical_buffer_bytes != before:
+            self.buffer_scalings += 1
+
+    # -- reporting and checks --------------------------------------------------------------------
+
+    policy_totals = ("offloads", "offloaded_bytes", "fetches", "fetched_bytes", "buffer_scalings")
+
+    def policy_counters(self) -> dict[str, int]:
+        return {"borrow_bytes": self.borrow_bytes,
+                "peak_borrowed_bytes": max(0, self.peak_reserved_bytes - self.kv_pool_bytes),
+                "offloads": self.offloads, "offloaded_bytes": self.offloaded_bytes, "fetches": self.fetches,
+                "fetched_bytes": self.fetched_bytes, "host_buffer_used_bytes": self.host_used_bytes,
+                "logical_buffer_bytes": self.logical_buffer_bytes, "buffer_scalings": self.buffer_scalings}
+
+    def _check_structures(self) -> None:
+        super()._check_structures()
+        held = sum(a.nbytes for a in self._offloaded.values())
+        if held != self.host_used_bytes or held > self.host_buffer_bytes:
+            raise InvariantError(f"host buffer: {self.host_used_bytes:,} bytes counted, offloaded requests hold {held:,} "
+                                 f"of {self.host_buffer_bytes:,}")
+        if set(self._offloaded) & set(self._live):
+            raise InvariantError("a request is both offloaded and live on the device")
+        if not self.min_buffer_bytes <= self.logical_buffer_bytes <= self.host_buffer_bytes:
+            raise InvariantError(f"logical buffer {self.logical_buffer_bytes:,} outside [{self.min_buffer_bytes:,}, "
+                                 f"{self.host_buffer_bytes:,}]")

@@ -1,0 +1,300 @@
+"""`unified`: ADR-006's unified paged pool (seeds/004). One pool of pages holds KV and LoRA adapters;
+a request's KV is a few contiguous page ranges, allocated best fit (first fit as an option),
+instead of one block per page; adapters are unpinned when no running request uses them and are
+evicted least recently used, between the high and low watermarks."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+
+from odmactl.allocator.arena import Arena
+from odmactl.allocator.base import Allocation, AllocatorBase, InvariantError, RegionStats, with_tail
+from odmactl.allocator.config import AllocatorConfig
+from odmactl.allocator.extentlist import ExtentList
+from odmactl.core.errors import ConfigError
+
+
+class UnifiedAllocator(AllocatorBase):
+    """`num_pages` pages of `page_tokens` tokens (the `block_size_tokens` setting: at Llama-3-8B's
+    128 KiB a token in fp16, 16 tokens are ADR-006's default 2 MB page) fill the pool from offset 0;
+    the bytes after the last whole page are free but never handed out.
+
+    A request's KV is a list of page ranges (`_kv[request_id]`, [start, pages, ...]). `reserve`
+    takes pages for the prompt and its first token as one range when one fits (best fit: the
+    smallest free range that holds them; first fit: the lowest), else the largest free ranges until
+    it has them (counted in `scattered`). `extend` grows the last range in place when the page after
+    it is free, else takes a new range the same way. A failed extend is the replay's cue to preempt
+    (block_size_tokens is None for the replay: growth is asked for at the end of the pages held, as
+    for a contiguous block, and the copy is never needed: `migrated_bytes` stays 0).
+
+    Page states, ADR-006 §6: a request's pages are pinned for its lifetime; an adapter's range is
+    pinned while `refcount` running requests use it and unpinned (in `_lru`, least recent first)
+    otherwise; the rest are free. Unpinned adapters are evicted, least recently used first, when a
+    range cannot be had without them, and after any allocation that leaves the pool at or above
+    `unified_high_watermark` of its pages, until it is at or below `unified_low_watermark` (the
+    hysteresis band of §7.3); at most `unified_hot_adapters` are resident (the hot tier, §9.2),
+    the rest are in host memory (warm): loading one moves its bytes over the host link
+    (`host_bytes`).
+
+    Invariants (checked): every page is in exactly one place (a free extent, one request's ranges,
+    one adapter's range); `used_pages` counts the request and adapter pages; `kv_runs` is the sum of
+    the live requests' range counts; an unpinned adapter has refcount 0 and is in `_lru`, a pinned
+    one has refcount > 0 and is not.
+    """
+
+    name = "unified"
+
+    @classmethod
+    def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,
+                        realized_kv_tokens, deployment=None) -> tuple[AllocatorConfig, dict]:
+        """An adapter's bytes, when not set: `lora_rank` times the model's bytes per rank; the
+        pool must hold max_model_len in whole pages, as for paged."""
+        page = config.block_size_tokens
+        held = pool_bytes // (page * bytes_per_token) * page
+        if config.max_model_len_tokens > held:
+            raise ConfigError(f"max_model_len ({config.max_model_len_tokens:,} tokens) is more than the KV pool holds in "
+                              f"whole {page}-token pages ({held:,} tokens)",
+                              hint="a smaller max_model_len, a smaller page (block_size_tokens) or a larger pool")
+        notes = {}
+        if config.adapter_bytes is None and deployment is not None and deployment.lora_bytes_per_rank:
+            config = dataclasses.replace(config, adapter_bytes=config.lora_rank * deployment.lora_bytes_per_rank)
+            notes["adapter_bytes"] = f"rank {config.lora_rank} on q, k, v and o: {config.adapter_bytes:,} bytes an adapter"
+        return config, notes
+
+    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
+        super().__init__(pool_bytes, bytes_per_token, config, arena)
+        self.page_tokens = config.block_size_tokens
+        self.page_bytes = self.page_tokens * bytes_per_token
+        self.num_pages = pool_bytes // self.page_bytes
+        if self.num_pages == 0:
+            raise ConfigError(f"a {pool_bytes:,}-byte pool holds no {self.page_bytes:,}-byte page", key="block_size_tokens")
+        self.tail_bytes = pool_bytes - self.num_pages * self.page_bytes
+        self.best_fit = config.unified_fit == "best"
+        self.high_pages = config.unified_high_watermark * self.num_pages
+        self.low_pages = config.unified_low_watermark * self.num_pages
+        self.adapter_pages = -(-(config.adapter_bytes or 0) // self.page_bytes)
+        self.hot_limit = config.unified_hot_adapters
+        self._free = ExtentList()
+        self._free.add(0, self.num_pages)
+        self.free_pages = self.num_pages
+        self.used_pages = 0
+        self._kv: dict[str, list[int]] = {}
+        self._adapters: dict[object, list[int]] = {}  # key -> [start, pages, refcount]
+        self._lru: OrderedDict = OrderedDict()  # unpinned adapters, least recently used first
+        self.runs_tracked = True
+        self.serves_adapters = self.adapter_pages > 0
+        self.kv_runs = 0
+        self.runs_released = self.scattered = 0
+        self.evictions = self.evicted_pages = self.adapter_loads = self.adapter_hits = 0
+
+    # -- pages -----------------------------------------------------------------------------------
+
+    def _evict_until(self, free_pages: float) -> None:
+        """Evict unpinned adapters, least recently used first, until `free_pages` pages are free
+        or none is left."""
+        while self._lru and self.free_pages < free_pages:
+            key, _ = self._lru.popitem(last=False)
+            start, pages, _ = self._adapters.pop(key)
+            self._give(start, pages)
+            self.evictions += 1
+            self.evicted_pages += pages
+
+    def _after_allocation(self) -> None:
+        """The hysteresis band: at or above the high watermark, evict down to the low one."""
+        if self.used_pages >= self.high_pages and self._lru:
+            self._evict_until(self.num_pages - self.low_pages)
+
+    def _give(self, start: int, pages: int) -> None:
+        self._free.add(start, pages)
+        self.free_pages += pages
+        self.used_pages -= pages
+
+    def _range(self, pages: int) -> int:
+        """The start of a free range of `pages` pages, now taken (best or first fit), or -1."""
+        if self.best_fit:
+            start = self._free.take(pages)
+        else:
+            start = next((s for s, n in self._free.tolist() if n >= pages), -1)
+            if start >= 0:
+                self._free.take_at(start, pages)
+        if start >= 0:
+            self.free_pages -= pages
+            self.used_pages += pages
+        return start
+
+    def _take(self, pages: int, contiguous: bool) -> list[int] | None:
+        """`pages` pages as ranges [start, pages, ...] (one, or with `contiguous` False the largest
+        free ranges when no single one holds them); unpinned adapters are evicted for them if need
+        be; None when they cannot be had."""
+        if self.free_pages < pages:
+            self._evict_until(pages)
+            if self.free_pages < pages:
+                return None
+        start = self._range(pages)
+        if start < 0 and self._lru:
+            self._evict_until(self.num_pages)  # every unpinned adapter out: the free ranges coalesce
+            start = self._range(pages)
+        if start >= 0:
+            return [start, pages]
+        if contiguous:
+            return None
+        self.scattered += 1
+        out: list[int] = []
+        for n, neg_start in sorted(((n, -s) for s, n in self._free.tolist()), reverse=True):  # largest first, lowest on a tie
+            n = min(n, pages)
+            self._free.take_at(-neg_start, n)
+            self.free_pages -= n
+            self.used_pages += n
+            out += [-neg_start, n]
+            pages -= n
+            if not pages:
+                return out
+        raise InvariantError("free pages counted but not found in the free ranges")
+
+    # -- the operations --------------------------------------------------------------------------
+
+    def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
+                uncertainty: float | None = None) -> Allocation | None:
+        self._admit(request_id, prompt_tokens)
+        pages = -(-(prompt_tokens + 1) // self.page_tokens)  # the prompt and its first token
+        ranges = self._take(pages, contiguous=False)
+        if ranges is None:
+            self.failed_reserves += 1
+            return None
+        self._kv[request_id] = ranges
+        self.kv_runs += len(ranges) // 2
+        a = Allocation(request_id, ranges[0] * self.page_bytes, pages * self.page_bytes, pages * self.page_tokens,
+                       prompt_tokens, None, "main")
+        self._admitted(a)
+        self._after_allocation()
+        return a
+
+    def extend(self, allocation: Allocation, total_tokens: int) -> bool:
+        self._growth(allocation, total_tokens)
+        self.extends += 1
+        extra = -(-total_tokens // self.page_tokens) - allocation.capacity_tokens // self.page_tokens
+        if extra > 0:
+            if total_tokens > self.max_tokens:
+                self.failed_extends += 1
+                return False
+            ranges = self._kv[allocation.request_id]
+            end = ranges[-2] + ranges[-1]
+            if self.free_pages >= extra and self._free.take_at(end, extra):
+                ranges[-1] += extra
+                self.free_pages -= extra
+                self.used_pages += extra
+            else:
+                more = self._take(extra, contiguous=False)
+                if more is None:
+                    self.failed_extends += 1
+                    return False
+                if more[0] == end:  # eviction freed the pages right after: still in place
+                    ranges[-1] += more[1]
+                    more = more[2:]
+                ranges += more
+                self.kv_runs += len(more) // 2
+            allocation.nbytes += extra * self.page_bytes
+            allocation.capacity_tokens += extra * self.page_tokens
+            self.reserved_bytes += extra * self.page_bytes
+            if self.reserved_bytes > self.peak_reserved_bytes:
+                self.peak_reserved_bytes = self.reserved_bytes
+            self._after_allocation()
+        allocation.used_tokens = total_tokens
+        return True
+
+    def release(self, allocation: Allocation, final_tokens: int | None = None) -> None:
+        self._own(allocation)
+        if final_tokens is not None:
+            self._final_growth(allocation, final_tokens, allocation.capacity_tokens)
+        ranges = self._kv.pop(allocation.request_id)
+        for j in range(0, len(ranges), 2):
+            self._give(ranges[j], ranges[j + 1])
+        self.kv_runs -= len(ranges) // 2
+        self.runs_released += len(ranges) // 2
+        self._forget(allocation)
+
+    def runs_of(self, allocation: Allocation) -> int:
+        """The page ranges request `allocation` holds: its KV runs per KV head, K and V, per layer."""
+        return len(self._kv[allocation.request_id]) // 2
+
+    # -- adapters (ADR-006 §9: AdapterManager.acquire / release) ----------------------------------
+
+    def acquire_adapter(self, key) -> bool:
+        """Pin adapter `key` for a request about to run: resident, its refcount goes up (a hit);
+        else it is loaded from host memory into a page range (its bytes cross the host link),
+        evicting unpinned adapters for room and to stay within the hot tier. False: no room."""
+        entry = self._adapters.get(key)
+        if entry is not None:
+            if entry[2] == 0:
+                del self._lru[key]
+            entry[2] += 1
+            self.adapter_hits += 1
+            return True
+        if len(self._adapters) >= self.hot_limit:
+            if not self._lru:
+                return False
+            self._evict_until(self.num_pages)  # the hot tier is full: one unpinned adapter out at least
+        ranges = self._take(self.adapter_pages, contiguous=True)
+        if ranges is None:
+            return False
+        self._adapters[key] = [ranges[0], self.adapter_pages, 1]
+        self.adapter_loads += 1
+        self.host_bytes += self.config.adapter_bytes
+        self._after_allocation()
+        return True
+
+    def release_adapter(self, key) -> None:
+        """Unpin adapter `key` once (a request using it left the batch)."""
+        entry = self._adapters[key]
+        if entry[2] <= 0:
+            raise InvariantError(f"adapter {key!r} released more times than acquired")
+        entry[2] -= 1
+        if entry[2] == 0:
+            self._lru[key] = None
+
+    # -- reporting and checks --------------------------------------------------------------------
+
+    policy_totals = ("kv_runs_released", "scattered_reserves", "evictions", "evicted_bytes", "adapter_loads",
+                     "adapter_hits")
+
+    def policy_counters(self) -> dict[str, int]:
+        return {"kv_runs": self.kv_runs, "kv_runs_released": self.runs_released, "scattered_reserves": self.scattered,
+                "evictions": self.evictions, "evicted_bytes": self.evicted_pages * self.page_bytes,
+                "adapter_loads": self.adapter_loads, "adapter_hits": self.adapter_hits,
+                "resident_adapters": len(self._adapters)}
+
+    def _ranges_of(self, ranges: list[int]) -> list[tuple[int, int]]:
+        return [(ranges[j] * self.page_bytes, ranges[j + 1] * self.page_bytes) for j in range(0, len(ranges), 2)]
+
+    def _ranges(self, a: Allocation) -> list[tuple[int, int]]:
+        return self._ranges_of(self._kv[a.request_id])
+
+    def _other_spans(self) -> list[tuple[int, int, str]]:
+        return [(start * self.page_bytes, pages * self.page_bytes, f"adapter {key!r}")
+                for key, (start, pages, _) in self._adapters.items()]
+
+    def free_extents(self) -> list[tuple[int, int]]:
+        return with_tail([[s * self.page_bytes, n * self.page_bytes] for s, n in self._free.tolist()],
+                         self.num_pages * self.page_bytes, self.tail_bytes)
+
+    def _region_stats(self) -> dict[str, RegionStats]:
+        return {"main": RegionStats.of(self.pool_bytes, self.free_extents())}
+
+    def _check_structures(self) -> None:
+        free = sum(n for _, n in self._free.tolist())
+        kv = sum(sum(r[1::2]) for r in self._kv.values())
+        adapters = sum(e[1] for e in self._adapters.values())
+        assert free == self.free_pages, f"free pages counter {self.free_pages}, extents hold {free}"
+        assert kv + adapters == self.used_pages, f"used pages counter {self.used_pages}, held {kv + adapters}"
+        assert free + kv + adapters == self.num_pages, "pages lost or doubled"
+        assert self.kv_runs == sum(len(r) // 2 for r in self._kv.values()), "kv_runs counter drifted"
+        assert set(self._kv) == set(self._live), "ranges and live allocations differ"
+        for rid, a in self._live.items():
+            r = self._kv[rid]
+            assert a.capacity_tokens == sum(r[1::2]) * self.page_tokens, f"request '{rid}' capacity"
+            assert a.offset_bytes == r[0] * self.page_bytes, f"request '{rid}' offset is not its first page"
+        for key, (_, _, refs) in self._adapters.items():
+            assert refs >= 0 and (refs == 0) == (key in self._lru), f"adapter {key!r}: refcount {refs} and LRU disagree"
+        assert set(self._lru) <= set(self._adapters), "an evicted adapter is still in the LRU"
+        assert len(self._adapters) <= max(self.hot_limit, 0) or not self._adapters, "more adapters than the hot tier"

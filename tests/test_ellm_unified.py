@@ -1,0 +1,195 @@
+"""Issue 30's policies by hand: eLLM's activation demand, one inflation/deflation sequence, one
+offload and fetch charged at the host link; ADR-006's best-fit page ranges with an eviction under
+the hysteresis band, its adapters and runs per request."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from odmactl.allocator import make_allocator
+from odmactl.hw.cost import CostModel, KvLayout, to_ps
+from odmactl.hw.profiles import HostLink, load_device, load_model
+from odmactl.run.serving import serving
+from odmactl.sim.loop import Replay, SchedulerSettings
+from odmactl.sim.prefill import PrefillClock
+from odmactl.sim.workload import PS, Workload
+
+MiB = 1 << 20
+TOKEN_BYTES = 131_072  # Llama-3-8B in fp16: 32 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 B
+BLOCK_BYTES = 16 * TOKEN_BYTES  # 2 MiB: ADR-006's default page, eLLM's chunk
+
+
+@pytest.fixture(scope="module")
+def a100() -> CostModel:
+    return serving("a100-80gb-sxm", "Llama-3-8B").cost
+
+
+def test_activation_demand_by_hand(a100):
+    # per token: (2 x 4,096 hidden + 3 x 14,336 intermediate) x 2 B = 102,400 B; per sequence its
+    # logits, 128,256 vocab x (2 B + 4 B) = 769,536 B
+    assert a100.activation_bytes(2048, 1) == 2048 * 102_400 + 769_536 == 210_484_736
+    assert a100.activation_bytes(256, 256) == 256 * (102_400 + 769_536) == 223_215_616
+    # vLLM's profiling shape, 8,192 tokens over 256 sequences: 0.96 GiB against the 1.26 GiB measured
+    assert a100.activation_bytes(8192, 256) / (1 << 30) == pytest.approx(0.9647, abs=1e-4)
+    # tp 2: each device its shard (intermediate 7,168, vocab 64,128), the group twice that
+    tp2 = serving("a100-80gb-sxm", "Llama-3-8B", tp=2).cost
+    assert tp2.activation_bytes(2048, 1) == 2 * (2048 * (2 * 4096 + 3 * 7168) * 2 + 64_128 * 6) == 244_039_168
+
+
+def test_lora_adapter_bytes_by_hand():
+    m = load_model("Llama-3-8B")
+    # q and o: 4,096 x (4,096 + 4,096); k and v: 4,096 + 1,024 each; 32 layers; 2 B
+    assert m.lora_bytes_per_rank == 32 * ((4096 + 4096) * 2 + (4096 + 1024) * 2) * 2 == 1_703_936
+    assert 16 * m.lora_bytes_per_rank == 26 * MiB
+
+
+def _replay(cost, policy, pool_bytes, config, w, fast_forward=True, budget=2048):
+    alloc = make_allocator(policy, pool_bytes, TOKEN_BYTES, {"max_model_len_tokens": 4096, **config})
+    settings = SchedulerSettings(fast_forward=fast_forward, max_num_batched_tokens=budget)
+    return Replay(w, alloc, cost, 4096, settings).run(), alloc
+
+
+def _same_time(n, prompt, output, adapters=None):
+    return Workload([f"r{i}" for i in range(n)], np.zeros(n, dtype=np.int64), np.full(n, prompt, dtype=np.int64),
+                    np.full(n, output, dtype=np.int64), adapters=adapters)
+
+
+def test_inflation_and_lazy_deflation_by_hand(a100):
+    """A 64-block KV pool (128 MiB) and the activation memory of vLLM's profiling shape at a
+    2,048-token budget: 2,048 x 102,400 + 256 x 769,536 = 406,716,416 B. Ten requests of 1,008
+    prompt tokens (64 blocks with their first token) arrive together.
+    - paged: one request at a time (64 blocks is the whole pool);
+    - ellm, prefill 1: two prompts (2,016 tokens) leave (540,934,144 - 207,977,472) // 2 MiB = 158
+      blocks for KV: both admitted (128 blocks, 64 of them borrowed: inflation);
+    - ellm, prefill 2 (the budget stopped the first): one more prompt leaves 208 blocks, 129 - 49 =
+      80 free under the limit: admitted; a fourth (2,016 tokens, limit 158) would need 64 more of
+      -34 (deflation is lazy: the borrowed KV stays, the prefill admits what its activations
+      leave room for);
+    - three run at once, holding 192 blocks: 128 borrowed, 256 MiB.
+    """
+    w = _same_time(10, 1008, 16)
+    pool = 64 * BLOCK_BYTES
+    borrow = 2048 * 102_400 + 256 * 769_536
+    assert borrow == 406_716_416
+    paged, _ = _replay(a100, "paged", pool, {}, w)
+    assert paged.metrics["peak_concurrency"] == 1
+    for ff in (True, False):
+        r, alloc = _replay(a100, "ellm", pool, {"ellm_borrow_bytes": borrow}, w, fast_forward=ff)
+        assert alloc.num_blocks == (pool + borrow) // BLOCK_BYTES == 257
+        assert r.metrics["peak_concurrency"] == 3
+        assert r.allocator["policy_counters"]["peak_borrowed_bytes"] == (192 - 64) * BLOCK_BYTES
+        assert r.metrics["completed"] == 10 and r.metrics["preemptions"] == 0
+        assert r.metrics["tps"] > paged.metrics["tps"]
+
+
+def _slow_link(device_name: str, bytes_per_s: float):
+    from dataclasses import replace
+    return replace(load_device(device_name), host_link=HostLink("test link", bytes_per_s))
+
+
+def test_offload_and_fetch_charged_at_the_host_link_by_hand():
+    """No borrowing, a 64-block pool and a 1 GB/s host link. r0 (1,008 prompt tokens) takes the
+    pool; r1 does not fit, its activations do: prefilled with r0, its 1,009 KV tokens (132,251,648 B)
+    written to the host buffer as the prefill runs (hidden: the prefill is longer than the 132 ms
+    transfer? no: the link is the bottleneck by the difference); fetched once r0 is done, beside
+    its first decode step."""
+    device = _slow_link("a100-80gb-sxm", 1e9)
+    cost = CostModel(device, load_model("Llama-3-8B"))
+    w = _same_time(2, 1008, 4)
+    kv = 1009 * TOKEN_BYTES
+    assert kv == 132_251_648
+    link = to_ps(kv / 1e9)
+    prefill = PrefillClock(cost.prefill).ps(2016, 2 * 1008 * 1008, 2)
+    step = cost.step_coefficients(KvLayout.contiguous()).step_ps([1009])
+    results = []
+    for ff in (True, False):
+        r, alloc = _replay(cost, "ellm", 64 * BLOCK_BYTES, {"ellm_borrow_bytes": 0, "ellm_host_buffer_bytes": 1 << 30},
+                           w, fast_forward=ff)
+        c = alloc.policy_counters()
+        assert (c["offloads"], c["fetches"], c["offloaded_bytes"], c["fetched_bytes"]) == (1, 1, kv, kv)
+        results.append(r)
+    fast, slow = results
+    assert fast.metrics == slow.metrics
+    assert fast.metrics["completed"] == 2 and fast.metrics["preemptions"] == 0
+    m = fast.metrics
+    assert m["host_link_bytes"] == 2 * kv
+    assert m["host_link_time_s"] == 2 * link / PS
+    assert m["link_bottleneck_s"] == (max(0, link - prefill) + max(0, link - step)) / PS > 0
+
+
+def test_unified_best_fit_ranges_and_an_eviction_under_hysteresis():
+    """20 pages of 4 tokens (8 B a token: 32 B a page); an adapter of 64 B is 2 pages."""
+    alloc = make_allocator("unified", 640, 8, {"max_model_len_tokens": 64, "block_size_tokens": 4, "adapter_bytes": 64})
+    r0 = alloc.reserve("r0", 7)  # 8 tokens with the first output: 2 pages, best fit in [0, 20)
+    r1 = alloc.reserve("r1", 11)  # 3 pages
+    assert alloc._kv == {"r0": [0, 2], "r1": [2, 3]}
+    alloc.release(r0)
+    r2 = alloc.reserve("r2", 3)  # 1 page: the smallest free range that holds it is [0, 2)
+    assert alloc._kv["r2"] == [0, 1] and r2.offset_bytes == 0
+    assert alloc.acquire_adapter("a")  # 2 pages: [1, 2) is too small, so [5, 7); loaded from the host
+    assert alloc._adapters["a"] == [5, 2, 1] and alloc.host_bytes == 64
+    alloc.release_adapter("a")  # unpinned: evictable
+    assert alloc.extend(r1, 13)  # page 5 is the adapter's: a new range, the 1-page hole at 1
+    assert alloc._kv["r1"] == [2, 3, 1, 1] and alloc.runs_of(r1) == 2 and alloc.kv_runs == 3
+    alloc.check_invariants()
+    # 12 pages best fit in [7, 20): 19 of 20 pages used, past the 90% watermark: unpinned adapters
+    # go, least recent first, until 80% (16) or none is left: the adapter (17 used)
+    r3 = alloc.reserve("r3", 47)
+    assert alloc._kv["r3"] == [7, 12]
+    assert alloc.evictions == 1 and "a" not in alloc._adapters and alloc.used_pages == 17
+    assert alloc.free_extents() == [(5 * 32, 2 * 32), (19 * 32, 32)]
+    alloc.check_invariants()
+    # in-place growth: r3's next page (19) is free, so no new run
+    assert alloc.extend(r3, 50) and alloc._kv["r3"] == [7, 13] and alloc.kv_runs == 4
+    # the adapter again: a miss, loaded again (host bytes twice)
+    assert alloc.acquire_adapter("a") and alloc.adapter_loads == 2 and alloc.host_bytes == 128
+    assert not alloc.acquire_adapter("b")  # 2 pages, none free and nothing unpinned: refused
+    for a in (r1, r2, r3):
+        alloc.release(a)
+    alloc.release_adapter("a")
+    alloc.check_invariants()
+    assert alloc.stats().policy_counters["kv_runs_released"] == 1 + 2 + 1 + 1  # r0, r1, r2, r3
+
+
+def test_unified_first_fit_takes_the_lowest_range():
+    alloc = make_allocator("unified", 640, 8, {"max_model_len_tokens": 64, "block_size_tokens": 4,
+                                               "unified_fit": "first"})
+    a = alloc.reserve("a", 7)  # [0, 2)
+    alloc.reserve("b", 3)  # [2, 3)
+    alloc.reserve("c", 15)  # [3, 7)
+    alloc.release(a)
+    alloc.release(alloc._live["c"])  # free: [0, 2), [3, 20)
+    d = alloc.reserve("d", 3)  # 1 page: first fit [0, 1) (best fit would take it there too)
+    e = alloc.reserve("e", 11)  # 3 pages: first fit is [3, 6), not the 1-page hole
+    assert alloc._kv["d"] == [0, 1] and alloc._kv["e"] == [3, 3]
+    for x in (d, e, alloc._live["b"]):
+        alloc.release(x)
+    alloc.check_invariants()
+
+
+def test_unified_has_fewer_runs_than_paged_and_loads_adapters_in_a_replay(a100):
+    """Eight requests of 1,000 prompt and 100 output tokens, four tenants, one adapter each."""
+    w = _same_time(8, 1000, 100, adapters=np.array([0, 1, 2, 3, 0, 1, 2, 3], dtype=np.int64))
+    cfg = {"adapter_bytes": 26 * MiB}
+    fast, alloc = _replay(a100, "unified", 2048 * BLOCK_BYTES, cfg, w)
+    slow, _ = _replay(a100, "unified", 2048 * BLOCK_BYTES, cfg, w, fast_forward=False)
+    assert fast.metrics == slow.metrics
+    c = fast.allocator["policy_counters"]
+    assert c["adapter_loads"] == 4 and c["adapter_hits"] == 4 and fast.metrics["host_link_bytes"] == 4 * 26 * MiB
+    # every request starts as one range and grows in place while its neighbour's pages are taken
+    assert fast.metrics["kv_runs_per_request"] < 1100 / 16
+    paged, _ = _replay(a100, "paged", 2048 * BLOCK_BYTES, {}, w)
+    assert paged.metrics["kv_runs_per_request"] == -(-1100 // 16)
+
+
+def test_a_device_without_a_host_link_refuses_offload(cli, conv_sample_head, tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text("[allocator]\nellm_host_buffer_bytes = 1000000000\n")
+    r = cli("replay", conv_sample_head(20), "--device", "cpu-xeon-2vcpu", "--model", "Llama-3-8B", "--policy", "ellm",
+            "--predictor", "none", "--config", config, "--kv-pool", "1GiB")
+    assert r.code == 1 and "no [host_link]" in r.err and "Traceback" not in r.err, r.err
+    config.write_text("[allocator]\nellm_host_buffer_bytes = -1\n")
+    r = cli("replay", conv_sample_head(20), "--device", "a100-80gb-sxm", "--model", "Llama-3-8B", "--policy", "ellm",
+            "--predictor", "none", "--config", config)
+    assert r.code == 1 and "ellm_host_buffer_bytes" in r.err, r.err
