@@ -15,8 +15,9 @@ others ignore them), through the same code as `odmactl replay --compare static,p
   126,195), on four MLU370-X4 (tp 4: one card's pool does not hold the longest prompt) and on one
   A100.
 
-Every policy runs with its defaults; ellm once more with a 64 GiB host buffer for offloaded KV
-("ellm+offload"). It writes the tables to --out and the full results beside it (.json).
+Every policy runs with its defaults; ellm twice more with a 64 GiB host buffer for offloaded KV, all
+of it usable ("ellm+offload") and scaled by eLLM's SLO-aware rule at TTFT 2 s and TPOT 100 ms
+("ellm+offload+SLO"). It writes the tables to --out and the full results beside it (.json).
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ SHARED = ROOT.parent / "shared" / "traces"
 MODEL = "DeepSeek-R1-Distill-Qwen-7B"
 POLICIES = ["static", "paged", "s3", "odma", "ellm", "unified"]
 HOST_BUFFER_BYTES = 64 << 30
+SLO = {"ellm_ttft_slo_s": 2.0, "ellm_tpot_slo_s": 0.1}  # the capacity SLO of the README's tables
+VARIANTS = {  # ellm again, with a host buffer: all of it usable, then scaled by its SLO-aware rule
+    "ellm+offload": {"ellm_host_buffer_bytes": HOST_BUFFER_BYTES},
+    "ellm+offload+SLO": {"ellm_host_buffer_bytes": HOST_BUFFER_BYTES, **SLO},
+}
 RUNS = [  # (trace, source file, device, tp)
     ("Azure conv 2023", "AzureLLMInferenceTrace_conv.csv.gz", "mlu370-x4", 1),
     ("Azure conv 2023", "AzureLLMInferenceTrace_conv.csv.gz", "a100-80gb-sxm", 1),
@@ -71,11 +77,12 @@ def replay(trace: Path, device: str, tp: int, work: Path) -> dict:
     frame = read_trace(trace)
     spec = ReplaySpec(device=device, model=MODEL, predictor="oracle", tp=tp)
     doc = run_policies(frame, POLICIES, spec)
-    config = work / "offload.toml"
-    config.write_text(f"[allocator]\nellm_host_buffer_bytes = {HOST_BUFFER_BYTES}\n")
-    offload = run_policies(frame, ["ellm"], ReplaySpec(device=device, model=MODEL, predictor="oracle", tp=tp,
-                                                       config=config))
-    doc["results"]["ellm+offload"] = offload["results"]["ellm"]
+    for name, table in VARIANTS.items():
+        config = work / "variant.toml"
+        config.write_text("[allocator]\n" + "".join(f"{k} = {v}\n" for k, v in table.items()))
+        variant = run_policies(frame, ["ellm"], ReplaySpec(device=device, model=MODEL, predictor="oracle", tp=tp,
+                                                           config=config))
+        doc["results"][name] = variant["results"]["ellm"]
     return doc
 
 
@@ -103,7 +110,8 @@ def main() -> None:
     docs, lines = {}, ["# The memory designs side by side", "",
                        "Made by `python examples/memory_designs.py` (its docstring says what runs). "
                        f"{MODEL}, fp16, oracle lengths, every policy at its defaults; `ellm+offload` is ellm with a "
-                       f"{HOST_BUFFER_BYTES >> 30} GiB host buffer. TTFT and TPOT are over the completed requests; "
+                       f"{HOST_BUFFER_BYTES >> 30} GiB host buffer, `ellm+offload+SLO` the same buffer scaled by "
+                       "eLLM's SLO-aware rule at TTFT 2 s, TPOT 100 ms. TTFT and TPOT are over the completed requests; "
                        "\"KV runs / request\" is what the cost model charges per KV head, K and V, per layer at a "
                        "request's end; \"peak borrowed\" the activation memory ellm's KV held at its peak.", ""]
     for name, source, device, tp in RUNS:
@@ -113,7 +121,7 @@ def main() -> None:
             if code != 0:
                 raise SystemExit(f"ingest {source} failed ({code})")
         doc = replay(parquet, device, tp, args.work)
-        key = f"{name} on {doc['device']}" + (f" x{tp} (tp {tp})" if tp > 1 else "")
+        key = f"{name} on " + (f"{tp} {doc['device']} (tp {tp})" if tp > 1 else doc["device"])
         docs[key] = doc
         pool = doc["kv_pool_bytes"] / (1 << 30)
         lines += [f"## {key}", "",

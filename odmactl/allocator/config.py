@@ -96,6 +96,7 @@ class AllocatorConfig:
     # watermarks (fractions of the pool's pages), LoRA adapters of `lora_rank` (their bytes filled
     # in from the model), at most `unified_hot_adapters` resident
     unified_fit: str = "best"
+    unified_growth_fraction: float = 0.125  # a new range adds this share of the pages held (0: one page)
     unified_high_watermark: float = 0.9
     unified_low_watermark: float = 0.8
     lora_rank: int = 16
@@ -144,6 +145,10 @@ class AllocatorConfig:
         if isinstance(a, bool) or not isinstance(a, (int, float)) or not 1 < a <= 1024:
             raise ConfigError(f"expected a factor above 1 and at most 1024 (eLLM's default is 2), got {a!r}",
                               key="ellm_buffer_alpha")
+        g = self.unified_growth_fraction
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g <= 4:
+            raise ConfigError(f"expected a share of the pages held from 0 (one page at a time) to 4, got {g!r}",
+                              key="unified_growth_fraction")
         low, high = self.unified_low_watermark, self.unified_high_watermark
         if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in (low, high)) or not 0 < low <= high <= 1:
             raise ConfigError(f"expected 0 < unified_low_watermark <= unified_high_watermark <= 1, got {low!r} and "

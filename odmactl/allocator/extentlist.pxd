@@ -7,6 +7,7 @@ cdef class ExtentList(Int64Buffer):
     cpdef long long take(self, long long nbytes) except? -2
     cpdef void add(self, long long start, long long nbytes) except *
     cpdef bint take_at(self, long long start, long long nbytes) except *
+    cpdef long long take_first(self, long long nbytes) except? -2
     cdef long long _after(self, long long start) except? -1
     cdef void _open(self, long long j) except *
     cdef void _close(self, long long j) except *

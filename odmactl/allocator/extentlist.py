@@ -85,6 +85,24 @@ class ExtentList(Int64Buffer):
             values[2 * j] = start
             values[2 * j + 1] = nbytes
 
+    def take_first(self, nbytes: cython.longlong) -> cython.longlong:
+        """First fit: the lowest extent of at least `nbytes` gives up its first `nbytes`; returns
+        their start, or -1 when no extent is large enough."""
+        values: cython.longlong[:] = self._values
+        start: cython.longlong
+        j: cython.longlong = 1
+        while j < self.size:
+            if values[j] >= nbytes:
+                start = values[j - 1]
+                if values[j] == nbytes:
+                    self._close(j >> 1)
+                else:
+                    values[j - 1] = start + nbytes
+                    values[j] -= nbytes
+                return start
+            j += 2
+        return -1
+
     def take_at(self, start: cython.longlong, nbytes: cython.longlong) -> cython.bint:
         """Take [start, start + nbytes) if a free extent begins at `start` and holds it (growth
         in place: the range before it is extended); answers whether it did."""

@@ -23,8 +23,11 @@ class UnifiedAllocator(AllocatorBase):
     A request's KV is a list of page ranges (`_kv[request_id]`, [start, pages, ...]). `reserve`
     takes pages for the prompt and its first token as one range when one fits (best fit: the
     smallest free range that holds them; first fit: the lowest), else the largest free ranges until
-    it has them (counted in `scattered`). `extend` grows the last range in place when the page after
-    it is free, else takes a new range the same way. A failed extend is the replay's cue to preempt
+    it has them (counted in `scattered`). `extend` grows a request by a step of
+    `unified_growth_fraction` of the pages it holds (at least what it needs; 0: a page at a time;
+    what it needs alone when the step cannot be had): the last range in place when the pages after
+    it are free, else a new range taken the same way. A step in proportion keeps a request to a few
+    ranges and a few growth events, at the cost of at most that share of its pages unused. A failed extend is the replay's cue to preempt
     (block_size_tokens is None for the replay: growth is asked for at the end of the pages held, as
     for a contiguous block, and the copy is never needed: `migrated_bytes` stays 0).
 
@@ -71,6 +74,8 @@ class UnifiedAllocator(AllocatorBase):
             raise ConfigError(f"a {pool_bytes:,}-byte pool holds no {self.page_bytes:,}-byte page", key="block_size_tokens")
         self.tail_bytes = pool_bytes - self.num_pages * self.page_bytes
         self.best_fit = config.unified_fit == "best"
+        self.growth_fraction = config.unified_growth_fraction
+        self.max_pages = -(-self.max_tokens // self.page_tokens)
         self.high_pages = config.unified_high_watermark * self.num_pages
         self.low_pages = config.unified_low_watermark * self.num_pages
         self.adapter_pages = -(-(config.adapter_bytes or 0) // self.page_bytes)
@@ -112,12 +117,7 @@ class UnifiedAllocator(AllocatorBase):
 
     def _range(self, pages: int) -> int:
         """The start of a free range of `pages` pages, now taken (best or first fit), or -1."""
-        if self.best_fit:
-            start = self._free.take(pages)
-        else:
-            start = next((s for s, n in self._free.tolist() if n >= pages), -1)
-            if start >= 0:
-                self._free.take_at(start, pages)
+        start = self._free.take(pages) if self.best_fit else self._free.take_first(pages)
         if start >= 0:
             self.free_pages -= pages
             self.used_pages += pages
@@ -173,27 +173,17 @@ class UnifiedAllocator(AllocatorBase):
     def extend(self, allocation: Allocation, total_tokens: int) -> bool:
         self._growth(allocation, total_tokens)
         self.extends += 1
-        extra = -(-total_tokens // self.page_tokens) - allocation.capacity_tokens // self.page_tokens
-        if extra > 0:
+        held = allocation.capacity_tokens // self.page_tokens
+        need = -(-total_tokens // self.page_tokens) - held
+        if need > 0:
             if total_tokens > self.max_tokens:
                 self.failed_extends += 1
                 return False
             ranges = self._kv[allocation.request_id]
-            end = ranges[-2] + ranges[-1]
-            if self.free_pages >= extra and self._free.take_at(end, extra):
-                ranges[-1] += extra
-                self.free_pages -= extra
-                self.used_pages += extra
-            else:
-                more = self._take(extra, contiguous=False)
-                if more is None:
-                    self.failed_extends += 1
-                    return False
-                if more[0] == end:  # eviction freed the pages right after: still in place
-                    ranges[-1] += more[1]
-                    more = more[2:]
-                ranges += more
-                self.kv_runs += len(more) // 2
+            extra = self._grow(ranges, need, max(need, min(int(held * self.growth_fraction), self.max_pages - held)))
+            if extra == 0:
+                self.failed_extends += 1
+                return False
             allocation.nbytes += extra * self.page_bytes
             allocation.capacity_tokens += extra * self.page_tokens
             self.reserved_bytes += extra * self.page_bytes
@@ -202,6 +192,28 @@ class UnifiedAllocator(AllocatorBase):
             self._after_allocation()
         allocation.used_tokens = total_tokens
         return True
+
+    def _grow(self, ranges: list[int], need: int, step: int) -> int:
+        """Add `step` pages to a request's `ranges`, or failing that `need` (<= step): in place
+        after its last range when those pages are free, else as new ranges; returns the pages
+        added, 0 when not even `need` can be had."""
+        end = ranges[-2] + ranges[-1]
+        for pages in ((step, need) if step > need else (need,)):
+            if self.free_pages >= pages and self._free.take_at(end, pages):
+                ranges[-1] += pages
+                self.free_pages -= pages
+                self.used_pages += pages
+                return pages
+        for pages in ((step, need) if step > need else (need,)):
+            more = self._take(pages, contiguous=False)
+            if more is not None:
+                if more[0] == end:  # eviction freed the pages right after: still in place
+                    ranges[-1] += more[1]
+                    more = more[2:]
+                ranges += more
+                self.kv_runs += len(more) // 2
+                return pages
+        return 0
 
     def release(self, allocation: Allocation, final_tokens: int | None = None) -> None:
         self._own(allocation)
