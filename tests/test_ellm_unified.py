@@ -78,7 +78,7 @@ def test_inflation_and_lazy_deflation_by_hand(a100):
         r, alloc = _replay(a100, "ellm", pool, {"ellm_borrow_bytes": borrow}, w, fast_forward=ff)
         assert alloc.num_blocks == (pool + borrow) // BLOCK_BYTES == 257
         assert r.metrics["peak_concurrency"] == 3
-        assert r.allocator["policy_counters"]["peak_borrowed_bytes"] == (192 - 64) * BLOCK_BYTES
+        assert r.metrics["peak_borrowed_bytes"] == (192 - 64) * BLOCK_BYTES
         assert r.metrics["completed"] == 10 and r.metrics["preemptions"] == 0
         assert r.metrics["tps"] > paged.metrics["tps"]
 
@@ -193,3 +193,74 @@ def test_a_device_without_a_host_link_refuses_offload(cli, conv_sample_head, tmp
     r = cli("replay", conv_sample_head(20), "--device", "a100-80gb-sxm", "--model", "Llama-3-8B", "--policy", "ellm",
             "--predictor", "none", "--config", config)
     assert r.code == 1 and "ellm_host_buffer_bytes" in r.err, r.err
+
+
+def test_unified_grows_by_its_step_in_place_or_by_a_new_range():
+    """Half the pages held a step (unified_growth_fraction = 0.5): 8 pages grow by 4 in place; when
+    the pages after are taken, the next step is a new range; when the step cannot be had, only what
+    is needed."""
+    alloc = make_allocator("unified", 640, 8, {"max_model_len_tokens": 80, "block_size_tokens": 4,
+                                               "unified_growth_fraction": 0.5})
+    a = alloc.reserve("a", 31)  # 8 pages [0, 8)
+    assert alloc.extend(a, 33) and alloc._kv["a"] == [0, 12]  # needs 1, takes the step of 4, in place
+    b = alloc.reserve("b", 3)  # [12, 13)
+    assert alloc.extend(a, 49) and alloc._kv["a"] == [0, 12, 13, 6]  # 6 = 12 / 2, a new range after b
+    assert alloc.kv_runs == 3
+    c = alloc.reserve("c", 1)  # [19, 20): the pool is full
+    alloc.release(b)  # page 12 free
+    assert alloc.extend(a, 73) and alloc._kv["a"] == [0, 12, 13, 6, 12, 1]  # the step (9) cannot be had: 1 page
+    alloc.release(c)
+    alloc.release(a)
+    alloc.check_invariants()
+
+
+@pytest.mark.parametrize("key,value,expected", [
+    ("ellm_host_buffer_bytes", -1, "whole number"), ("ellm_host_buffer_bytes", 1.5, "whole number"),
+    ("ellm_borrow_bytes", "lots", "whole number"), ("ellm_ttft_slo_s", 0, "above 0"),
+    ("ellm_tpot_slo_s", float("nan"), "finite"), ("ellm_buffer_alpha", 1, "above 1"),
+    ("unified_fit", "worst", "best, first"), ("unified_growth_fraction", -0.1, "from 0"),
+    ("unified_growth_fraction", float("inf"), "finite"), ("unified_high_watermark", 1.5, "<= 1"),
+    ("unified_low_watermark", 0, "0 <"), ("lora_rank", 0, "whole number"), ("adapter_bytes", True, "whole number"),
+    ("unified_hot_adapters", -1, "whole number"),
+])
+def test_new_settings_are_checked_where_they_enter(key, value, expected):
+    from odmactl.allocator import AllocatorConfig
+    from odmactl.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=expected) as info:
+        AllocatorConfig.from_mapping({key: value}, source="c.toml", prefix="allocator")
+    assert key in str(info.value) or key in (info.value.key or "")
+
+
+def test_watermarks_out_of_order_are_refused():
+    from odmactl.allocator import AllocatorConfig
+    from odmactl.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unified_low_watermark <= unified_high_watermark"):
+        AllocatorConfig.from_mapping({"unified_low_watermark": 0.9, "unified_high_watermark": 0.8})
+
+
+def test_plan_baselines_are_checked(cli, conv_sample_head, tmp_path):
+    for bad, message in (("odma", "not a baseline"), ("static", "not a baseline"), ("paged,paged", "twice"),
+                         ("nope", "not a baseline")):
+        r = cli("plan", conv_sample_head(300), "--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B",
+                "--baselines", bad, "--out", tmp_path / "c.toml")
+        assert r.code == 1 and message in r.err and "Traceback" not in r.err, (bad, r.err)
+        assert not (tmp_path / "c.toml").exists()
+
+
+def test_a_broken_host_link_names_the_file_and_key(tmp_path):
+    from odmactl.core.errors import ProfileError
+    from odmactl.hw.profiles import profiles_dir, read_device
+
+    text = (profiles_dir() / "devices" / "a100-80gb-sxm.toml").read_text()
+    for old, new, key in (('value = "31.5 GB/s"', 'value = "0 GB/s"', "host_link.bandwidth"),
+                          ('value = "31.5 GB/s"', 'value = "5 TB/s"', "host_link.bandwidth"),
+                          ('value = "31.5 GB/s"', 'value = "31.5 GB"', "host_link.bandwidth")):
+        path = tmp_path / "d.toml"
+        path.write_text(text.replace(old, new))
+        with pytest.raises(ProfileError, match=key.replace(".", r"\.")):
+            read_device(path)
+    path.write_text(text.replace("[host_link]\n", "[host_link]\nlanes = 16\n"))
+    with pytest.raises(ProfileError, match="lanes"):
+        read_device(path)

@@ -53,7 +53,8 @@ class EllmAllocator(PagedAllocator):
         if config.ellm_borrow_bytes is None:
             borrow = deployment.activation_peak_bytes if deployment is not None else 0
             config = dataclasses.replace(config, ellm_borrow_bytes=borrow)
-            notes["ellm_borrow_bytes"] = f"{borrow:,} bytes of activation memory (the modelled peak at the batch limits)"
+            notes["borrows"] = (f"up to {borrow / (1 << 30):.2f} GiB of activation memory (ellm_borrow_bytes "
+                                f"{borrow:,}: the modelled activation peak at the batch limits)")
         config, more = super().complete_config(config, pool_bytes=pool_bytes, bytes_per_token=bytes_per_token,
                                                realized_kv_tokens=realized_kv_tokens)
         return config, {**notes, **more}
@@ -165,9 +166,7 @@ class EllmAllocator(PagedAllocator):
     policy_totals = ("offloads", "offloaded_bytes", "fetches", "fetched_bytes", "buffer_scalings")
 
     def policy_counters(self) -> dict[str, int]:
-        return {"borrow_bytes": self.borrow_bytes,
-                "peak_borrowed_bytes": max(0, self.peak_reserved_bytes - self.kv_pool_bytes),
-                "offloads": self.offloads, "offloaded_bytes": self.offloaded_bytes, "fetches": self.fetches,
+        return {"borrow_bytes": self.borrow_bytes, "offloads": self.offloads, "offloaded_bytes": self.offloaded_bytes, "fetches": self.fetches,
                 "fetched_bytes": self.fetched_bytes, "host_buffer_used_bytes": self.host_used_bytes,
                 "logical_buffer_bytes": self.logical_buffer_bytes, "buffer_scalings": self.buffer_scalings}
 

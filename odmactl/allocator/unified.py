@@ -23,7 +23,7 @@ class UnifiedAllocator(AllocatorBase):
     A request's KV is a list of page ranges (`_kv[request_id]`, [start, pages, ...]). `reserve`
     takes pages for the prompt and its first token as one range when one fits (best fit: the
     smallest free range that holds them; first fit: the lowest), else the largest free ranges until
-    it has them (counted in `scattered`). `extend` grows a request by a step of
+    it has them (counted in `scattered_takes`, as is growth that does). `extend` grows a request by a step of
     `unified_growth_fraction` of the pages it holds (at least what it needs; 0: a page at a time;
     what it needs alone when the step cannot be had): the last range in place when the pages after
     it are free, else a new range taken the same way. A step in proportion keeps a request to a few
@@ -62,7 +62,8 @@ class UnifiedAllocator(AllocatorBase):
         notes = {}
         if config.adapter_bytes is None and deployment is not None and deployment.lora_bytes_per_rank:
             config = dataclasses.replace(config, adapter_bytes=config.lora_rank * deployment.lora_bytes_per_rank)
-            notes["adapter_bytes"] = f"rank {config.lora_rank} on q, k, v and o: {config.adapter_bytes:,} bytes an adapter"
+            notes["adapters"] = (f"a tenant's LoRA adapter, rank {config.lora_rank} on q, k, v and o, takes "
+                                 f"{config.adapter_bytes / (1 << 20):.1f} MiB (adapter_bytes {config.adapter_bytes:,})")
         return config, notes
 
     def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
@@ -267,11 +268,11 @@ class UnifiedAllocator(AllocatorBase):
 
     # -- reporting and checks --------------------------------------------------------------------
 
-    policy_totals = ("kv_runs_released", "scattered_reserves", "evictions", "evicted_bytes", "adapter_loads",
+    policy_totals = ("kv_runs_released", "scattered_takes", "evictions", "evicted_bytes", "adapter_loads",
                      "adapter_hits")
 
     def policy_counters(self) -> dict[str, int]:
-        return {"kv_runs": self.kv_runs, "kv_runs_released": self.runs_released, "scattered_reserves": self.scattered,
+        return {"kv_runs": self.kv_runs, "kv_runs_released": self.runs_released, "scattered_takes": self.scattered,
                 "evictions": self.evictions, "evicted_bytes": self.evicted_pages * self.page_bytes,
                 "adapter_loads": self.adapter_loads, "adapter_hits": self.adapter_hits,
                 "resident_adapters": len(self._adapters)}

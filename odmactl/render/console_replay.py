@@ -9,7 +9,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from odmactl.core.units import format_bytes, format_seconds
-from odmactl.render.metrics import CAPACITY_KEYS, METRICS, REPLAY_KEYS, format_metric, metric_rows, plan_keys
+from odmactl.render.metrics import (
+    CAPACITY_KEYS,
+    METRICS,
+    REPLAY_IF_ANY,
+    REPLAY_KEYS,
+    format_metric,
+    metric_rows,
+    plan_keys,
+)
 from odmactl.render.plan_text import holdout_title, plan_headline
 from odmactl.render.tables import deployment, narrow_table
 from odmactl.render.warnings import mismatch_lines, replay_warnings
@@ -56,7 +64,8 @@ def render_replay(console: Console, doc: dict) -> None:
             settings.append(f"paged in {c['block_size_tokens']}-token blocks")
     if settings:
         console.print(escape("; ".join(settings)), highlight=False)
-    console.print(_policies_table(doc["results"], REPLAY_KEYS))
+    shown = tuple(k for k in REPLAY_IF_ANY if any(r["metrics"].get(k) for r in doc["results"].values()))
+    console.print(_policies_table(doc["results"], REPLAY_KEYS + shown))
     for policy, r in doc["results"].items():
         m = r["metrics"]
         extra = []
@@ -65,6 +74,11 @@ def render_replay(console: Console, doc: dict) -> None:
             extra.append(f"{m['truncated']:,} outputs truncated at {limit}")
         for key, note in r["notes"].items():
             extra.append(f"{key.replace('_', ' ')}: {note}")
+        counters = r["allocator"]["policy_counters"]
+        totals = [f"{key.replace('_', ' ')} {counters[key]:,}" for key in r["allocator"].get("policy_totals", ())
+                  if counters.get(key)]
+        if totals:
+            extra.append(", ".join(totals))
         if extra:
             console.print(escape(f"{policy}: " + "; ".join(extra)), highlight=False)
     measured = {p: r["on_device"] for p, r in doc["results"].items() if "on_device" in r}

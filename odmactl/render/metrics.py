@@ -54,6 +54,10 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
     Metric("peak_concurrency", "peak conc.", "", COUNT),
     Metric("completed", "completed", "", COUNT),
     Metric("truncated", "truncated", "", COUNT),
+    Metric("kv_runs_per_request", "KV runs/req", "", ",.1f"),
+    Metric("peak_borrowed_bytes", "borrowed peak", "GiB", ",.2f", 1 / (1 << 30)),
+    Metric("host_link_bytes", "host link", "GiB", ",.2f", 1 / (1 << 30)),
+    Metric("link_bottleneck_s", "link stall", "s", ",.3f"),
     Metric("capacity_rate_scale", "rate at SLO", "x trace", ".3f"),
     Metric("tps_gain", "TPS gain", "%", GAIN),
     # odmactl capacity: per engine (a replica of tp devices) and per device, at the SLO
@@ -69,7 +73,10 @@ CAPACITY_KEYS = ("max_rate_per_replica", "max_rate_per_device", "output_tps_per_
                  "devices_for_target", "devices_saved_vs_static", "rejected_never_fit")
 
 REPLAY_KEYS = ("kv_utilization", "pool_occupancy", "tps", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
-               "migration_rate", "overflow_rate", "preemptions", "rejections", "peak_concurrency", "completed")
+               "migration_rate", "overflow_rate", "preemptions", "rejections", "peak_concurrency", "completed",
+               "kv_runs_per_request")
+# shown beside REPLAY_KEYS when some policy of the run has them (eLLM's borrowing, the host link)
+REPLAY_IF_ANY = ("peak_borrowed_bytes", "host_link_bytes", "link_bottleneck_s")
 PLAN_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate", "rejections", "truncated", "preemptions",
              "ttft_p99", "tpot_p99", "peak_concurrency")
 CHECK_SUMMARY_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate", "rejections", "ttft_p99",

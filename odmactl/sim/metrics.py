@@ -144,6 +144,8 @@ def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
         # bytes the policy moved between host memory and the devices (adapters loaded, KV offloaded
         # and fetched), the link's time, and the part of it no compute hid
         "host_link_bytes": c["host_link_bytes"],
+        # a pool shared with activations (eLLM): the most KV bytes held past the KV pool
+        "peak_borrowed_bytes": max(0, alloc.peak_reserved_bytes - c["kv_pool_bytes"]),
         "host_link_time_s": c["host_link_ps"] / PS,
         "link_bottleneck_s": c["link_bottleneck_ps"] / PS,
     }
