@@ -1,7 +1,8 @@
-"""The memory designs of the reference documents side by side (issue 30): static, paged, s3, odma,
-eLLM's elastic pool (`ellm`) and ADR-006's unified paged pool (`unified`).
+"""The memory designs of the reference documents side by side, eLLM's and ADR-006's among them.
 
-Run from the repository root (needs ../shared/traces; about two minutes on 2 CPU cores):
+The policies: static, paged, s3, odma, eLLM's elastic pool (`ellm`) and ADR-006's unified paged
+pool (`unified`). Run from the repository root (needs ../shared/traces; about ten seconds on 2 CPU
+cores):
 
     python examples/memory_designs.py --work /tmp/odmactl-designs --out examples/memory_designs.md
 
@@ -23,6 +24,8 @@ of it usable ("ellm+offload") and scaled by eLLM's SLO-aware rule at TTFT 2 s an
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -117,7 +120,8 @@ def main() -> None:
     for name, source, device, tp in RUNS:
         parquet = args.work / (Path(source).name.split(".")[0] + ".parquet")
         if not parquet.exists():
-            code = cli(["ingest", str(SHARED / source), "--out", str(parquet), "--json"])
+            with contextlib.redirect_stdout(io.StringIO()):  # its summary is not this script's output
+                code = cli(["ingest", str(SHARED / source), "--out", str(parquet), "--json"])
             if code != 0:
                 raise SystemExit(f"ingest {source} failed ({code})")
         doc = replay(parquet, device, tp, args.work)

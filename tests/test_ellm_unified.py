@@ -221,7 +221,7 @@ def test_unified_grows_by_its_step_in_place_or_by_a_new_range():
     ("unified_fit", "worst", "best, first"), ("unified_growth_fraction", -0.1, "from 0"),
     ("unified_growth_fraction", float("inf"), "finite"), ("unified_high_watermark", 1.5, "<= 1"),
     ("unified_low_watermark", 0, "0 <"), ("lora_rank", 0, "whole number"), ("adapter_bytes", True, "whole number"),
-    ("unified_hot_adapters", -1, "whole number"),
+    ("unified_hot_adapters", 0, "whole number"), ("ellm_ttft_slo_s", 1.0, "ellm_host_buffer_bytes is 0"),
 ])
 def test_new_settings_are_checked_where_they_enter(key, value, expected):
     from odmactl.allocator import AllocatorConfig
@@ -264,3 +264,26 @@ def test_a_broken_host_link_names_the_file_and_key(tmp_path):
     path.write_text(text.replace("[host_link]\n", "[host_link]\nlanes = 16\n"))
     with pytest.raises(ProfileError, match="lanes"):
         read_device(path)
+
+
+def test_the_hot_tier_evicts_one_adapter_at_a_time_and_an_undone_acquire_is_no_hit():
+    alloc = make_allocator("unified", 640, 8, {"max_model_len_tokens": 64, "block_size_tokens": 4, "adapter_bytes": 32,
+                                               "unified_hot_adapters": 3})
+    for key in "abc":
+        assert alloc.acquire_adapter(key)
+        alloc.release_adapter(key)
+    assert alloc.acquire_adapter("d")  # the tier holds 3: the least recently used (a) goes, b and c stay
+    assert alloc.evictions == 1 and set(alloc._adapters) == {"b", "c", "d"}
+    assert alloc.acquire_adapter("b") and alloc.adapter_hits == 1
+    alloc.release_adapter("b", admitted=False)  # its request was not admitted after all: not a hit
+    assert alloc.adapter_hits == 0
+    alloc.release_adapter("d")
+    alloc.check_invariants()
+
+
+def test_ellm_cannot_borrow_more_than_the_profile_keeps_aside(cli, conv_sample_head, tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text("[allocator]\nellm_borrow_bytes = 999999999999999\n")
+    r = cli("replay", conv_sample_head(20), "--device", "mlu370-x4", "--model", "Llama-3-8B", "--policy", "ellm",
+            "--predictor", "none", "--config", config)
+    assert r.code == 1 and "ellm_borrow_bytes" in r.err and "activation_reserve" in r.err, r.err

@@ -339,7 +339,7 @@ class AllocatorBase:
     def acquire_adapter(self, key) -> bool:
         raise NotImplementedError(f"{self.name} serves no adapters")
 
-    def release_adapter(self, key) -> None:
+    def release_adapter(self, key, admitted: bool = True) -> None:
         raise NotImplementedError(f"{self.name} serves no adapters")
 
     def reserve_offloaded(self, request_id: str, kv_tokens: int) -> Allocation | None:

@@ -36,10 +36,12 @@ class Deployment:
     `complete_config` to fill in its settings (the run layer measures these from the profiles):
     `activation_peak_bytes`, the activation memory a static engine reserves at its batch limits
     (modelled, hw/cost.CostModel.activation_bytes, and at most the profile's activation reserve),
-    and `lora_bytes_per_rank`, the bytes of a rank-1 LoRA adapter on the attention projections, both
-    over the tensor-parallel group. Zero: unknown."""
+    `activation_reserve_bytes`, the memory the profile keeps aside for activations (what exists to
+    borrow), and `lora_bytes_per_rank`, the bytes of a rank-1 LoRA adapter on the attention
+    projections, all over the tensor-parallel group. Zero: unknown."""
 
     activation_peak_bytes: int = 0
+    activation_reserve_bytes: int = 0  # the profile's activation reserve over the group: the most to borrow
     lora_bytes_per_rank: int = 0
 
 
@@ -126,7 +128,7 @@ class AllocatorConfig:
                               "else (the output cap is [scheduler] max_new_tokens)", key="max_new_tokens")
         if self.unified_fit not in UNIFIED_FITS:
             raise ConfigError(f"expected one of {', '.join(UNIFIED_FITS)}, got {self.unified_fit!r}", key="unified_fit")
-        for name, low, high in (("lora_rank", 1, MAX_ADAPTER_RANK), ("unified_hot_adapters", 0, 1 << 20),
+        for name, low, high in (("lora_rank", 1, MAX_ADAPTER_RANK), ("unified_hot_adapters", 1, 1 << 20),
                                 ("ellm_host_buffer_bytes", 0, MAX_HOST_BUFFER_BYTES)):
             problem = whole_number_problem(getattr(self, name), low, high)
             if problem is not None:
@@ -151,8 +153,14 @@ class AllocatorConfig:
                               key="unified_growth_fraction")
         low, high = self.unified_low_watermark, self.unified_high_watermark
         if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in (low, high)) or not 0 < low <= high <= 1:
+            bad = "unified_high_watermark" if isinstance(low, (int, float)) and 0 < low <= 1 and not (
+                isinstance(high, (int, float)) and 0 < high <= 1) else "unified_low_watermark"
             raise ConfigError(f"expected 0 < unified_low_watermark <= unified_high_watermark <= 1, got {low!r} and "
-                              f"{high!r}", key="unified_low_watermark" if not 0 < low <= 1 else "unified_high_watermark")
+                              f"{high!r}", key=bad)
+        if (self.ellm_ttft_slo_s is not None or self.ellm_tpot_slo_s is not None) and not self.ellm_host_buffer_bytes:
+            raise ConfigError("the SLO-aware rule scales ellm's host buffer, and ellm_host_buffer_bytes is 0",
+                              key="ellm_ttft_slo_s" if self.ellm_ttft_slo_s is not None else "ellm_tpot_slo_s",
+                              hint="set ellm_host_buffer_bytes too, or leave the SLOs out")
         if self.refit_mode not in REFIT_MODES:
             raise ConfigError(f"expected one of {', '.join(REFIT_MODES)}, got {self.refit_mode!r}", key="refit_mode")
         if not (0 <= self.gamma <= MAX_GAMMA):

@@ -13,7 +13,8 @@ from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation, InvariantError
 from odmactl.allocator.config import AllocatorConfig
 from odmactl.allocator.paged import PagedAllocator
-from odmactl.core.errors import AllocationError
+from odmactl.core.errors import AllocationError, ConfigError
+from odmactl.core.limits import MAX_POOL_TOKENS
 
 
 class EllmAllocator(PagedAllocator):
@@ -49,12 +50,25 @@ class EllmAllocator(PagedAllocator):
     def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,
                         realized_kv_tokens, deployment=None) -> tuple[AllocatorConfig, dict]:
         """The activation memory to borrow, when not set: the deployment's modelled peak."""
-        notes = {}
         if config.ellm_borrow_bytes is None:
             borrow = deployment.activation_peak_bytes if deployment is not None else 0
             config = dataclasses.replace(config, ellm_borrow_bytes=borrow)
-            notes["borrows"] = (f"up to {borrow / (1 << 30):.2f} GiB of activation memory (ellm_borrow_bytes "
-                                f"{borrow:,}: the modelled activation peak at the batch limits)")
+            why = "the modelled activation peak at the batch limits"
+        else:
+            borrow, why = config.ellm_borrow_bytes, "as set"
+            reserve = deployment.activation_reserve_bytes if deployment is not None else 0
+            if reserve and borrow > reserve:
+                raise ConfigError(f"{borrow:,} bytes is more activation memory than the device profile keeps aside "
+                                  f"({reserve:,} bytes, its activation_reserve): there is nothing more to borrow",
+                                  key="ellm_borrow_bytes", hint=f"at most {reserve:,}, or leave it out")
+        notes = {"borrows": f"up to {borrow / (1 << 30):.2f} GiB of activation memory (ellm_borrow_bytes {borrow:,}: "
+                            f"{why}); chunks of {config.block_size_tokens} tokens"}
+        if config.ellm_host_buffer_bytes:
+            slo = [f"{name} {value:g} s" for name, value in (("TTFT", config.ellm_ttft_slo_s),
+                                                             ("TPOT", config.ellm_tpot_slo_s)) if value is not None]
+            notes["host_buffer"] = (f"{config.ellm_host_buffer_bytes / (1 << 30):.2f} GiB for offloaded KV, "
+                                    + (f"scaled by the SLO-aware rule at {' and '.join(slo)} (alpha "
+                                       f"{config.ellm_buffer_alpha:g})" if slo else "all of it usable"))
         config, more = super().complete_config(config, pool_bytes=pool_bytes, bytes_per_token=bytes_per_token,
                                                realized_kv_tokens=realized_kv_tokens)
         return config, {**notes, **more}
@@ -65,6 +79,9 @@ class EllmAllocator(PagedAllocator):
 
     def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
         borrow = config.ellm_borrow_bytes or 0
+        if (pool_bytes + borrow) // bytes_per_token > MAX_POOL_TOKENS:
+            raise ConfigError(f"the KV pool and {borrow:,} borrowed bytes hold more than {MAX_POOL_TOKENS:,} tokens",
+                              key="ellm_borrow_bytes")
         super().__init__(pool_bytes + borrow, bytes_per_token, config, arena)
         self.kv_pool_bytes = pool_bytes
         self.borrow_bytes = borrow

@@ -59,7 +59,9 @@ class UnifiedAllocator(AllocatorBase):
             raise ConfigError(f"max_model_len ({config.max_model_len_tokens:,} tokens) is more than the KV pool holds in "
                               f"whole {page}-token pages ({held:,} tokens)",
                               hint="a smaller max_model_len, a smaller page (block_size_tokens) or a larger pool")
-        notes = {}
+        notes = {"pages": f"{page}-token pages, {config.unified_fit} fit, growth by "
+                          + (f"{config.unified_growth_fraction:g} of the pages held" if config.unified_growth_fraction
+                             else "a page at a time")}
         if config.adapter_bytes is None and deployment is not None and deployment.lora_bytes_per_rank:
             config = dataclasses.replace(config, adapter_bytes=config.lora_rank * deployment.lora_bytes_per_rank)
             notes["adapters"] = (f"a tenant's LoRA adapter, rank {config.lora_rank} on q, k, v and o, takes "
@@ -93,18 +95,23 @@ class UnifiedAllocator(AllocatorBase):
         self.kv_runs = 0
         self.runs_released = self.scattered = 0
         self.evictions = self.evicted_pages = self.adapter_loads = self.adapter_hits = 0
+        self.last_acquire_hit = False
 
     # -- pages -----------------------------------------------------------------------------------
+
+    def _evict_lru(self) -> None:
+        """Evict the least recently used unpinned adapter (the caller checked there is one)."""
+        key, _ = self._lru.popitem(last=False)
+        start, pages, _ = self._adapters.pop(key)
+        self._give(start, pages)
+        self.evictions += 1
+        self.evicted_pages += pages
 
     def _evict_until(self, free_pages: float) -> None:
         """Evict unpinned adapters, least recently used first, until `free_pages` pages are free
         or none is left."""
         while self._lru and self.free_pages < free_pages:
-            key, _ = self._lru.popitem(last=False)
-            start, pages, _ = self._adapters.pop(key)
-            self._give(start, pages)
-            self.evictions += 1
-            self.evicted_pages += pages
+            self._evict_lru()
 
     def _after_allocation(self) -> None:
         """The hysteresis band: at or above the high watermark, evict down to the low one."""
@@ -218,8 +225,8 @@ class UnifiedAllocator(AllocatorBase):
 
     def release(self, allocation: Allocation, final_tokens: int | None = None) -> None:
         self._own(allocation)
-        if final_tokens is not None:
-            self._final_growth(allocation, final_tokens, allocation.capacity_tokens)
+        if final_tokens is not None:  # growth past the pages held is not taken: they go back at once
+            self._final_growth(allocation, final_tokens, self.max_tokens)
         ranges = self._kv.pop(allocation.request_id)
         for j in range(0, len(ranges), 2):
             self._give(ranges[j], ranges[j + 1])
@@ -238,6 +245,7 @@ class UnifiedAllocator(AllocatorBase):
         else it is loaded from host memory into a page range (its bytes cross the host link),
         evicting unpinned adapters for room and to stay within the hot tier. False: no room."""
         entry = self._adapters.get(key)
+        self.last_acquire_hit = entry is not None
         if entry is not None:
             if entry[2] == 0:
                 del self._lru[key]
@@ -247,7 +255,7 @@ class UnifiedAllocator(AllocatorBase):
         if len(self._adapters) >= self.hot_limit:
             if not self._lru:
                 return False
-            self._evict_until(self.num_pages)  # the hot tier is full: one unpinned adapter out at least
+            self._evict_lru()  # the hot tier is full: the least recently used unpinned adapter makes room
         ranges = self._take(self.adapter_pages, contiguous=True)
         if ranges is None:
             return False
@@ -257,11 +265,15 @@ class UnifiedAllocator(AllocatorBase):
         self._after_allocation()
         return True
 
-    def release_adapter(self, key) -> None:
-        """Unpin adapter `key` once (a request using it left the batch)."""
+    def release_adapter(self, key, admitted: bool = True) -> None:
+        """Unpin adapter `key` once: a request using it left the batch, or (`admitted` False) the
+        request it was just acquired for could not be admitted after all, which takes back that
+        acquire's hit (its load, if it was one, happened: the bytes crossed the link)."""
         entry = self._adapters[key]
         if entry[2] <= 0:
             raise InvariantError(f"adapter {key!r} released more times than acquired")
+        if not admitted and self.last_acquire_hit:
+            self.adapter_hits -= 1
         entry[2] -= 1
         if entry[2] == 0:
             self._lru[key] = None

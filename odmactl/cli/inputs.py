@@ -137,7 +137,8 @@ def check_outputs(outputs: list[Path | None], force: bool, inputs: list[Path | N
 
 # options several replaying commands share (one declaration each)
 BlockSizeOption = Annotated[Optional[int], typer.Option(
-    "--block-size", help="the paged policy's block in tokens: 8, 16 or 32 (vLLM's --block-size; default: the config's, else 16)")]
+    "--block-size", help="the block in tokens of paged (vLLM's --block-size), ellm's chunks and unified's pages: 8, 16 "
+    "or 32 (default: the config's, else 16)")]
 MaxNewTokensOption = Annotated[Optional[int], typer.Option(
     "--max-new-tokens", help="vLLM's max_tokens: every request stops after this many output tokens (counted as "
     "truncated), and static reserves prompt + this, the ODMA papers' Cambricon-vLLM baseline (default: no cap, and "

@@ -39,6 +39,8 @@ def device_summary(device: DeviceProfile, models: list[ModelProfile]) -> dict:
         "interconnect": None if device.interconnect is None else {
             "kind": device.interconnect.kind, "bandwidth_bytes_per_s": device.interconnect.bandwidth_bytes_per_s,
             "step_latency_s": device.interconnect.step_latency_s, "base_latency_s": device.interconnect.base_latency_s},
+        "host_link": None if device.host_link is None else {
+            "kind": device.host_link.kind, "bandwidth_bytes_per_s": device.host_link.bandwidth_bytes_per_s},
     }
 
 

@@ -61,6 +61,13 @@ def render_device(console: Console, d: dict) -> None:
                   src.get("interconnect.bandwidth")),
                  ("ring step latency", f"{link['step_latency_s'] * 1e6:g} us", src.get("interconnect.step_latency")),
                  ("all-reduce latency", f"{link['base_latency_s'] * 1e6:g} us", src.get("interconnect.base_latency"))]
+    host = d["host_link"]
+    if host is None:
+        rows.append(("host link", "none", "the profile has no [host_link] table (no KV offload, no adapter loads)"))
+    else:
+        rows += [("host link", host["kind"], src.get("host_link.kind")),
+                 ("host link bandwidth", format_rate(host["bandwidth_bytes_per_s"], "B/s") + " a direction",
+                  src.get("host_link.bandwidth"))]
     for name, value, source in rows:
         table.add_row(name, escape(value), escape(source or "-"))
     console.print(table)

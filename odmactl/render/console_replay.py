@@ -23,6 +23,8 @@ from odmactl.render.tables import deployment, narrow_table
 from odmactl.render.warnings import mismatch_lines, replay_warnings
 from odmactl.run.serving import static_legend
 
+LABEL_CHARS = 16  # the metric column of a policies table wraps past this
+
 
 def _warn(console: Console, lines: list[str]) -> None:
     for line in lines:
@@ -35,15 +37,25 @@ def _wrapped(console: Console, line: str, style: str) -> None:
         console.print(f"[{style}]{escape(piece)}[/]", highlight=False, soft_wrap=True)
 
 
-def _policies_table(results: dict, keys: tuple[str, ...], title: str | None = None) -> Table:
-    """Policies side by side, a metric per row (render/metrics.py writes the values)."""
-    table = Table(show_header=True, header_style="bold", title=title)
-    table.add_column("metric")
-    for policy in results:
-        table.add_column(escape(policy), justify="right")
-    for row in metric_rows(results, keys):
-        table.add_row(*row)
-    return table
+def _print_policies(console: Console, results: dict, keys: tuple[str, ...], title: str | None = None) -> None:
+    """Policies side by side, a metric per row (render/metrics.py writes the values), in narrow
+    tables: as many policies in each as the console's width holds, so no value is cut at 80
+    columns or in a pipe."""
+    names = list(results)
+    rows = metric_rows(results, keys)
+    label = min(max(len(r[0]) for r in rows), LABEL_CHARS)
+    widths = [max([len(w) for w in name.split()] + [len(r[j + 1]) for r in rows]) for j, name in enumerate(names)]
+    groups: list[list[int]] = [[]]
+    used = label
+    for j, width in enumerate(widths):
+        if groups[-1] and used + width + 2 > console.width:
+            groups.append([])
+            used = label
+        groups[-1].append(j)
+        used += width + 2
+    for n, group in enumerate(groups):
+        console.print(narrow_table(title if n == 0 else None, tuple(escape(names[j]) for j in group),
+                                   [[r[0]] + [r[j + 1] for j in group] for r in rows], key="metric"))
 
 
 def render_replay(console: Console, doc: dict) -> None:
@@ -65,7 +77,7 @@ def render_replay(console: Console, doc: dict) -> None:
     if settings:
         console.print(escape("; ".join(settings)), highlight=False)
     shown = tuple(k for k in REPLAY_IF_ANY if any(r["metrics"].get(k) for r in doc["results"].values()))
-    console.print(_policies_table(doc["results"], REPLAY_KEYS + shown))
+    _print_policies(console, doc["results"], REPLAY_KEYS + shown)
     for policy, r in doc["results"].items():
         m = r["metrics"]
         extra = []
@@ -127,7 +139,7 @@ def render_check(console: Console, doc: dict, policy: str, verdicts: list, passe
         table.add_row(v.name, escape(v.metric), f"{v.comparison} {v.threshold_text}", v.value_text,
                       "[green]pass[/]" if v.passed else "[bold red]FAIL[/]")
     console.print(table)
-    console.print(_policies_table(doc["results"], REPLAY_KEYS))
+    _print_policies(console, doc["results"], REPLAY_KEYS)
     _warn(console, replay_warnings(doc))
     console.print("[bold green]PASS[/]" if passed else
                   f"[bold red]FAIL[/]: {sum(not v.passed for v in verdicts)} of {len(verdicts)} thresholds violated")
@@ -162,7 +174,7 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
                              f"search part's arrival rate within {limits} (bisected by replay)"), highlight=False)
     keys = plan_keys(doc["objective"])
     _wrapped(console, holdout_title(doc), "default")
-    console.print(_policies_table(doc["validation"], keys))
+    _print_policies(console, doc["validation"], keys)
     legend = static_legend(doc["validation"])
     if legend:
         _wrapped(console, legend, "default")

@@ -14,8 +14,8 @@ One registry per run; every sample carries `policy` (and capacity's `tp`) as lab
   `odmactl_allocator_<name>`: counters for its running totals (`policy_totals`: s3's escalations,
   unified's evictions and adapter loads, ellm's offloads and fetches), gauges for its levels at
   the end (unified's resident adapters, ellm's peak borrowed bytes);
-- the KV runs per request, the bytes moved over the host link and the link's time (gauges and a
-  counter).
+- the KV runs per request (a gauge), the bytes moved over the host link and the link's time
+  (counters) and the link time no compute hid (a gauge).
 From a capacity document, per policy and tp: the rate one engine and one device sustain at the
 SLO, and the devices the target rate needs (absent where none was found).
 """
@@ -46,7 +46,7 @@ REPLAY_SAMPLES = (
     ("kv_runs_per_request", "kv_runs_per_request", "KV runs a completed request is read as (per head, K and V, layer)",
      "gauge"),
     ("host_link_bytes", "host_link_bytes", "bytes moved between host memory and the devices", "counter"),
-    ("host_link_time_s", "host_link_seconds", "host-link time of those bytes", "gauge"),
+    ("host_link_time_s", "host_link_seconds", "host-link time of those bytes", "counter"),
     ("link_bottleneck_s", "link_bottleneck_seconds", "host-link time no compute hid", "gauge"),
 )
 CAPACITY_SAMPLES = (

@@ -62,7 +62,8 @@ def deployment(ctx: ReplayContext) -> Deployment:
     s = ctx.serving
     budget = ctx.scheduler.batched_tokens(ctx.max_len)
     peak = s.cost.activation_bytes(budget, min(ctx.scheduler.max_num_seqs, budget))
-    return Deployment(activation_peak_bytes=int(min(peak, s.device.activation_reserve_bytes * s.tp)),
+    reserve = int(s.device.activation_reserve_bytes * s.tp)
+    return Deployment(activation_peak_bytes=int(min(peak, reserve)), activation_reserve_bytes=reserve,
                       lora_bytes_per_rank=s.full_model.lora_bytes_per_rank)
 
 

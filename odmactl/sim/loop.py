@@ -459,7 +459,7 @@ class Replay:
                         a = alloc.reserve_offloaded(self.ids[i], kv + 1)
                     if a is None:
                         if adapter >= 0:
-                            alloc.release_adapter(adapter)
+                            alloc.release_adapter(adapter, False)
                         if not self.running and not admitted and not self.parked:
                             self._reject(queue.popleft())
                             continue
@@ -474,7 +474,7 @@ class Replay:
                 a = alloc.reserve(self.ids[i], kv, p_out, None if unc is None else unc[i])
                 if a is None:
                     if adapter >= 0:
-                        alloc.release_adapter(adapter)
+                        alloc.release_adapter(adapter, False)
                     if not self.running and not admitted:
                         self._reject(queue.popleft())
                         continue
