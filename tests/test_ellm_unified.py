@@ -256,7 +256,8 @@ def test_a_broken_host_link_names_the_file_and_key(tmp_path):
     text = (profiles_dir() / "devices" / "a100-80gb-sxm.toml").read_text()
     for old, new, key in (('value = "31.5 GB/s"', 'value = "0 GB/s"', "host_link.bandwidth"),
                           ('value = "31.5 GB/s"', 'value = "5 TB/s"', "host_link.bandwidth"),
-                          ('value = "31.5 GB/s"', 'value = "31.5 GB"', "host_link.bandwidth")):
+                          ('value = "31.5 GB/s"', 'value = "31.5 GB"', "host_link.bandwidth"),
+                          ('value = "31.5 GB/s"', 'value = "1 B/s"', "host_link.bandwidth")):
         path = tmp_path / "d.toml"
         path.write_text(text.replace(old, new))
         with pytest.raises(ProfileError, match=key.replace(".", r"\.")):
@@ -287,3 +288,44 @@ def test_ellm_cannot_borrow_more_than_the_profile_keeps_aside(cli, conv_sample_h
     r = cli("replay", conv_sample_head(20), "--device", "mlu370-x4", "--model", "Llama-3-8B", "--policy", "ellm",
             "--predictor", "none", "--config", config)
     assert r.code == 1 and "ellm_borrow_bytes" in r.err and "activation_reserve" in r.err, r.err
+
+
+def test_a_request_and_its_adapter_that_cannot_fit_together_are_refused_up_front(cli, tmp_path):
+    """A red-team case: max_model_len fills the pool, so a long request with its tenant's adapter
+    could never run; it used to be admitted, preempted and rejected mid-run."""
+    csv = tmp_path / "long.csv"
+    csv.write_text("arrival_s,prompt_tokens,output_tokens,tenant\n0,1000,3000,a\n1,1000,100,a\n2,200,100, \n")
+    trace = tmp_path / "long.parquet"
+    assert cli("ingest", csv, "--out", trace).code == 0
+    r = cli("replay", trace, "--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B", "--predictor", "oracle",
+            "--policy", "unified", "--kv-pool", "200MiB", "--max-model-len", "3648")
+    assert r.code == 1 and "could never run" in r.err and "Traceback" not in r.err, r.err
+    r = cli("replay", trace, "--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B", "--predictor", "oracle",
+            "--policy", "unified", "--kv-pool", "200MiB", "--max-model-len", "3000", "--json")
+    assert r.code == 0, r.err
+    import json
+
+    m = json.loads(r.out)["results"]["unified"]
+    assert m["metrics"]["completed"] + m["metrics"]["rejections"] == 3 and m["metrics"]["pool_occupancy"] <= 1
+    assert m["allocator"]["policy_counters"]["adapter_loads"] == 1  # the blank tenant runs without an adapter
+
+
+def test_blank_tenants_run_without_adapters():
+    import polars as pl
+
+    from odmactl.run.workload import tenant_adapters
+
+    assert tenant_adapters(pl.DataFrame({"tenant": pl.Series(["", " ", None], dtype=pl.String)})) is None
+    assert tenant_adapters(pl.DataFrame({"tenant": ["a", "", "b", "a"]})).tolist() == [0, -1, 1, 0]
+
+
+def test_a_host_buffer_below_one_chunk_and_empty_baselines_are_refused(cli, conv_sample_head, tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text("[allocator]\nellm_host_buffer_bytes = 1\n")
+    r = cli("replay", conv_sample_head(20), "--device", "mlu370-x4", "--model", "Llama-3-8B", "--policy", "ellm",
+            "--predictor", "none", "--config", config)
+    assert r.code == 1 and "ellm_host_buffer_bytes" in r.err and "chunk" in r.err, r.err
+    for empty in ("", ","):
+        r = cli("plan", conv_sample_head(300), "--device", "mlu370-x4", "--model", "Llama-3-8B", "--baselines", empty,
+                "--out", tmp_path / "p.toml")
+        assert r.code == 1 and "names no policy" in r.err, r.err

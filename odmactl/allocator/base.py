@@ -336,6 +336,12 @@ class AllocatorBase:
     def runs_of(self, allocation: Allocation) -> int:
         raise NotImplementedError(f"{self.name} does not count runs (runs_tracked is False)")
 
+    def kv_ranges(self, allocation: Allocation) -> list[tuple[int, int]]:
+        """The (start, nbytes) byte ranges a live allocation owns, in the order its tokens fill
+        them (an on-device replay reads a runs_tracked policy's KV through them)."""
+        self._own(allocation)
+        return self._ranges(allocation)
+
     def acquire_adapter(self, key) -> bool:
         raise NotImplementedError(f"{self.name} serves no adapters")
 

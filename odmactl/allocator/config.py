@@ -43,6 +43,7 @@ class Deployment:
     activation_peak_bytes: int = 0
     activation_reserve_bytes: int = 0  # the profile's activation reserve over the group: the most to borrow
     lora_bytes_per_rank: int = 0
+    adapters: bool = False  # the workload names tenants, each with its LoRA adapter
 
 
 @dataclass(frozen=True)

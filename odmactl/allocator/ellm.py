@@ -61,6 +61,10 @@ class EllmAllocator(PagedAllocator):
                 raise ConfigError(f"{borrow:,} bytes is more activation memory than the device profile keeps aside "
                                   f"({reserve:,} bytes, its activation_reserve): there is nothing more to borrow",
                                   key="ellm_borrow_bytes", hint=f"at most {reserve:,}, or leave it out")
+        chunk = config.block_size_tokens * bytes_per_token
+        if 0 < config.ellm_host_buffer_bytes < chunk:
+            raise ConfigError(f"{config.ellm_host_buffer_bytes:,} bytes holds no {chunk:,}-byte chunk of KV",
+                              key="ellm_host_buffer_bytes", hint="0 (no offload) or at least a chunk")
         notes = {"borrows": f"up to {borrow / (1 << 30):.2f} GiB of activation memory (ellm_borrow_bytes {borrow:,}: "
                             f"{why}); chunks of {config.block_size_tokens} tokens"}
         if config.ellm_host_buffer_bytes:

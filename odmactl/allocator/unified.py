@@ -64,6 +64,17 @@ class UnifiedAllocator(AllocatorBase):
                              else "a page at a time")}
         if config.adapter_bytes is None and deployment is not None and deployment.lora_bytes_per_rank:
             config = dataclasses.replace(config, adapter_bytes=config.lora_rank * deployment.lora_bytes_per_rank)
+        if deployment is not None and deployment.adapters and config.adapter_bytes:
+            page_bytes = page * bytes_per_token
+            pages = pool_bytes // page_bytes
+            adapter_pages = -(-config.adapter_bytes // page_bytes)
+            longest = -(-config.max_model_len_tokens // page)
+            if longest + adapter_pages > pages:
+                raise ConfigError(f"a request of max_model_len ({config.max_model_len_tokens:,} tokens, {longest:,} pages) "
+                                  f"and its tenant's LoRA adapter ({config.adapter_bytes:,} bytes, {adapter_pages:,} "
+                                  f"pages) do not fit the pool's {pages:,} pages together, so it could never run",
+                                  key="adapter_bytes" if adapter_pages > pages // 2 else "max_model_len_tokens",
+                                  hint="a smaller lora_rank or adapter_bytes, a smaller max_model_len, or a larger pool")
             notes["adapters"] = (f"a tenant's LoRA adapter, rank {config.lora_rank} on q, k, v and o, takes "
                                  f"{config.adapter_bytes / (1 << 20):.1f} MiB (adapter_bytes {config.adapter_bytes:,})")
         return config, notes

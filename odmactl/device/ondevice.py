@@ -159,9 +159,12 @@ class DecodeProbe:
     """
 
     def __init__(self, arena, model: ModelProfile, block_tokens: int | None, max_batch: int,
-                 compute_dtype: str = "fp16", reader: str = "auto") -> None:
+                 compute_dtype: str = "fp16", reader: str = "auto", kv_ranges=None) -> None:
+        """`kv_ranges(a)`: the byte ranges of a request's KV in token order, for a policy whose
+        request is several runs (Allocator.runs_tracked); None: one run, or its blocks."""
         import torch
 
+        self.kv_ranges = kv_ranges
         self.torch = torch
         self.arena = arena
         self.dev = arena.buffer.device
@@ -203,6 +206,18 @@ class DecodeProbe:
         4-byte words into the arena; each group's starts and lengths are multiples of its row width
         (the unit embedding_bag reads them in)."""
         lens = np.asarray(kv_tokens, dtype=np.int64)
+        if self.kv_ranges is not None:  # page ranges, token-major like a contiguous block: each up to its share
+            row = self.bpt // 4
+            starts, words = [], []
+            for a, tokens in zip(allocations, lens.tolist()):
+                left = tokens * self.bpt
+                for start, n in self.kv_ranges(a):
+                    if left <= 0:
+                        break
+                    starts.append(start // 4)
+                    words.append(min(n, left) // 4)
+                    left -= n
+            return [(np.array(starts, dtype=np.int64), np.array(words, dtype=np.int64), row)]
         if self.block_tokens is None:
             offsets = np.fromiter((a.offset_bytes for a in allocations), np.int64, len(allocations))
             assert not (offsets % self.bpt).any(), "a contiguous block does not start on a token row"

@@ -20,14 +20,14 @@ class OnDevice:
         self.spec = spec
         self.description = "token-by-token stepping, each decode iteration run on " + spec.torch_device
 
-    def arena(self, ctx: ReplayContext) -> TorchArena:
+    def arena(self, ctx: ReplayContext, arena_bytes: int) -> TorchArena:
         s = ctx.serving
-        check_fits(self.spec.torch_device, s.pool_bytes, s.model.weight_bytes, self.spec.scale)
-        return TorchArena(s.pool_bytes, self.spec.torch_device)
+        check_fits(self.spec.torch_device, arena_bytes, s.model.weight_bytes, self.spec.scale)
+        return TorchArena(arena_bytes, self.spec.torch_device)
 
     def probe(self, allocator, ctx: ReplayContext) -> DecodeProbe:
         return DecodeProbe(allocator.arena, ctx.serving.model, allocator.block_size_tokens, ctx.scheduler.max_num_seqs,
-                           ctx.serving.compute_dtype)
+                           ctx.serving.compute_dtype, kv_ranges=allocator.kv_ranges if allocator.runs_tracked else None)
 
     def section(self, probe: DecodeProbe, ctx: ReplayContext) -> dict:
         s = ctx.serving

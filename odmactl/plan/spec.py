@@ -52,6 +52,8 @@ class PlanSpec(ServingSpec):
             raise ConfigError(f"--executor expects one of {', '.join(EXECUTORS)}, got '{self.executor}'")
         from odmactl.allocator import ALLOCATORS
 
+        if not self.baselines:
+            raise ConfigError("--baselines names no policy", hint="e.g. --baselines paged,s3")
         for name in self.baselines:
             if name not in ALLOCATORS or name in ("odma", "static"):
                 others = [p for p in ALLOCATORS if p not in ("odma", "static")]

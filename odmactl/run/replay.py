@@ -45,7 +45,7 @@ class DeviceHooks(Protocol):
 
     description: str  # how time advanced, for the document
 
-    def arena(self, ctx: ReplayContext): ...
+    def arena(self, ctx: ReplayContext, arena_bytes: int): ...
 
     def probe(self, allocator, ctx: ReplayContext): ...
 
@@ -58,13 +58,14 @@ def deployment(ctx: ReplayContext) -> Deployment:
     """What a policy may need of the deployment (allocator/config.Deployment): the activation
     memory a static engine reserves, modelled at vLLM's profiling shape (the token budget over as
     many sequences as max_num_seqs allows) and at most the profile's activation reserve, and a
-    rank-1 LoRA adapter's bytes."""
+    rank-1 LoRA adapter's bytes (each device's shard of it, or the scaled model's on a device, times
+    tp)."""
     s = ctx.serving
     budget = ctx.scheduler.batched_tokens(ctx.max_len)
     peak = s.cost.activation_bytes(budget, min(ctx.scheduler.max_num_seqs, budget))
     reserve = int(s.device.activation_reserve_bytes * s.tp)
     return Deployment(activation_peak_bytes=int(min(peak, reserve)), activation_reserve_bytes=reserve,
-                      lora_bytes_per_rank=s.full_model.lora_bytes_per_rank)
+                      lora_bytes_per_rank=s.model.lora_bytes_per_rank * s.tp, adapters=ctx.workload.adapters is not None)
 
 
 def policy_config(policy: str, table: dict, ctx: ReplayContext) -> tuple[AllocatorConfig, dict]:
@@ -82,7 +83,7 @@ def replay_policy(ctx: ReplayContext, policy: str, table: dict, progress=None,
     it ran with, notes, the on-device section or None)."""
     config, notes = policy_config(policy, table, ctx)
     s = ctx.serving
-    arena = "virtual" if device is None else device.arena(ctx)
+    arena = "virtual" if device is None else device.arena(ctx, ALLOCATORS[policy].arena_bytes(s.pool_bytes, config))
     allocator = make_allocator(policy, s.pool_bytes, s.bytes_per_token, config, arena=arena)
     moves = "offloads KV to a host buffer" if allocator.host_buffer_bytes else \
         "loads LoRA adapters from host memory" if allocator.serves_adapters and ctx.workload.adapters is not None else None

@@ -9,7 +9,7 @@ import numpy as np
 from odmactl.core.errors import ConfigError
 from odmactl.core.limits import MAX_POOL_TOKENS
 from odmactl.core.units import format_bytes
-from odmactl.hw.cost import CostModel
+from odmactl.hw.cost import PAGED_BLOCK_TOKENS, CostModel
 from odmactl.hw.profiles import DeviceProfile, ModelProfile, load_device, load_model
 from odmactl.run.spec import ServingSpec, papers_static
 from odmactl.sim.workload import Workload
@@ -97,12 +97,14 @@ def group_name(device_name: str, tp: int) -> str:
 
 def default_max_model_len(workload: Workload, model: ModelProfile, pool_tokens: int) -> int:
     """The trace's longest request (prompt + output KV tokens) rounded up to 1,024, within the
-    model's positions and the pool."""
+    model's positions and the pool in whole blocks of the largest size vLLM's kernels take (a block
+    policy refuses a max_model_len its pool cannot hold in whole blocks)."""
     longest = int((workload.prompt_tokens.astype(np.int64) + workload.output_tokens.astype(np.int64)).max())
     value = -(-longest // 1024) * 1024
     if model.max_position_embeddings:
         value = min(value, model.max_position_embeddings)
-    return max(1, min(value, pool_tokens))
+    whole = pool_tokens - pool_tokens % PAGED_BLOCK_TOKENS[-1]
+    return max(1, min(value, whole or pool_tokens))
 
 
 def default_max_new_tokens(workload: Workload, max_len: int) -> int:

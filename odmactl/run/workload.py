@@ -29,13 +29,14 @@ def shape_arrivals(arrival_s: np.ndarray, load: LoadOptions) -> np.ndarray:
 
 def tenant_adapters(frame: pl.DataFrame) -> np.ndarray | None:
     """One LoRA adapter per tenant (a policy that serves adapters loads it for the tenant's
-    requests): codes in order of first appearance, -1 where the tenant is empty; None when the
-    trace names no tenant."""
-    if "tenant" not in frame.columns or frame["tenant"].null_count() == frame.height:
+    requests): codes in order of first appearance, -1 where the tenant is empty (null or blank);
+    None when the trace names no tenant."""
+    if "tenant" not in frame.columns:
         return None
     codes: dict[str, int] = {}
-    return np.array([-1 if t is None else codes.setdefault(t, len(codes)) for t in frame["tenant"].to_list()],
-                    dtype=np.int64)
+    adapters = np.array([-1 if t is None or not t.strip() else codes.setdefault(t, len(codes))
+                         for t in frame["tenant"].to_list()], dtype=np.int64)
+    return adapters if codes else None
 
 
 def build_workload(frame: pl.DataFrame, load: LoadOptions, predictor: str) -> tuple[Workload, pl.DataFrame, str]:
