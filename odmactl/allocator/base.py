@@ -50,6 +50,18 @@ class Allocation:
         return f"Allocation({fields})"
 
 
+def refuse_past_whole_blocks(config: AllocatorConfig, pool_bytes: int, bytes_per_token: int, unit: str) -> None:
+    """Raise ConfigError when max_model_len is more than the pool holds in whole
+    `block_size_tokens` blocks (`unit`: "blocks", "pages"), as vLLM refuses it at start-up: a request
+    of that length could never be scheduled."""
+    block = config.block_size_tokens
+    held = pool_bytes // (block * bytes_per_token) * block
+    if config.max_model_len_tokens > held:
+        raise ConfigError(f"max_model_len ({config.max_model_len_tokens:,} tokens) is more than the KV pool holds in "
+                          f"whole {block}-token {unit} ({held:,} tokens), which vLLM refuses at start-up",
+                          hint=(f"a max_model_len up to {held:,}, " if held else "") + "a smaller block or a larger pool")
+
+
 def with_tail(runs: list[list[int]], tail_start: int, tail_bytes: int) -> list[tuple[int, int]]:
     """Free runs [start, nbytes] in address order, ending at or before `tail_start`, as (start,
     nbytes) with the pool's tail (the `tail_bytes` after the last whole block or page: free, never

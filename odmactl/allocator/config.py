@@ -108,11 +108,12 @@ class AllocatorConfig:
 
     def __post_init__(self) -> None:
         self._named_settings()
-        for name, high in (("max_model_len_tokens", MAX_TOKENS), ("block_size_tokens", MAX_TOKENS),
-                           ("s3_num_buckets", MAX_BUCKETS), ("num_buckets", MAX_BUCKETS),
-                           ("granularity_tokens", MAX_TOKENS), ("refit_window", MAX_WINDOW_REQUESTS),
-                           ("refit_every", MAX_WINDOW_REQUESTS)):
-            problem = whole_number_problem(getattr(self, name), 1, high)
+        for name, low, high in (("max_model_len_tokens", 1, MAX_TOKENS), ("block_size_tokens", 1, MAX_TOKENS),
+                                ("s3_num_buckets", 1, MAX_BUCKETS), ("num_buckets", 1, MAX_BUCKETS),
+                                ("granularity_tokens", 1, MAX_TOKENS), ("refit_window", 1, MAX_WINDOW_REQUESTS),
+                                ("refit_every", 1, MAX_WINDOW_REQUESTS), ("lora_rank", 1, MAX_ADAPTER_RANK),
+                                ("unified_hot_adapters", 1, 1 << 20), ("ellm_host_buffer_bytes", 0, MAX_HOST_BUFFER_BYTES)):
+            problem = whole_number_problem(getattr(self, name), low, high)
             if problem is not None:
                 raise ConfigError(problem, key=name)
         if self.static_slot not in STATIC_SLOTS:
@@ -129,11 +130,6 @@ class AllocatorConfig:
                               "else (the output cap is [scheduler] max_new_tokens)", key="max_new_tokens")
         if self.unified_fit not in UNIFIED_FITS:
             raise ConfigError(f"expected one of {', '.join(UNIFIED_FITS)}, got {self.unified_fit!r}", key="unified_fit")
-        for name, low, high in (("lora_rank", 1, MAX_ADAPTER_RANK), ("unified_hot_adapters", 1, 1 << 20),
-                                ("ellm_host_buffer_bytes", 0, MAX_HOST_BUFFER_BYTES)):
-            problem = whole_number_problem(getattr(self, name), low, high)
-            if problem is not None:
-                raise ConfigError(problem, key=name)
         for name in ("ellm_borrow_bytes", "adapter_bytes"):
             value = getattr(self, name)
             problem = None if value is None else whole_number_problem(value, 0, MAX_HOST_BUFFER_BYTES)
@@ -153,9 +149,11 @@ class AllocatorConfig:
             raise ConfigError(f"expected a share of the pages held from 0 (one page at a time) to 4, got {g!r}",
                               key="unified_growth_fraction")
         low, high = self.unified_low_watermark, self.unified_high_watermark
-        if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in (low, high)) or not 0 < low <= high <= 1:
-            bad = "unified_high_watermark" if isinstance(low, (int, float)) and 0 < low <= 1 and not (
-                isinstance(high, (int, float)) and 0 < high <= 1) else "unified_low_watermark"
+        def fraction(x) -> bool:
+            return not isinstance(x, bool) and isinstance(x, (int, float)) and 0 < x <= 1
+
+        if not (fraction(low) and fraction(high) and low <= high):
+            bad = "unified_high_watermark" if fraction(low) and not fraction(high) else "unified_low_watermark"
             raise ConfigError(f"expected 0 < unified_low_watermark <= unified_high_watermark <= 1, got {low!r} and "
                               f"{high!r}", key=bad)
         if (self.ellm_ttft_slo_s is not None or self.ellm_tpot_slo_s is not None) and not self.ellm_host_buffer_bytes:

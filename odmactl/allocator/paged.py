@@ -5,7 +5,7 @@ from __future__ import annotations
 from array import array
 
 from odmactl.allocator.arena import Arena
-from odmactl.allocator.base import Allocation, AllocatorBase, RegionStats, with_tail
+from odmactl.allocator.base import Allocation, AllocatorBase, RegionStats, refuse_past_whole_blocks, with_tail
 from odmactl.allocator.config import AllocatorConfig
 from odmactl.core.errors import ConfigError
 
@@ -34,12 +34,7 @@ class PagedAllocator(AllocatorBase):
                         realized_kv_tokens, deployment=None) -> tuple[AllocatorConfig, dict]:
         """Nothing to fill in; a max_model_len past what the pool holds in whole blocks is refused,
         as vLLM refuses it at start-up (a request of that length could never be scheduled)."""
-        block = config.block_size_tokens
-        held = pool_bytes // (block * bytes_per_token) * block
-        if config.max_model_len_tokens > held:
-            raise ConfigError(f"max_model_len ({config.max_model_len_tokens:,} tokens) is more than the KV pool holds in "
-                              f"whole {block}-token blocks ({held:,} tokens), which vLLM refuses at start-up",
-                              hint=(f"a max_model_len up to {held:,}, " if held else "") + "a smaller block or a larger pool")
+        refuse_past_whole_blocks(config, pool_bytes, bytes_per_token, "blocks")
         return config, {}
 
     def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:

@@ -5,7 +5,7 @@ from odmactl.allocator.extentlist cimport ExtentList
 
 cdef class UnifiedAllocator(AllocatorBase):
     cdef public object page_tokens, page_bytes, num_pages, tail_bytes, best_fit, high_pages, low_pages
-    cdef public object growth_fraction, max_pages, adapter_pages, hot_limit, free_pages, used_pages, _kv, _adapters, _lru
+    cdef public object growth_fraction, max_pages, adapter_pages, hot_limit, free_pages, _kv, _adapters, _lru
     cdef public object last_acquire_hit, runs_released, scattered, evictions, evicted_pages, adapter_loads, adapter_hits
     cdef public ExtentList _free
     cpdef reserve(self, request_id, prompt_tokens, predicted_output_tokens=*, uncertainty=*)

@@ -9,7 +9,14 @@ import dataclasses
 from collections import OrderedDict
 
 from odmactl.allocator.arena import Arena
-from odmactl.allocator.base import Allocation, AllocatorBase, InvariantError, RegionStats, with_tail
+from odmactl.allocator.base import (
+    Allocation,
+    AllocatorBase,
+    InvariantError,
+    RegionStats,
+    refuse_past_whole_blocks,
+    with_tail,
+)
 from odmactl.allocator.config import AllocatorConfig
 from odmactl.allocator.extentlist import ExtentList
 from odmactl.core.errors import ConfigError
@@ -41,8 +48,8 @@ class UnifiedAllocator(AllocatorBase):
     (`host_bytes`).
 
     Invariants (checked): every page is in exactly one place (a free extent, one request's ranges,
-    one adapter's range); `used_pages` counts the request and adapter pages; `kv_runs` is the sum of
-    the live requests' range counts; an unpinned adapter has refcount 0 and is in `_lru`, a pinned
+    one adapter's range), so `used_pages` (the request and adapter pages) is `num_pages -
+    free_pages`; `kv_runs` is the sum of the live requests' range counts; an unpinned adapter has refcount 0 and is in `_lru`, a pinned
     one has refcount > 0 and is not.
     """
 
@@ -53,12 +60,8 @@ class UnifiedAllocator(AllocatorBase):
                         realized_kv_tokens, deployment=None) -> tuple[AllocatorConfig, dict]:
         """An adapter's bytes, when not set: `lora_rank` times the model's bytes per rank; the
         pool must hold max_model_len in whole pages, as for paged."""
+        refuse_past_whole_blocks(config, pool_bytes, bytes_per_token, "pages")
         page = config.block_size_tokens
-        held = pool_bytes // (page * bytes_per_token) * page
-        if config.max_model_len_tokens > held:
-            raise ConfigError(f"max_model_len ({config.max_model_len_tokens:,} tokens) is more than the KV pool holds in "
-                              f"whole {page}-token pages ({held:,} tokens)",
-                              hint="a smaller max_model_len, a smaller page (block_size_tokens) or a larger pool")
         notes = {"pages": f"{page}-token pages, {config.unified_fit} fit, growth by "
                           + (f"{config.unified_growth_fraction:g} of the pages held" if config.unified_growth_fraction
                              else "a page at a time")}
@@ -97,7 +100,6 @@ class UnifiedAllocator(AllocatorBase):
         self._free = ExtentList()
         self._free.add(0, self.num_pages)
         self.free_pages = self.num_pages
-        self.used_pages = 0
         self._kv: dict[str, list[int]] = {}
         self._adapters: dict[object, list[int]] = {}  # key -> [start, pages, refcount]
         self._lru: OrderedDict = OrderedDict()  # unpinned adapters, least recently used first
@@ -126,20 +128,23 @@ class UnifiedAllocator(AllocatorBase):
 
     def _after_allocation(self) -> None:
         """The hysteresis band: at or above the high watermark, evict down to the low one."""
-        if self.used_pages >= self.high_pages and self._lru:
+        if self.num_pages - self.free_pages >= self.high_pages and self._lru:
             self._evict_until(self.num_pages - self.low_pages)
+
+    @property
+    def used_pages(self) -> int:
+        """Pages held by requests and adapters."""
+        return self.num_pages - self.free_pages
 
     def _give(self, start: int, pages: int) -> None:
         self._free.add(start, pages)
         self.free_pages += pages
-        self.used_pages -= pages
 
     def _range(self, pages: int) -> int:
         """The start of a free range of `pages` pages, now taken (best or first fit), or -1."""
         start = self._free.take(pages) if self.best_fit else self._free.take_first(pages)
         if start >= 0:
             self.free_pages -= pages
-            self.used_pages += pages
         return start
 
     def _take(self, pages: int, contiguous: bool) -> list[int] | None:
@@ -164,7 +169,6 @@ class UnifiedAllocator(AllocatorBase):
             n = min(n, pages)
             self._free.take_at(-neg_start, n)
             self.free_pages -= n
-            self.used_pages += n
             out += [-neg_start, n]
             pages -= n
             if not pages:
@@ -217,13 +221,13 @@ class UnifiedAllocator(AllocatorBase):
         after its last range when those pages are free, else as new ranges; returns the pages
         added, 0 when not even `need` can be had."""
         end = ranges[-2] + ranges[-1]
-        for pages in ((step, need) if step > need else (need,)):
+        sizes = (step, need) if step > need else (need,)
+        for pages in sizes:
             if self.free_pages >= pages and self._free.take_at(end, pages):
                 ranges[-1] += pages
                 self.free_pages -= pages
-                self.used_pages += pages
                 return pages
-        for pages in ((step, need) if step > need else (need,)):
+        for pages in sizes:
             more = self._take(pages, contiguous=False)
             if more is not None:
                 if more[0] == end:  # eviction freed the pages right after: still in place
@@ -322,7 +326,6 @@ class UnifiedAllocator(AllocatorBase):
         kv = sum(sum(r[1::2]) for r in self._kv.values())
         adapters = sum(e[1] for e in self._adapters.values())
         assert free == self.free_pages, f"free pages counter {self.free_pages}, extents hold {free}"
-        assert kv + adapters == self.used_pages, f"used pages counter {self.used_pages}, held {kv + adapters}"
         assert free + kv + adapters == self.num_pages, "pages lost or doubled"
         assert self.kv_runs == sum(len(r) // 2 for r in self._kv.values()), "kv_runs counter drifted"
         assert set(self._kv) == set(self._live), "ranges and live allocations differ"

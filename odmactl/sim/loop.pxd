@@ -30,7 +30,7 @@ cdef class Replay:
     cdef bint runs_tracked, borrows, serves_adapters, offload, slo_aware
     cdef long long[:] adapters
     cdef object parked, offloaded, host_seen, host_link_bytes, kv_pool_bytes
-    cdef long long link_ps, link_bottleneck_ps, fetched, adapter_waits, pending_link_ps
+    cdef long long link_ps, link_bottleneck_ps, pending_link_ps
 
     cdef tuple _start(self)
     cdef object _finish(self, object prompt_np, object target_np)
@@ -38,7 +38,9 @@ cdef class Replay:
     cdef void _arrive(self) except *
     cdef void _leave(self, long long i) except *
     cdef long long _catch_up(self, long long i) except? -1
+    cdef void _unpin(self, long long i) except *
     cdef void _finish_request(self, long long i) except *
+    cdef void _done(self, long long i) except *
     cdef void _preempt(self, long long i) except *
     cdef void _reject(self, long long i) except *
     cdef void _push_events(self, long long i, long long seq) except *
@@ -50,6 +52,7 @@ cdef class Replay:
     cdef void _finish_offloaded(self, long long i) except *
     cdef long long _blocks_limit(self, long long tokens, long long sequences) except? -1
     cdef long long _overlap_fetch(self, long long first_ps) except? -1
+    cdef long long _link_beyond(self, long long link_ps, long long compute_ps) except? -1
     cdef void _grow_contiguous(self, long long i) except *
     cdef void _preempt_newest_until_fits(self, long long need_at, long long limit) except *
     cdef void _grow_fast(self) except *

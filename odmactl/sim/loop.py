@@ -164,7 +164,7 @@ class Replay:
         # the protocol's optional parts (allocator/base.py): page ranges, the host link, borrowed
         # activation memory, adapters, the host buffer
         "runs_tracked", "borrows", "adapters", "serves_adapters", "offload", "slo_aware", "parked", "host_seen",
-        "host_link_bytes", "link_ps", "link_bottleneck_ps", "offloaded", "fetched", "adapter_waits",
+        "host_link_bytes", "link_ps", "link_bottleneck_ps", "offloaded",
         "kv_pool_bytes", "pending_link_ps",
     )
 
@@ -311,7 +311,6 @@ class Replay:
         self.host_link_bytes = 0
         self.link_ps = self.link_bottleneck_ps = 0
         self.offloaded = {}  # request -> admitted this round with its KV in the host buffer
-        self.fetched = self.adapter_waits = 0
         self.pending_link_ps = 0  # a fetch's transfer, overlapped with the next decode iteration
         self.kv_pool_bytes = alloc.kv_pool_bytes if self.borrows else alloc.pool_bytes
         return prompt_np, target_np
@@ -328,8 +327,7 @@ class Replay:
                     "prefill_iterations": self.prefills, "decode_iterations": self.decodes,
                     "occupancy_byte_ps": self.occupancy_byte_ps, "migration_ps": self.migration_ps,
                     "end_ps": self.t, "host_link_bytes": self.host_link_bytes, "host_link_ps": self.link_ps,
-                    "link_bottleneck_ps": self.link_bottleneck_ps, "adapter_waits": self.adapter_waits,
-                    "kv_pool_bytes": self.kv_pool_bytes}
+                    "link_bottleneck_ps": self.link_bottleneck_ps, "kv_pool_bytes": self.kv_pool_bytes}
         timeline = Timeline(np.asarray(self.arrival), np.asarray(self.start_ps), np.asarray(self.first_ps),
                             np.asarray(self.done_ps), target_np,
                             prompt_np, np.asarray(self.reserved_tokens), self.arrival[0] if self.num else 0)
@@ -364,6 +362,10 @@ class Replay:
             self.phase[self.base[i] % self.B] -= 1
         del self.running[i]
         self.seq_of[i] = -1
+        self._unpin(i)
+
+    def _unpin(self, i: cython.longlong) -> None:
+        """Request i left the batch or the host buffer: its adapter, if any, is unpinned."""
         if self.serves_adapters and self.adapters[i] >= 0:
             self.alloc.release_adapter(self.adapters[i])
 
@@ -386,6 +388,10 @@ class Replay:
         self.reserved_tokens[i] = max(a.capacity_tokens, -(-v // self.B) * self.B) if self.paged else a.capacity_tokens
         self._leave(i)
         self.alloc.release(a, v)
+        self._done(i)
+
+    def _done(self, i: cython.longlong) -> None:
+        """Request i completed now (its memory released)."""
         self.allocs[i] = None
         self.done_ps[i] = self.t
         self.completed += 1
@@ -443,7 +449,6 @@ class Replay:
                 break
             adapter = self.adapters[i] if self.serves_adapters else -1
             if adapter >= 0 and not alloc.acquire_adapter(adapter):
-                self.adapter_waits += 1
                 if not self.running and not admitted:
                     self._reject(queue.popleft())
                     continue
@@ -494,7 +499,6 @@ class Replay:
         dt: cython.longlong
         prompt_sum: cython.longlong = 0  # the prefill's cost depends on these two sums and the count only
         prompt_squares: cython.longlong = 0
-        link: cython.longlong
         ttft: cython.longlong = -1
         for i in admitted:
             k = self.prompt[i] + self.gen[i]
@@ -514,10 +518,7 @@ class Replay:
         dt = self.prefill_clock.ps(prompt_sum, prompt_squares, len(admitted))
         # adapters loaded and KV offloaded for this prefill cross the host link layer by layer,
         # beside its compute (eLLM §4.3.2, ADR-006's warm tier): the iteration takes the longer
-        link = self._link_ps()
-        if link > dt:
-            self.link_bottleneck_ps += link - dt
-            dt = link
+        dt += self._link_beyond(self._link_ps(), dt)
         started: cython.longlong = self.t
         self.t += dt
         self.occupancy_byte_ps += self._reserved_bytes() * dt
@@ -590,7 +591,6 @@ class Replay:
             if held + need > self._blocks_limit(n, n) or not self.alloc.fetch(self.allocs[i]):
                 break
             self.parked.popleft()
-            self.fetched += 1
             self._join(i, v)
             self._push_events(i, self.seq_of[i])
         self.pending_link_ps += self._link_ps()
@@ -600,12 +600,8 @@ class Replay:
         a: Allocation = self.allocs[i]
         self.reserved_tokens[i] = a.capacity_tokens
         self.alloc.release(a)
-        if self.serves_adapters and self.adapters[i] >= 0:
-            self.alloc.release_adapter(self.adapters[i])
-        self.allocs[i] = None
-        self.done_ps[i] = self.t
-        self.completed += 1
-        self.dirty = True
+        self._unpin(i)
+        self._done(i)
 
     def _blocks_limit(self, tokens: cython.longlong, sequences: cython.longlong) -> cython.longlong:
         """The blocks KV may hold during an iteration that runs `tokens` tokens for `sequences`
@@ -792,13 +788,18 @@ class Replay:
 
     def _overlap_fetch(self, first_ps: cython.longlong) -> cython.longlong:
         """Fetched KV crosses the host link beside the first decode iteration after the fetch
-        (`first_ps` long), layer by layer: returns what the transfer takes beyond it."""
-        extra: cython.longlong = self.pending_link_ps - first_ps
+        (`first_ps` long): returns what the transfer takes beyond it."""
+        link: cython.longlong = self.pending_link_ps
         self.pending_link_ps = 0
-        if extra > 0:
-            self.link_bottleneck_ps += extra
-            return extra
-        return 0
+        return self._link_beyond(link, first_ps)
+
+    def _link_beyond(self, link_ps: cython.longlong, compute_ps: cython.longlong) -> cython.longlong:
+        """A transfer overlapped layer by layer with the compute it serves: what it takes beyond
+        that compute (0 when hidden), counted as time the link was the bottleneck."""
+        if link_ps <= compute_ps:
+            return 0
+        self.link_bottleneck_ps += link_ps - compute_ps
+        return link_ps - compute_ps
 
     def _advance(self, n: cython.longlong, k: cython.longlong, dt: cython.longlong) -> None:
         self.t += dt
