@@ -1,19 +1,18 @@
 """Build hook for the optional compiled core (everything else is in pyproject.toml).
 
 Cython compiles two groups of modules from their own .py files, which stay the single source:
-- TYPED: the replay's event loop (odmactl/sim/loop.py), its closed-form segment sums
-  (sim/segment.py), its event heap (sim/keyheap.py), its prefill clock (sim/prefill.py), the
-  coalesced free extents of a region (allocator/extentlist.py) and the int64 storage of those
-  two (allocator/int64buffer.py). Their `cython.*` annotations become C integers and doubles
-  (Python never evaluates them); their .pxd files make Replay, Segment, KeyHeap, PrefillClock,
-  ExtentList and Int64Buffer extension types with C fields, and sim/loop.pxd (allocator/extents.pxd)
-  cimports them and the allocator base so the loop calls their methods as C functions.
+- TYPED: the replay core (odmactl/sim/: the engine, its batch, scheduler, growth step, tally,
+  host link, closed-form segment sums, event heap and prefill clock), the coalesced free
+  extents of a region (allocator/extentlist.py) and the int64 storage of those two
+  (allocator/int64buffer.py). Their `cython.*` annotations become C integers and doubles (Python
+  never evaluates them); their .pxd files make each class an extension type with C fields, and
+  cimport one another and the allocator base so the engine calls their methods as C functions.
 - UNTYPED: the allocator library and ODMA's reservation rule (rules/odma.py). Their .pxd files
-  make every class an extension type with the same attributes, held as Python objects, and
-  declare the operations (reserve, extend, release), their hot helpers and the rule cpdef: C
-  calls from compiled callers, overridable as before. Annotations are not read as C types
-  (annotation_typing off), so every value behaves exactly as in Python: a float prediction
-  stays a float.
+  make every class an extension type with the same attributes, held as Python objects (unified's
+  page counts as C integers, the values Python's would be), and declare the operations
+  (reserve, extend, release), their hot helpers and the rule cpdef: C calls from compiled
+  callers, overridable as before. Annotations are not read as C types (annotation_typing off), so
+  every value behaves exactly as in Python: a float prediction stays a float.
 The pure-Python modules give byte-identical results (tests/test_native.py), and
 odmactl/core/native.py falls back to them when a compiled module is older than its source.
 

@@ -19,7 +19,7 @@ CONFIG = {
 def _token_ranges(alloc, a: Allocation, tokens: int) -> list[tuple[int, int]]:
     """Byte ranges holding the first `tokens` KV tokens of `a`."""
     bpt = alloc.bytes_per_token
-    if alloc.runs_tracked:  # page ranges, in the order the tokens fill them
+    if alloc.block_size_tokens is None:  # ranges (one block, or page ranges), in the order the tokens fill them
         out, left = [], tokens * bpt
         for start, n in alloc._ranges(a):
             if left <= 0:

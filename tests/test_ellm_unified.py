@@ -11,7 +11,9 @@ from odmactl.allocator import make_allocator
 from odmactl.hw.cost import CostModel, KvLayout, to_ps
 from odmactl.hw.profiles import HostLink, load_device, load_model
 from odmactl.run.serving import serving
-from odmactl.sim.loop import Replay, SchedulerSettings
+from odmactl.run.replay import deployment_of
+from odmactl.sim.engine import Replay
+from odmactl.sim.settings import SchedulerSettings
 from odmactl.sim.prefill import PrefillClock
 from odmactl.sim.workload import PS, Workload
 
@@ -45,7 +47,8 @@ def test_lora_adapter_bytes_by_hand():
 
 
 def _replay(cost, policy, pool_bytes, config, w, fast_forward=True, budget=2048):
-    alloc = make_allocator(policy, pool_bytes, TOKEN_BYTES, {"max_model_len_tokens": 4096, **config})
+    alloc = make_allocator(policy, pool_bytes, TOKEN_BYTES, {"max_model_len_tokens": 4096, **config},
+                           deployment=deployment_of(cost))
     settings = SchedulerSettings(fast_forward=fast_forward, max_num_batched_tokens=budget)
     return Replay(w, alloc, cost, 4096, settings).run(), alloc
 
@@ -131,7 +134,7 @@ def test_unified_best_fit_ranges_and_an_eviction_under_hysteresis():
     assert alloc._adapters["a"] == [5, 2, 1] and alloc.host_bytes == 64
     alloc.release_adapter("a")  # unpinned: evictable
     assert alloc.extend(r1, 13)  # page 5 is the adapter's: a new range, the 1-page hole at 1
-    assert alloc._kv["r1"] == [2, 3, 1, 1] and alloc.runs_of(r1) == 2 and alloc.kv_runs == 3
+    assert alloc._kv["r1"] == [2, 3, 1, 1] and alloc.runs_of(r1, 13) == 2 and alloc.kv_runs == 3
     alloc.check_invariants()
     # 12 pages best fit in [7, 20): 19 of 20 pages used, past the 90% watermark: unpinned adapters
     # go, least recent first, until 80% (16) or none is left: the adapter (17 used)

@@ -117,7 +117,7 @@ def test_plan_bounds_for_a_hedge_candidate_agree_with_its_replay(conv_sample_hea
     from odmactl.run.serving import serving
     from odmactl.run.spec import LoadOptions
     from odmactl.run.workload import build_workload
-    from odmactl.sim.loop import SchedulerSettings
+    from odmactl.sim.settings import SchedulerSettings
 
     w, frame, _ = build_workload(pl.read_parquet(conv_sample_head(1200)), LoadOptions(), "oracle")
     rng = np.random.default_rng(0)  # a noisy predictor: oracle lengths times lognormal noise

@@ -88,22 +88,22 @@ def test_a_compiled_module_older_than_its_source_is_not_run():
               "sys.modules['odmactl._native_build'] = types.SimpleNamespace(SOURCE_SHA256={})\n"
               "with warnings.catch_warnings(record=True) as caught:\n"
               "    warnings.simplefilter('always')\n"
-              "    import odmactl.sim.loop, odmactl.sim.segment\n"
+              "    import odmactl.sim.engine, odmactl.sim.segment\n"
               "from odmactl.core import native\n"
-              "print(odmactl.sim.loop.__file__, odmactl.sim.segment.__file__, native.status(), [str(w.message) for w in caught])\n")
+              "print(odmactl.sim.engine.__file__, odmactl.sim.segment.__file__, native.status(), [str(w.message) for w in caught])\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     replay_file, segment_file, rest = done.stdout.split(" ", 2)
-    assert replay_file.endswith("sim/loop.py") and segment_file.endswith("sim/segment.py")
+    assert replay_file.endswith("sim/engine.py") and segment_file.endswith("sim/segment.py")
     assert "the core's sources changed since it was compiled" in rest and "pip install -e ." in rest
 
 
 def test_a_declarations_file_is_part_of_what_makes_a_build_current():
     """Editing only a .pxd changes the machine code, so the digest a build is checked against
-    covers it: the replay loop's is of sim/loop.py followed by sim/loop.pxd."""
+    covers it: the engine's is of sim/engine.py followed by sim/engine.pxd."""
     import hashlib
 
-    source = Path(native.__file__).parents[1] / "sim" / "loop.py"
+    source = Path(native.__file__).parents[1] / "sim" / "engine.py"
     expected = hashlib.sha256(source.read_bytes() + source.with_suffix(".pxd").read_bytes()).hexdigest()
-    assert native.source_digest("odmactl.sim.loop") == expected
-    assert native.source_digest("odmactl.sim.loop") != hashlib.sha256(source.read_bytes()).hexdigest()
+    assert native.source_digest("odmactl.sim.engine") == expected
+    assert native.source_digest("odmactl.sim.engine") != hashlib.sha256(source.read_bytes()).hexdigest()

@@ -14,7 +14,8 @@ import torch
 from odmactl.allocator import make_allocator
 from odmactl.device.ondevice import DecodeProbe, expand_runs, split_runs, step_time_fit
 from odmactl.hw.profiles import load_model
-from odmactl.sim.loop import Replay, SchedulerSettings
+from odmactl.sim.engine import Replay
+from odmactl.sim.settings import SchedulerSettings
 from odmactl.sim.workload import Workload
 
 PROFILE = str(Path(__file__).resolve().parents[1] / "profiles" / "devices" / "measured" / "cpu-xeon-2vcpu.toml")

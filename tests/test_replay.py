@@ -19,7 +19,9 @@ from odmactl.hw.profiles import load_device, load_model
 from odmactl.render.json import to_json
 from odmactl.run.replay import run_policies
 from odmactl.run.spec import LoadOptions, ReplaySpec
-from odmactl.sim.loop import Replay, SchedulerSettings
+from odmactl.run.replay import deployment_of
+from odmactl.sim.engine import Replay
+from odmactl.sim.settings import SchedulerSettings
 from odmactl.sim.segment import Segment
 from odmactl.sim.workload import PS, Workload
 from odmactl.trace.schema import read_trace
@@ -107,7 +109,8 @@ def case_workload(frame: pl.DataFrame, predictor: str, offline: bool) -> Workloa
 
 def _replay(workload, cost, policy, pool_tokens, config, fast_forward, max_len=8192, max_num_seqs=256):
     bpt = cost.model.kv_bytes_per_token
-    allocator = make_allocator(policy, pool_tokens * bpt, bpt, {"max_model_len_tokens": max_len, **config})
+    allocator = make_allocator(policy, pool_tokens * bpt, bpt, {"max_model_len_tokens": max_len, **config},
+                               deployment=deployment_of(cost))
     return Replay(workload, allocator, cost, max_len,
                   SchedulerSettings(fast_forward=fast_forward, max_num_seqs=max_num_seqs)).run()
 

@@ -14,7 +14,8 @@ from odmactl.core.errors import ConfigError
 from odmactl.hw.cost import CostModel
 from odmactl.hw.profiles import load_device, load_model
 from odmactl.rules.s3 import s3_capacities, s3_classes
-from odmactl.sim.loop import Replay, SchedulerSettings
+from odmactl.sim.engine import Replay
+from odmactl.sim.settings import SchedulerSettings
 from odmactl.sim.workload import PS, Workload
 
 BPT = 16

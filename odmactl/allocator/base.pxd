@@ -5,14 +5,13 @@ cdef class Allocation:
     cdef public object request_id, offset_bytes, nbytes, capacity_tokens, used_tokens, bucket, region, block_ids, live
 
 cdef class AllocatorBase:
-    cdef public object pool_bytes, bytes_per_token, config, arena, max_tokens
+    cdef public object pool_bytes, kv_pool_bytes, bytes_per_token, config, arena, max_tokens, deployment
     cdef public dict _live
     cdef public object reserved_bytes, peak_reserved_bytes, failed_reserves, extends, failed_extends
     cdef public object migrations, migrated_bytes, releases
     # the replay's questions (the Allocator protocol): growth geometry and boundary changes
     cdef public object block_size_tokens, num_blocks, block_bytes, boundaries_tokens, boundary_updates
-    cdef public object read_block_tokens, runs_tracked, kv_runs, host_bytes, borrows_activation, serves_adapters
-    cdef public object host_buffer_bytes, slo_aware
+    cdef public object read_block_tokens, kv_runs
     # no __dict__: every attribute is declared (here or in a policy's .pxd), so a cpdef call from
     # compiled code need not look for a Python-level override on the instance
     # the operations: C calls from compiled callers (the replay); policies override them in their .pxd
@@ -25,3 +24,4 @@ cdef class AllocatorBase:
     cpdef _own(self, a)
     cpdef _admitted(self, a)
     cpdef _forget(self, a)
+    cpdef block_limit(self, tokens, sequences)

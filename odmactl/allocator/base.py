@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from odmactl.allocator.arena import Arena, VirtualArena
-from odmactl.allocator.config import AllocatorConfig
+from odmactl.allocator.config import AllocatorConfig, Deployment
 from odmactl.core.errors import AllocationError, ConfigError
 
 
@@ -124,50 +124,89 @@ class AllocatorStats:
         return asdict(self)
 
 
+class HostTier(Protocol):
+    """An optional collaborator a policy returns from `host_tier()`: host memory that holds KV the
+    device pool cannot (eLLM's offload buffer). A request whose KV does not fit may be prefilled
+    with its KV written to host memory (`reserve_offloaded`: an Allocation that is not live on the
+    device, released by the allocator's `release`), and fetched back into the pool to decode
+    (`fetch`: False while its blocks do not fit). `latency_feedback` hands the tier the latencies
+    the replay observes (a prefill's longest TTFT, a decode iteration's time), for a tier that
+    resizes itself by them; `host_bytes` counts the bytes moved over the host link."""
+
+    host_bytes: int
+
+    def reserve_offloaded(self, request_id: str, kv_tokens: int) -> Allocation | None: ...
+
+    def fetch(self, allocation: Allocation) -> bool: ...
+
+    def latency_feedback(self, ttft_s: float | None, tpot_s: float | None) -> None: ...
+
+
+class AdapterCache(Protocol):
+    """An optional collaborator a policy returns from `adapter_cache()`: LoRA adapters resident in
+    the pool beside the KV (ADR-006's hot tier). A request with an adapter is admitted only if
+    `acquire_adapter(key)` answers True (resident and pinned: loaded over the host link when it was
+    not, counted in `host_bytes`); `release_adapter(key)` unpins it when the request leaves the
+    batch, or (`admitted` False) when the request it was acquired for could not be admitted."""
+
+    host_bytes: int
+
+    def acquire_adapter(self, key) -> bool: ...
+
+    def release_adapter(self, key, admitted: bool = True) -> None: ...
+
+
 class Allocator(Protocol):
-    """The API every policy implements (names are a contract replay, plan and users rely on).
+    """The KV manager: the API every policy implements (names are a contract replay, plan and
+    users rely on). The replay (sim/) reads these members and nothing else of a policy, never its
+    name; tests/test_layout.py fails when sim/ reads another.
 
-    `reserve` and `extend` answer None / False for "does not fit now"; misuse raises AllocationError.
-    `release(a, final_tokens)` ends a request that grew to `final_tokens` since its last extend
-    (within its capacity for contiguous policies; paged does not take the blocks that would go
-    straight back): one call where a caller that reports growth lazily would make two.
+    Operations. `reserve` (admit) and `extend` (grow) answer None / False for "does not fit now";
+    misuse raises AllocationError. `release(a, final_tokens)` frees a request that grew to
+    `final_tokens` since its last extend (within its capacity for contiguous policies; paged does
+    not take the blocks that would go straight back): one call where a caller that reports growth
+    lazily would make two. `record_peak(bytes)`: a caller that hands block growth over lazily
+    reports the peak eager growth would have reached.
 
-    What the replay loop (sim/loop.py) asks of a policy, besides the operations, so that it never
-    needs a policy's name:
-    - how a request grows: `block_size_tokens` None means one contiguous block per request, which
-      `extend` grows in place, moves (a migration, counted in `migrated_bytes`) or refuses; an
-      integer means the KV grows a block of that many tokens at a time, from `num_blocks` blocks of
-      `block_bytes` each (`free_blocks` of them free now), and a failed `extend` is the caller's
-      cue to preempt (vLLM's recompute);
-    - `record_peak(bytes)`: a caller that hands block growth over lazily reports the peak eager
-      growth would have reached;
-    - `boundaries_tokens` / `boundary_updates`: the bucket upper bounds new reservations use and
-      how many times they changed, for a policy whose boundaries change at run time (empty and 0
-      otherwise).
-    - `read_block_tokens`: the run length KV is read in, in tokens (the cost model's layout): None
-      one run per request, whatever `block_size_tokens` grows it by (eLLM's virtual tensors grow
-      in chunks and read as one run); `runs_tracked` True: a request is a few runs the policy
-      counts, `kv_runs` over the live allocations and `runs_of(a)` for one (ADR-006's page ranges);
-    - `host_bytes`: the bytes the policy has moved over the host link (adapter loads, KV offloaded
-      and fetched), which the loop charges at the profile's host-link bandwidth, overlapped with
-      the iteration they serve;
-    - `borrows_activation`: the pool is shared with activations, so KV may hold `pool_bytes`
-      less the activation demand of the iteration that runs (eLLM's inflation and deflation);
-    - `serves_adapters`: a request with a LoRA adapter is admitted only if `acquire_adapter(k)`
-      answers True (the adapter resident and pinned), and `release_adapter(k)` unpins it;
-    - `host_buffer_bytes` > 0: a request whose KV does not fit may be prefilled into a host
-      buffer (`reserve_offloaded`) and fetched back to decode (`fetch`); `slo_aware`: the loop
-      reports latency violations (`latency_feedback`), which resize the buffer's usable part.
-    And of the policy's class, before a replay builds it: `complete_config(config, pool_bytes=,
-    bytes_per_token=, realized_kv_tokens=, deployment=)`, the settings the policy fills in itself
-    (`deployment`: config.Deployment, the facts of the device and model it may need), `arena_bytes`,
-    the bytes its arena spans, and `uses_predictions`, whether it sizes reservations from predicted
-    lengths (a replay refuses to run it without a predictor unless told `--predictor none`).
+    How a request grows. `block_size_tokens` None: one contiguous block per request, which
+    `extend` grows in place, moves (a migration, counted in `migrated_bytes`) or refuses; an
+    integer: the KV grows a block of that many tokens at a time, from `num_blocks` blocks of
+    `block_bytes` each (`free_blocks` of them free now), and a failed `extend` is the caller's cue
+    to preempt (vLLM's recompute). `block_limit(tokens, sequences)`: the blocks the KV may hold
+    during an iteration that runs `tokens` tokens for `sequences` sequences: `num_blocks`, unless
+    the pool is shared with something that iteration needs (eLLM's activations).
+
+    How KV is read (the cost model's layout). `read_block_tokens`: the run length in tokens (None:
+    one run per range a request occupies, whatever it grows by: eLLM's virtual tensors grow in
+    chunks and read as one run). `runs_of(a, kv_tokens)`: the runs one live request holding
+    `kv_tokens` is read as; `kv_runs`: their sum over the live allocations, kept by policies with
+    contiguous growth (0 for block growth, whose runs the replay counts as blocks grow);
+    `mean_released_runs()`: the mean runs a released request was read as, where a policy counts
+    them itself (None: the layout says).
+
+    The pool. `pool_bytes` the bytes the policy places KV in; `kv_pool_bytes` the KV pool's share
+    of them (less when the pool also holds borrowed memory); `reserved_bytes`, `peak_reserved_bytes`.
+    `boundaries_tokens` / `boundary_updates`: the bucket upper bounds new reservations use and how
+    many times they changed, for a policy whose boundaries change at run time (empty and 0
+    otherwise).
+
+    Collaborators, None unless a policy has them: `host_tier()` (HostTier) and `adapter_cache()`
+    (AdapterCache).
+
+    Of the policy's class, before a replay builds it: `settings`, the settings classes it reads
+    (allocator/config.py); `complete_config(config, pool_bytes=, bytes_per_token=,
+    realized_kv_tokens=, deployment=)`, the settings the policy fills in itself (`deployment`:
+    config.Deployment, the facts of the device and model it may need); `arena_bytes`, the bytes its
+    arena spans; `uses_predictions`, whether it sizes reservations from predicted lengths (a replay
+    refuses to run it without a predictor unless told `--predictor none`); `describe(config)`, a
+    line saying its settings for the console (None: nothing to say).
     """
 
     name: str
     uses_predictions: bool
+    settings: tuple[type, ...]
     pool_bytes: int
+    kv_pool_bytes: int
     bytes_per_token: int
     config: AllocatorConfig
     arena: Arena
@@ -175,8 +214,12 @@ class Allocator(Protocol):
     num_blocks: int
     block_bytes: int
     free_blocks: int
+    read_block_tokens: int | None
+    kv_runs: int
     migrated_bytes: int
     reserved_bytes: int
+    peak_reserved_bytes: int
+    releases: int
     boundaries_tokens: tuple[int, ...]
     boundary_updates: int
 
@@ -188,6 +231,16 @@ class Allocator(Protocol):
     def release(self, allocation: Allocation, final_tokens: int | None = None) -> None: ...
 
     def record_peak(self, reserved_bytes: int) -> None: ...
+
+    def block_limit(self, tokens: int, sequences: int) -> int: ...
+
+    def runs_of(self, allocation: Allocation, kv_tokens: int) -> int: ...
+
+    def mean_released_runs(self) -> float | None: ...
+
+    def host_tier(self) -> HostTier | None: ...
+
+    def adapter_cache(self) -> AdapterCache | None: ...
 
     def live_allocations(self) -> list[Allocation]: ...
 
@@ -209,6 +262,7 @@ class AllocatorBase:
 
     name = "base"
     uses_predictions = False  # True for a policy that sizes reservations from predicted lengths
+    settings: tuple[type, ...] = ()  # the settings classes (allocator/config.py) the policy reads
     policy_totals: tuple[str, ...] = ()  # names in policy_counters() that only grow (the rest are levels)
 
     @classmethod
@@ -225,14 +279,21 @@ class AllocatorBase:
         policy takes memory besides it (eLLM borrows the activation reserve)."""
         return pool_bytes
 
-    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None) -> None:
+    @classmethod
+    def describe(cls, config: dict) -> str | None:
+        """A line saying the policy's settings (`config`: its [allocator] mapping), for the console."""
+        return None
+
+    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None,
+                 deployment: Deployment | None = None) -> None:
         if not isinstance(pool_bytes, int) or pool_bytes < 1:
             raise ConfigError(f"pool_bytes must be a positive integer, got {pool_bytes!r}")
         if not isinstance(bytes_per_token, int) or bytes_per_token < 1:
             raise ConfigError(f"bytes_per_token must be a positive integer, got {bytes_per_token!r}")
-        self.pool_bytes = pool_bytes
+        self.pool_bytes = self.kv_pool_bytes = pool_bytes
         self.bytes_per_token = bytes_per_token
         self.config = config
+        self.deployment = deployment if deployment is not None else Deployment()
         self.arena = arena if arena is not None else VirtualArena(pool_bytes)
         if self.arena.pool_bytes != pool_bytes:
             raise ConfigError(f"arena holds {self.arena.pool_bytes:,} bytes but the pool is {pool_bytes:,}")
@@ -252,15 +313,9 @@ class AllocatorBase:
         self.num_blocks = self.block_bytes = 0
         self.boundaries_tokens = ()
         self.boundary_updates = 0
-        # the rest of the protocol's questions, answered "no" unless a policy says otherwise
+        # how KV is read: one run per range a request occupies, counted by contiguous growth
         self.read_block_tokens = None
-        self.runs_tracked = False
         self.kv_runs = 0
-        self.host_bytes = 0
-        self.borrows_activation = False
-        self.serves_adapters = False
-        self.host_buffer_bytes = 0
-        self.slo_aware = False
 
     # -- the operations (the Allocator protocol's), which each policy implements -----------------
 
@@ -343,31 +398,32 @@ class AllocatorBase:
         """Block-growth policies: blocks free now (0 for contiguous ones)."""
         return 0
 
-    # -- the protocol's optional parts (see Allocator): asked for only where a policy says so -----
+    # -- the protocol's questions with defaults (see Allocator) ----------------------------------
 
-    def runs_of(self, allocation: Allocation) -> int:
-        raise NotImplementedError(f"{self.name} does not count runs (runs_tracked is False)")
+    def block_limit(self, tokens: int, sequences: int) -> int:
+        """The blocks the KV may hold during an iteration: the pool's, whatever the iteration runs."""
+        return self.num_blocks
+
+    def runs_of(self, allocation: Allocation, kv_tokens: int) -> int:
+        """The runs a live request holding `kv_tokens` is read as: one per `read_block_tokens`, or
+        one (a contiguous range)."""
+        block = self.read_block_tokens
+        return 1 if block is None else -(-kv_tokens // block)
+
+    def mean_released_runs(self) -> float | None:
+        return None
+
+    def host_tier(self) -> HostTier | None:
+        return None
+
+    def adapter_cache(self) -> AdapterCache | None:
+        return None
 
     def kv_ranges(self, allocation: Allocation) -> list[tuple[int, int]]:
         """The (start, nbytes) byte ranges a live allocation owns, in the order its tokens fill
-        them (an on-device replay reads a runs_tracked policy's KV through them)."""
+        them (an on-device replay reads a policy with contiguous growth through them)."""
         self._own(allocation)
         return self._ranges(allocation)
-
-    def acquire_adapter(self, key) -> bool:
-        raise NotImplementedError(f"{self.name} serves no adapters")
-
-    def release_adapter(self, key, admitted: bool = True) -> None:
-        raise NotImplementedError(f"{self.name} serves no adapters")
-
-    def reserve_offloaded(self, request_id: str, kv_tokens: int) -> Allocation | None:
-        raise NotImplementedError(f"{self.name} has no host buffer")
-
-    def fetch(self, allocation: Allocation) -> bool:
-        raise NotImplementedError(f"{self.name} has no host buffer")
-
-    def latency_feedback(self, ttft_s: float | None, tpot_s: float | None) -> None:
-        raise NotImplementedError(f"{self.name} is not SLO-aware")
 
     # -- reporting -------------------------------------------------------------------------------
 

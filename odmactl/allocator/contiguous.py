@@ -13,7 +13,8 @@ class ContiguousAllocator(AllocatorBase):
     """Blocks of `capacity_tokens * bytes_per_token` bytes placed best-fit in named regions.
 
     Invariant: the regions partition [0, pool_bytes) in address order, and every live allocation
-    lies inside the region it names; each region's FreeExtents holds exactly its free bytes.
+    lies inside the region it names; each region's FreeExtents holds exactly its free bytes;
+    `kv_runs` is the number of live allocations (each is read as one run).
     """
 
     def _init_regions(self, sizes_bytes: dict[str, int]) -> None:
@@ -46,6 +47,7 @@ class ContiguousAllocator(AllocatorBase):
             return None
         a = Allocation(request_id, start, nbytes, capacity_tokens, prompt_tokens, bucket, region)
         self._live[request_id] = a
+        self.kv_runs += 1
         reserved = self.reserved_bytes = self.reserved_bytes + nbytes
         if reserved > self.peak_reserved_bytes:
             self.peak_reserved_bytes = reserved
@@ -89,6 +91,7 @@ class ContiguousAllocator(AllocatorBase):
             self._final_growth(allocation, final_tokens, allocation.capacity_tokens)
         self.regions[allocation.region].give(allocation.offset_bytes, allocation.nbytes)
         del self._live[rid]  # AllocatorBase._forget written out: the hot path
+        self.kv_runs -= 1
         allocation.live = False
         self.releases += 1
         self.reserved_bytes -= allocation.nbytes
@@ -117,6 +120,7 @@ class ContiguousAllocator(AllocatorBase):
         return {name: RegionStats.of(r.size_bytes, r.extents()) for name, r in self.regions.items()}
 
     def _check_structures(self) -> None:
+        assert self.kv_runs == len(self._live), f"kv_runs counter {self.kv_runs}, {len(self._live)} live allocations"
         for name, region in self.regions.items():
             region.check()
         for a in self._live.values():

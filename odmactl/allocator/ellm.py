@@ -6,15 +6,51 @@ decode; an SLO-aware rule scales the part of that buffer in use."""
 
 from __future__ import annotations
 
-import dataclasses
 from array import array
+from dataclasses import dataclass
 
 from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation, InvariantError
-from odmactl.allocator.config import AllocatorConfig
-from odmactl.allocator.paged import PagedAllocator
+from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings, number_problem, whole_numbers
+from odmactl.allocator.paged import PagedAllocator, PagedSettings
 from odmactl.core.errors import AllocationError, ConfigError
-from odmactl.core.limits import MAX_POOL_TOKENS
+from odmactl.core.limits import MAX_POOL_TOKENS, whole_number_problem
+
+MAX_HOST_BUFFER_BYTES = 1 << 50  # a petabyte of host memory (or of borrowed memory) is a typo
+MAX_SLO_S = 86_400.0  # a latency target of more than a day is a typo
+
+
+@dataclass(frozen=True)
+class EllmSettings(PolicySettings):
+    """The activation memory the KV pool may borrow (None: filled in, the modelled activation peak
+    at the scheduler's limits), the host buffer for offloaded KV (0: no offload) and the
+    SLO-aware scaling of its logical size (no SLO: the whole buffer). Chunks are
+    `block_size_tokens` (PagedSettings). Invariant: an SLO is set only with a host buffer."""
+
+    ellm_borrow_bytes: int | None = None
+    ellm_host_buffer_bytes: int = 0
+    ellm_ttft_slo_s: float | None = None
+    ellm_tpot_slo_s: float | None = None
+    ellm_buffer_alpha: float = 2.0
+
+    def __post_init__(self) -> None:
+        whole_numbers(self, ("ellm_host_buffer_bytes", 0, MAX_HOST_BUFFER_BYTES))
+        problem = None if self.ellm_borrow_bytes is None else whole_number_problem(self.ellm_borrow_bytes, 0,
+                                                                                   MAX_HOST_BUFFER_BYTES)
+        if problem is not None:
+            raise ConfigError(problem, key="ellm_borrow_bytes")
+        for name in ("ellm_ttft_slo_s", "ellm_tpot_slo_s"):
+            value = getattr(self, name)
+            if value is not None and (number_problem(value, 0, MAX_SLO_S) or value == 0):
+                raise ConfigError(f"expected seconds above 0 and at most {MAX_SLO_S:g}, got {value!r}", key=name)
+        a = self.ellm_buffer_alpha
+        if number_problem(a, 1, 1024) or a == 1:
+            raise ConfigError(f"expected a factor above 1 and at most 1024 (eLLM's default is 2), got {a!r}",
+                              key="ellm_buffer_alpha")
+        if (self.ellm_ttft_slo_s is not None or self.ellm_tpot_slo_s is not None) and not self.ellm_host_buffer_bytes:
+            raise ConfigError("the SLO-aware rule scales ellm's host buffer, and ellm_host_buffer_bytes is 0",
+                              key="ellm_ttft_slo_s" if self.ellm_ttft_slo_s is not None else "ellm_tpot_slo_s",
+                              hint="set ellm_host_buffer_bytes too, or leave the SLOs out")
 
 
 class EllmAllocator(PagedAllocator):
@@ -25,16 +61,18 @@ class EllmAllocator(PagedAllocator):
     request's chunks are mapped into one virtual range (eLLM's KV eTensor), so its KV is read as
     one run (`read_block_tokens` None) however many chunks back it.
 
-    What the pool may hold is the replay's to enforce (`borrows_activation`): during an iteration,
-    the KV may take `pool_bytes` less that iteration's activation demand (hw/cost
-    CostModel.activation_bytes). So at most `borrow_bytes` is borrowed, decode iterations
-    borrow almost all of it, and a prefill admits only what leaves its activations room
-    (Algorithm 1 of the paper: a request joins a prefill if KV and activations fit).
+    What the pool may hold during an iteration is `block_limit(tokens, sequences)`, which the
+    replay applies: `pool_bytes` less that iteration's activation demand (the deployment's
+    activation model, hw/cost CostModel.activation_bytes), of which at most `borrow_bytes` comes
+    out of the borrowed memory (a demand past it was the static engine's to reserve too, and takes
+    nothing from the KV pool). So decode iterations borrow almost all of it, and a prefill admits
+    only what leaves its activations room (Algorithm 1 of the paper: a request joins a prefill if
+    KV and activations fit); the borrowed KV is not taken back (deflation is lazy).
 
-    Host buffer (`host_buffer_bytes` > 0): a request whose KV does not fit may still be prefilled
-    when its activations do (Algorithm 1, line 8): its KV goes to the host buffer
-    (`reserve_offloaded`) as the prefill writes it, and comes back (`fetch`) when its chunks fit
-    and it is scheduled to decode. Both transfers count in `host_bytes`. The buffer's usable part,
+    Host buffer (`host_buffer_bytes` > 0, `host_tier()` the allocator itself): a request whose KV
+    does not fit may still be prefilled when its activations do (Algorithm 1, line 8): its KV goes
+    to the host buffer (`reserve_offloaded`) as the prefill writes it, and comes back (`fetch`)
+    when its chunks fit and it is scheduled to decode. Both transfers count in `host_bytes`. The buffer's usable part,
     `logical_buffer_bytes`, is the whole buffer without SLOs; with a TTFT or TPOT SLO it starts at
     one chunk and `latency_feedback` scales it by `ellm_buffer_alpha` (Algorithm 2): down on a TPOT
     violation, up on a TTFT violation, within [one chunk, the buffer].
@@ -45,6 +83,11 @@ class EllmAllocator(PagedAllocator):
     """
 
     name = "ellm"
+    settings = (PagedSettings, EllmSettings)
+
+    @classmethod
+    def describe(cls, config: dict) -> str | None:
+        return None  # its notes say its chunks, borrowing and buffer
 
     @classmethod
     def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,
@@ -52,7 +95,7 @@ class EllmAllocator(PagedAllocator):
         """The activation memory to borrow, when not set: the deployment's modelled peak."""
         if config.ellm_borrow_bytes is None:
             borrow = deployment.activation_peak_bytes if deployment is not None else 0
-            config = dataclasses.replace(config, ellm_borrow_bytes=borrow)
+            config = config.replace(ellm_borrow_bytes=borrow)
             why = "the modelled activation peak at the batch limits"
         else:
             borrow, why = config.ellm_borrow_bytes, "as set"
@@ -81,19 +124,22 @@ class EllmAllocator(PagedAllocator):
     def arena_bytes(cls, pool_bytes: int, config: AllocatorConfig) -> int:
         return pool_bytes + (config.ellm_borrow_bytes or 0)
 
-    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
+    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None,
+                 deployment: Deployment | None = None) -> None:
         borrow = config.ellm_borrow_bytes or 0
         if (pool_bytes + borrow) // bytes_per_token > MAX_POOL_TOKENS:
             raise ConfigError(f"the KV pool and {borrow:,} borrowed bytes hold more than {MAX_POOL_TOKENS:,} tokens",
                               key="ellm_borrow_bytes")
-        super().__init__(pool_bytes + borrow, bytes_per_token, config, arena)
+        super().__init__(pool_bytes + borrow, bytes_per_token, config, arena, deployment)
         self.kv_pool_bytes = pool_bytes
         self.borrow_bytes = borrow
+        self._activation_per_token = self.deployment.activation_bytes_per_token
+        self._activation_per_sequence = self.deployment.activation_bytes_per_sequence
         self.read_block_tokens = None
-        self.borrows_activation = True
+        self.host_bytes = 0
         self.host_buffer_bytes = config.ellm_host_buffer_bytes
-        self.slo_aware = self.host_buffer_bytes > 0 and (config.ellm_ttft_slo_s is not None
-                                                         or config.ellm_tpot_slo_s is not None)
+        self.ttft_slo_s, self.tpot_slo_s = config.ellm_ttft_slo_s, config.ellm_tpot_slo_s
+        self.slo_aware = self.host_buffer_bytes > 0 and (self.ttft_slo_s is not None or self.tpot_slo_s is not None)
         self.min_buffer_bytes = min(self.block_bytes, self.host_buffer_bytes)
         self.logical_buffer_bytes = self.min_buffer_bytes if self.slo_aware else self.host_buffer_bytes
         self.alpha = config.ellm_buffer_alpha
@@ -103,7 +149,16 @@ class EllmAllocator(PagedAllocator):
         self.buffer_scalings = 0
         self._ttft_window = self._tpot_window = 0  # the last five observations, a bit each (1: over the SLO)
 
-    # -- the host buffer -------------------------------------------------------------------------
+    def block_limit(self, tokens: int, sequences: int) -> int:
+        """The pool less the iteration's activation demand (config.Deployment.activation_bytes,
+        written out: the replay asks at every event), of which at most the borrowed memory."""
+        demand = tokens * self._activation_per_token + sequences * self._activation_per_sequence
+        return (self.pool_bytes - min(demand, self.borrow_bytes)) // self.block_bytes
+
+    # -- the host buffer (HostTier) --------------------------------------------------------------
+
+    def host_tier(self):
+        return self if self.host_buffer_bytes else None
 
     def reserve_offloaded(self, request_id: str, kv_tokens: int) -> Allocation | None:
         """Request `request_id`'s `kv_tokens` of KV written to the host buffer by its prefill
@@ -162,8 +217,11 @@ class EllmAllocator(PagedAllocator):
         """Algorithm 2, from the latencies the replay observes: a prefill's longest TTFT, a decode
         iteration's time (TPOT). A violation event is three of the last five observations of one
         kind over its SLO (the paper's window); a TPOT event shrinks the usable buffer by alpha
-        (fewer prefills offloaded, so decodes are not crowded out), else a TTFT event grows it."""
-        ttft_slo, tpot_slo = self.config.ellm_ttft_slo_s, self.config.ellm_tpot_slo_s
+        (fewer prefills offloaded, so decodes are not crowded out), else a TTFT event grows it.
+        Without SLOs, nothing."""
+        if not self.slo_aware:
+            return
+        ttft_slo, tpot_slo = self.ttft_slo_s, self.tpot_slo_s
         if ttft_s is not None and ttft_slo is not None:
             self._ttft_window = (self._ttft_window << 1 | (ttft_s > ttft_slo)) & 0b11111
         if tpot_s is not None and tpot_slo is not None:

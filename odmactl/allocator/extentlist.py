@@ -20,8 +20,14 @@ from odmactl.allocator.int64buffer import Int64Buffer
 try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
     import cython  # cython.compiled is a constant when compiled: the from-source branches are not built
 except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
-    class cython:  # noqa: N801 - the one name this module reads at run time
+    class cython:  # noqa: N801 - the names this module reads at run time
         compiled = False
+
+        @staticmethod
+        def boundscheck(flag):
+            return lambda function: function
+
+        wraparound = boundscheck
 
 
 class ExtentList(Int64Buffer):
@@ -37,6 +43,8 @@ class ExtentList(Int64Buffer):
     def __len__(self) -> int:
         return self.size >> 1
 
+    @cython.boundscheck(False)  # its indexes stay within [0, size)
+    @cython.wraparound(False)
     def take(self, nbytes: cython.longlong) -> cython.longlong:
         """Best fit: the smallest extent of at least `nbytes` (the lowest such on a tie) gives up
         its first `nbytes`; returns their start, or -1 when no extent is large enough."""
@@ -117,11 +125,35 @@ class ExtentList(Int64Buffer):
             values[2 * j + 1] -= nbytes
         return True
 
+    @cython.boundscheck(False)  # its indexes stay within [0, size)
+    @cython.wraparound(False)
+    def largest(self) -> cython.longlong:
+        """The start of the largest extent (the lowest such on a tie), or -1 when there is none."""
+        values: cython.longlong[:] = self._values
+        best: cython.longlong = -1
+        best_size: cython.longlong = 0
+        j: cython.longlong = 1
+        while j < self.size:
+            if values[j] > best_size:
+                best, best_size = values[j - 1], values[j]
+            j += 2
+        return best
+
+    def size_at(self, start: cython.longlong) -> cython.longlong:
+        """The size of the extent that begins at `start` (0 when none does)."""
+        j: cython.longlong = self._after(start) - 1
+        values: cython.longlong[:] = self._values
+        if j < 0 or values[2 * j] != start:
+            return 0
+        return values[2 * j + 1]
+
     def tolist(self) -> list[tuple[int, int]]:
         """The extents as (start, nbytes), in address order."""
         flat = [int(v) for v in self._values[: self.size]]
         return list(zip(flat[0::2], flat[1::2]))
 
+    @cython.boundscheck(False)  # its indexes stay within [0, size)
+    @cython.wraparound(False)
     def _after(self, start: cython.longlong) -> cython.longlong:
         """How many extents start at or before `start` (binary search)."""
         values: cython.longlong[:] = self._values
@@ -144,10 +176,8 @@ class ExtentList(Int64Buffer):
             self.size += 2
             return
         values: cython.longlong[:] = self._values
-        i: cython.longlong = self.size - 1
-        while i >= 2 * j:
-            values[i + 2] = values[i]
-            i -= 1
+        if self.size > 2 * j:  # the later extents up one (memmove: libc's, cimported in extentlist.pxd)
+            memmove(cython.address(values[2 * j + 2]), cython.address(values[2 * j]), (self.size - 2 * j) * 8)
         self.size += 2
 
     def _close(self, j: cython.longlong) -> None:
@@ -157,9 +187,7 @@ class ExtentList(Int64Buffer):
             self.size -= 2
             return
         values: cython.longlong[:] = self._values
-        i: cython.longlong = 2 * j
         last: cython.longlong = self.size - 2
-        while i < last:
-            values[i] = values[i + 2]
-            i += 1
+        if last > 2 * j:  # the later extents down one
+            memmove(cython.address(values[2 * j]), cython.address(values[2 * j + 2]), (last - 2 * j) * 8)
         self.size = last

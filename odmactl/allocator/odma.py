@@ -2,22 +2,136 @@
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from array import array
 from bisect import bisect_left
+from dataclasses import dataclass
 
 import numpy as np
 
 from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation
-from odmactl.allocator.config import AllocatorConfig
+from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings, whole_numbers
 from odmactl.allocator.contiguous import ContiguousAllocator
 from odmactl.core.errors import ConfigError
-from odmactl.rules.buckets import SlidingWindowRefit, quantile_boundaries
+from odmactl.core.limits import MAX_BUCKETS, MAX_GAMMA, MAX_TOKENS, MAX_WINDOW_REQUESTS, whole_number_problem
+from odmactl.rules.buckets import LEVEL_SHAPES, SlidingWindowRefit, quantile_boundaries, shaped_levels
 from odmactl.rules.odma import equal_width_boundaries
 from odmactl.rules.odma import need_tokens as need_rule
 
 LARGE = "large"
+REFIT_MODES = ("inline", "deferred")
+NEVER = "never"  # tau = "never": no uncertainty sends a request to the large pool (tau infinite)
+TAU_EXPECTED = f'a number >= 0 or "{NEVER}"'
+
+
+def tau_setting(tau: float) -> float | str:
+    """tau as a config and the JSON write it: "never" for infinity (TOML and JSON have none)."""
+    return tau if math.isfinite(tau) else NEVER
+
+
+@dataclass(frozen=True)
+class OdmaSettings(PolicySettings):
+    """ODMA's buckets, hedge, large pool and refit.
+
+    Token counts are KV tokens (prompt + generated). `boundaries_tokens` are bucket upper bounds,
+    strictly increasing; empty means B equal-width buckets over max_model_len until the first
+    refit (a replay fills them in: OdmaAllocator.complete_config). `quantile_levels` empty: i /
+    num_buckets (equal occupancy); a shape's name ("equal", "tail": rules/buckets.py) stands for
+    its levels at num_buckets and is replaced by them. The large pool is `large_pool_bytes`, or
+    `large_pool_fraction` of the pool when that is None; each large-pool block holds max_model_len
+    tokens so it never overflows. A hedge table (rules/hedge.py) in place of gamma: need = prompt +
+    hedge_output_tokens[g], g the group of L_hat among hedge_edges; empty: the gamma rule.
+    `refit_mode` "inline" refreshes the boundaries inside the release that completes a batch of
+    `refit_every`; "deferred" only raises `refit_due` there and leaves `flush_refit()` to the
+    caller, off the reserve/release path (the papers run it on a background thread).
+    Invariant: tau is a number >= 0 (infinity for "never"), quantile_levels a tuple of levels."""
+
+    SEQUENCES = ("boundaries_tokens", "quantile_levels", "hedge_edges", "hedge_output_tokens")
+
+    num_buckets: int = 4
+    quantile_levels: tuple[float, ...] | str = ()
+    boundaries_tokens: tuple[int, ...] = ()
+    gamma: float = 0.2
+    tau: float | str = 0.8  # "never" (NEVER) is infinity, and is replaced by it
+    hedge_edges: tuple[float, ...] = ()
+    hedge_output_tokens: tuple[int, ...] = ()
+    large_pool_bytes: int | None = None
+    large_pool_fraction: float = 0.1
+    granularity_tokens: int = 16
+    refit: bool = True
+    refit_mode: str = "inline"
+    refit_window: int = 10_000
+    refit_every: int = 1_000
+
+    def __post_init__(self) -> None:
+        self._named_settings()
+        whole_numbers(self, ("num_buckets", 1, MAX_BUCKETS), ("granularity_tokens", 1, MAX_TOKENS),
+                      ("refit_window", 1, MAX_WINDOW_REQUESTS), ("refit_every", 1, MAX_WINDOW_REQUESTS))
+        if self.refit_mode not in REFIT_MODES:
+            raise ConfigError(f"expected one of {', '.join(REFIT_MODES)}, got {self.refit_mode!r}", key="refit_mode")
+        if not (0 <= self.gamma <= MAX_GAMMA):
+            raise ConfigError(f"expected a number from 0 to {MAX_GAMMA:g}, got {self.gamma!r}", key="gamma")
+        if not (self.tau >= 0):
+            raise ConfigError(f"expected {TAU_EXPECTED}, got {self.tau!r}", key="tau")
+        if not (0 <= self.large_pool_fraction < 1):
+            raise ConfigError(f"expected a fraction in [0, 1), got {self.large_pool_fraction!r}", key="large_pool_fraction")
+        if self.large_pool_bytes is not None and not (isinstance(self.large_pool_bytes, int) and self.large_pool_bytes >= 0):
+            raise ConfigError(f"expected a byte count >= 0, got {self.large_pool_bytes!r}", key="large_pool_bytes")
+        q = self.quantile_levels
+        if q and (len(q) != self.num_buckets or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in q)
+                  or list(q) != sorted(set(q)) or not 0 < q[0] or q[-1] != 1):
+            raise ConfigError(f"expected num_buckets ({self.num_buckets}) strictly increasing levels in (0, 1] "
+                              f"ending at 1, got {list(q)}", key="quantile_levels")
+        self._check_hedge()
+        b = self.boundaries_tokens
+        if any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in b) or list(b) != sorted(set(b)):
+            raise ConfigError(f"expected strictly increasing token counts >= 1, got {list(b)}", key="boundaries_tokens")
+
+    def _check_hedge(self) -> None:
+        if not (self.hedge_edges or self.hedge_output_tokens):
+            return
+        edges, tokens = self.hedge_edges, self.hedge_output_tokens
+        if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in edges) or list(edges) != sorted(set(edges)):
+            raise ConfigError(f"expected strictly increasing predicted lengths, got {list(edges)}", key="hedge_edges")
+        if any(not isinstance(x, int) or isinstance(x, bool) or not 1 <= x <= MAX_TOKENS for x in tokens):
+            raise ConfigError(f"expected token counts from 1 to {MAX_TOKENS:,} (every request generates a token), "
+                              f"got {list(tokens)}", key="hedge_output_tokens")
+        if len(tokens) != len(edges) + 1:
+            raise ConfigError(f"expected one more count than hedge_edges ({len(edges) + 1}), got {len(tokens)}",
+                              key="hedge_output_tokens")
+
+    def check(self, max_model_len_tokens: int) -> None:
+        b = self.boundaries_tokens
+        if b and b[-1] > max_model_len_tokens:
+            raise ConfigError(f"the last boundary ({b[-1]}) exceeds max_model_len_tokens ({max_model_len_tokens})",
+                              key="boundaries_tokens")
+
+    def _named_settings(self) -> None:
+        """Replace the named settings by their values: tau "never" by infinity, a level shape's
+        name by its levels at num_buckets."""
+        if isinstance(self.tau, str):
+            if self.tau != NEVER:
+                raise ConfigError(f"expected {TAU_EXPECTED}, got {self.tau!r}", key="tau")
+            object.__setattr__(self, "tau", math.inf)
+        elif isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)):
+            raise ConfigError(f"expected {TAU_EXPECTED}, got {self.tau!r}", key="tau")
+        for name in self.SEQUENCES:
+            value = getattr(self, name)
+            named = name == "quantile_levels" and isinstance(value, str) and value in LEVEL_SHAPES
+            if not isinstance(value, (tuple, list)) and not named:
+                known = f" or one of {', '.join(LEVEL_SHAPES)}" if name == "quantile_levels" else ""
+                raise ConfigError(f"expected a list{known}, got {value!r}", key=name)
+        if isinstance(self.quantile_levels, str) and whole_number_problem(self.num_buckets, 1, MAX_BUCKETS) is None:
+            # a bad num_buckets: the check below says so
+            object.__setattr__(self, "quantile_levels", shaped_levels(self.num_buckets, self.quantile_levels))
+
+    def to_mapping(self) -> dict[str, object]:
+        out = super().to_mapping()
+        out["tau"] = tau_setting(self.tau)
+        if not (self.hedge_edges or self.hedge_output_tokens):  # written only when a table is set
+            del out["hedge_edges"], out["hedge_output_tokens"]
+        return out
 
 
 def large_pool_bytes(pool_bytes: int, block_bytes: int, config: AllocatorConfig) -> int:
@@ -44,6 +158,7 @@ class OdmaAllocator(ContiguousAllocator):
     """
 
     name = "odma"
+    settings = (OdmaSettings,)
     uses_predictions = True  # sizes reservations from predicted lengths: a replay without a predictor must say so
 
     @classmethod
@@ -60,7 +175,7 @@ class OdmaAllocator(ContiguousAllocator):
             window = np.asarray(realized_kv_tokens)[: config.refit_window]
             bounds = quantile_boundaries(window, config.num_buckets, granularity_tokens=config.granularity_tokens,
                                          max_tokens=max_len, levels=config.quantile_levels)
-            config = dataclasses.replace(config, boundaries_tokens=bounds)
+            config = config.replace(boundaries_tokens=bounds)
             notes["initial_boundaries"] = f"quantiles of the first {window.size:,} requests' KV lengths"
         block = max_len * bytes_per_token
         if config.large_pool_bytes is None and pool_bytes * config.large_pool_fraction < block:
@@ -68,12 +183,13 @@ class OdmaAllocator(ContiguousAllocator):
                 raise ConfigError(f"one max_model_len block ({max_len:,} tokens) does not fit the KV pool "
                                   f"({pool_bytes // bytes_per_token:,} tokens): odma's large pool needs one",
                                   hint=f"a max_model_len up to {pool_bytes // bytes_per_token:,}")
-            config = dataclasses.replace(config, large_pool_bytes=block)
+            config = config.replace(large_pool_bytes=block)
             notes["large_pool"] = "raised to one max_model_len block"
         return config, notes
 
-    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
-        super().__init__(pool_bytes, bytes_per_token, config, arena)
+    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None,
+                 deployment: Deployment | None = None) -> None:
+        super().__init__(pool_bytes, bytes_per_token, config, arena, deployment)
         self.large_block_bytes = self.max_tokens * bytes_per_token
         large = large_pool_bytes(pool_bytes, self.large_block_bytes, config)
         self._init_regions({"main": pool_bytes - large, LARGE: large})

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 from array import array
+from dataclasses import dataclass
 
 from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation, AllocatorBase, RegionStats, refuse_past_whole_blocks, with_tail
-from odmactl.allocator.config import AllocatorConfig
+from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings, whole_numbers
 from odmactl.core.errors import ConfigError
+from odmactl.core.limits import MAX_TOKENS
+
+
+@dataclass(frozen=True)
+class PagedSettings(PolicySettings):
+    """The block in tokens (vLLM's --block-size); eLLM's chunks and unified's pages read it too."""
+
+    block_size_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        whole_numbers(self, ("block_size_tokens", 1, MAX_TOKENS))
 
 
 class PagedAllocator(AllocatorBase):
@@ -28,6 +40,11 @@ class PagedAllocator(AllocatorBase):
     """
 
     name = "paged"
+    settings = (PagedSettings,)
+
+    @classmethod
+    def describe(cls, config: dict) -> str | None:
+        return f"paged in {config['block_size_tokens']}-token blocks"
 
     @classmethod
     def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,
@@ -37,8 +54,9 @@ class PagedAllocator(AllocatorBase):
         refuse_past_whole_blocks(config, pool_bytes, bytes_per_token, "blocks")
         return config, {}
 
-    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
-        super().__init__(pool_bytes, bytes_per_token, config, arena)
+    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None,
+                 deployment: Deployment | None = None) -> None:
+        super().__init__(pool_bytes, bytes_per_token, config, arena, deployment)
         self.block_size_tokens = self.read_block_tokens = config.block_size_tokens
         self.block_bytes = self.block_size_tokens * bytes_per_token
         self.num_blocks = pool_bytes // self.block_bytes

@@ -4,17 +4,36 @@ al., NeurIPS 2023, arXiv:2306.06000); an outgrown bucket is preempted (S3's supe
 from __future__ import annotations
 
 from bisect import bisect_left
+from dataclasses import dataclass
 
 from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation
-from odmactl.allocator.config import S3_OVERFLOWS, AllocatorConfig
+from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings, whole_numbers
 from odmactl.allocator.contiguous import ContiguousAllocator
+from odmactl.core.errors import ConfigError
+from odmactl.core.limits import MAX_BUCKETS
 from odmactl.rules.s3 import s3_capacities
+
+S3_OVERFLOWS = ("preempt", "migrate")  # s3 on an outgrown bucket: the S3 paper's preemption, or a copy
 
 OVERFLOW_MODES = dict(zip(S3_OVERFLOWS, (  # what happens to a request that outgrows its bucket, by s3_overflow
     "an outgrown request is preempted and re-admitted with the next bucket (S3's supervisor)",
     "an outgrown request is copied into a larger bucket (odmactl's earlier S3)",
 )))
+
+
+@dataclass(frozen=True)
+class S3Settings(PolicySettings):
+    """S3's equal-width buckets over the output (`s3_num_buckets`) and what an outgrown bucket does
+    (`s3_overflow`, one of S3_OVERFLOWS)."""
+
+    s3_num_buckets: int = 10
+    s3_overflow: str = "preempt"
+
+    def __post_init__(self) -> None:
+        whole_numbers(self, ("s3_num_buckets", 1, MAX_BUCKETS))
+        if self.s3_overflow not in S3_OVERFLOWS:
+            raise ConfigError(f"expected one of {', '.join(S3_OVERFLOWS)}, got {self.s3_overflow!r}", key="s3_overflow")
 
 
 class S3Allocator(ContiguousAllocator):
@@ -50,10 +69,12 @@ class S3Allocator(ContiguousAllocator):
     """
 
     name = "s3"
+    settings = (S3Settings,)
     uses_predictions = True  # sizes reservations from predicted lengths: a replay without a predictor must say so
 
-    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
-        super().__init__(pool_bytes, bytes_per_token, config, arena)
+    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None,
+                 deployment: Deployment | None = None) -> None:
+        super().__init__(pool_bytes, bytes_per_token, config, arena, deployment)
         self._init_regions({"main": pool_bytes})
         self.capacities_tokens = s3_capacities(self.max_tokens, config.s3_num_buckets)
         self.preempts = config.s3_overflow == "preempt"

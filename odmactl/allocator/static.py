@@ -2,10 +2,39 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation
-from odmactl.allocator.config import AllocatorConfig
+from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings
 from odmactl.allocator.contiguous import ContiguousAllocator
+from odmactl.core.errors import ConfigError
+from odmactl.core.limits import MAX_TOKENS, whole_number_problem
+
+STATIC_SLOTS = ("max_model_len", "prompt_plus_max_new")
+
+
+@dataclass(frozen=True)
+class StaticSettings(PolicySettings):
+    """static's slot: `max_model_len` (worst-case provisioning) or prompt + `max_new_tokens`
+    ("prompt_plus_max_new", Cambricon-vLLM's pre-allocation, the ODMA papers' baseline).
+    Invariant: `max_new_tokens` is set exactly when the slot is "prompt_plus_max_new"."""
+
+    static_slot: str = "max_model_len"
+    max_new_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.static_slot not in STATIC_SLOTS:
+            raise ConfigError(f"expected one of {', '.join(STATIC_SLOTS)}, got {self.static_slot!r}", key="static_slot")
+        problem = None if self.max_new_tokens is None else whole_number_problem(self.max_new_tokens, 1, MAX_TOKENS)
+        if problem is not None:
+            raise ConfigError(problem, key="max_new_tokens")
+        if self.static_slot == "prompt_plus_max_new" and not (isinstance(self.max_new_tokens, int)
+                                                              and self.max_new_tokens >= 1):
+            raise ConfigError("static_slot = 'prompt_plus_max_new' needs max_new_tokens >= 1", key="max_new_tokens")
+        if self.max_new_tokens is not None and self.static_slot != "prompt_plus_max_new":
+            raise ConfigError("max_new_tokens sizes static's slot under static_slot = 'prompt_plus_max_new' and nothing "
+                              "else (the output cap is [scheduler] max_new_tokens)", key="max_new_tokens")
 
 
 class StaticAllocator(ContiguousAllocator):
@@ -14,11 +43,20 @@ class StaticAllocator(ContiguousAllocator):
     block has one size, so best-fit placement reproduces fixed slot positions. A slot never grows."""
 
     name = "static"
+    settings = (StaticSettings,)
 
-    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
-        super().__init__(pool_bytes, bytes_per_token, config, arena)
+    @classmethod
+    def describe(cls, config: dict) -> str | None:
+        if config.get("static_slot") == "prompt_plus_max_new":
+            return f"static reserves prompt + {config['max_new_tokens']:,} tokens, the ODMA papers' baseline"
+        return None
+
+    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None,
+                 deployment: Deployment | None = None) -> None:
+        super().__init__(pool_bytes, bytes_per_token, config, arena, deployment)
         self._init_regions({"main": pool_bytes})
         self._fixed = config.static_slot == "max_model_len"
+        self._max_new = config.max_new_tokens
 
     def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
                 uncertainty: float | None = None) -> Allocation | None:
@@ -27,7 +65,7 @@ class StaticAllocator(ContiguousAllocator):
         if self._fixed:
             capacity = self.max_tokens
         else:
-            capacity = min(prompt_tokens + self.config.max_new_tokens, self.max_tokens)
+            capacity = min(prompt_tokens + self._max_new, self.max_tokens)
         return self._reserve_in(self._main, "main", request_id, capacity, prompt_tokens, None)
 
     def extend(self, allocation: Allocation, total_tokens: int) -> bool:

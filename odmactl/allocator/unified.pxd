@@ -1,13 +1,25 @@
 # Cython declarations for unified.py (see setup.py): UnifiedAllocator as an extension type whose
-# operations the replay calls as C functions, and its free page ranges as the compiled ExtentList.
+# operations the replay calls as C functions, its page counts as C integers and its watermarks
+# and growth share as C doubles (the same values as Python's ints and floats: page counts stay far
+# below 2**53), and its free page ranges as the compiled ExtentList.
 from odmactl.allocator.base cimport AllocatorBase
 from odmactl.allocator.extentlist cimport ExtentList
 
 cdef class UnifiedAllocator(AllocatorBase):
-    cdef public object page_tokens, page_bytes, num_pages, tail_bytes, best_fit, high_pages, low_pages
-    cdef public object growth_fraction, max_pages, adapter_pages, hot_limit, free_pages, _kv, _adapters, _lru
-    cdef public object last_acquire_hit, runs_released, scattered, evictions, evicted_pages, adapter_loads, adapter_hits
+    cdef public long long page_tokens, page_bytes, num_pages, tail_bytes, max_pages, adapter_pages, hot_limit
+    cdef public long long free_pages, runs_released, scattered, evictions, evicted_pages, adapter_loads, adapter_hits
+    cdef public long long adapter_bytes, host_bytes
+    cdef public double growth_fraction, high_pages, low_pages
+    cdef public bint best_fit, last_acquire_hit
+    cdef public object _kv, _adapters, _lru
     cdef public ExtentList _free
     cpdef reserve(self, request_id, prompt_tokens, predicted_output_tokens=*, uncertainty=*)
     cpdef extend(self, allocation, total_tokens)
     cpdef release(self, allocation, final_tokens=*)
+    cpdef void _evict_lru(self) except *
+    cpdef void _evict_until(self, double free_pages) except *
+    cpdef void _after_allocation(self) except *
+    cpdef void _give(self, long long start, long long pages) except *
+    cpdef long long _range(self, long long pages) except? -2
+    cpdef list _take(self, long long pages, bint contiguous)
+    cpdef long long _grow(self, list ranges, long long need, long long step) except? -1

@@ -5,8 +5,18 @@ evicted least recently used, between the high and low watermarks."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
+from dataclasses import dataclass
+
+try:  # compiled by Cython (see setup.py): unified.pxd types the hot fields, cython.locals the hot locals
+    import cython
+except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
+    class cython:  # noqa: N801 - the names this module reads at run time
+        longlong = Py_ssize_t = None
+
+        @staticmethod
+        def locals(**_):
+            return lambda function: function
 
 from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import (
@@ -17,9 +27,51 @@ from odmactl.allocator.base import (
     refuse_past_whole_blocks,
     with_tail,
 )
-from odmactl.allocator.config import AllocatorConfig
+from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings, number_problem, whole_numbers
 from odmactl.allocator.extentlist import ExtentList
+from odmactl.allocator.paged import PagedSettings
 from odmactl.core.errors import ConfigError
+from odmactl.core.limits import whole_number_problem
+
+UNIFIED_FITS = ("best", "first")  # ADR-006 §5.2: best fit by default, first fit for latency-critical paths
+MAX_ADAPTER_RANK = 4_096  # LoRA ranks are 8-64 in S-LoRA's and ADR-006's examples
+MAX_ADAPTER_BYTES = 1 << 50
+
+
+@dataclass(frozen=True)
+class UnifiedSettings(PolicySettings):
+    """Page ranges by best or first fit, growth by a share of the pages held, eviction between the
+    watermarks (fractions of the pool's pages), LoRA adapters of `lora_rank` (their bytes filled in
+    from the model when not set), at most `unified_hot_adapters` resident. Pages are
+    `block_size_tokens` (PagedSettings). Invariant: 0 < low watermark <= high watermark <= 1."""
+
+    unified_fit: str = "best"
+    unified_growth_fraction: float = 0.125  # a new range adds this share of the pages held (0: one page)
+    unified_high_watermark: float = 0.9
+    unified_low_watermark: float = 0.8
+    lora_rank: int = 16
+    adapter_bytes: int | None = None
+    unified_hot_adapters: int = 100
+
+    def __post_init__(self) -> None:
+        whole_numbers(self, ("lora_rank", 1, MAX_ADAPTER_RANK), ("unified_hot_adapters", 1, 1 << 20))
+        if self.unified_fit not in UNIFIED_FITS:
+            raise ConfigError(f"expected one of {', '.join(UNIFIED_FITS)}, got {self.unified_fit!r}", key="unified_fit")
+        problem = None if self.adapter_bytes is None else whole_number_problem(self.adapter_bytes, 0, MAX_ADAPTER_BYTES)
+        if problem is not None:
+            raise ConfigError(problem, key="adapter_bytes")
+        if number_problem(self.unified_growth_fraction, 0, 4):
+            raise ConfigError(f"expected a share of the pages held from 0 (one page at a time) to 4, got "
+                              f"{self.unified_growth_fraction!r}", key="unified_growth_fraction")
+        low, high = self.unified_low_watermark, self.unified_high_watermark
+
+        def fraction(x) -> bool:
+            return not number_problem(x, 0, 1) and x > 0
+
+        if not (fraction(low) and fraction(high) and low <= high):
+            bad = "unified_high_watermark" if fraction(low) and not fraction(high) else "unified_low_watermark"
+            raise ConfigError(f"expected 0 < unified_low_watermark <= unified_high_watermark <= 1, got {low!r} and "
+                              f"{high!r}", key=bad)
 
 
 class UnifiedAllocator(AllocatorBase):
@@ -54,6 +106,7 @@ class UnifiedAllocator(AllocatorBase):
     """
 
     name = "unified"
+    settings = (PagedSettings, UnifiedSettings)
 
     @classmethod
     def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,
@@ -66,7 +119,7 @@ class UnifiedAllocator(AllocatorBase):
                           + (f"{config.unified_growth_fraction:g} of the pages held" if config.unified_growth_fraction
                              else "a page at a time")}
         if config.adapter_bytes is None and deployment is not None and deployment.lora_bytes_per_rank:
-            config = dataclasses.replace(config, adapter_bytes=config.lora_rank * deployment.lora_bytes_per_rank)
+            config = config.replace(adapter_bytes=config.lora_rank * deployment.lora_bytes_per_rank)
         if deployment is not None and deployment.adapters and config.adapter_bytes:
             page_bytes = page * bytes_per_token
             pages = pool_bytes // page_bytes
@@ -82,8 +135,9 @@ class UnifiedAllocator(AllocatorBase):
                                  f"{config.adapter_bytes / (1 << 20):.1f} MiB (adapter_bytes {config.adapter_bytes:,})")
         return config, notes
 
-    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None) -> None:
-        super().__init__(pool_bytes, bytes_per_token, config, arena)
+    def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None,
+                 deployment: Deployment | None = None) -> None:
+        super().__init__(pool_bytes, bytes_per_token, config, arena, deployment)
         self.page_tokens = config.block_size_tokens
         self.page_bytes = self.page_tokens * bytes_per_token
         self.num_pages = pool_bytes // self.page_bytes
@@ -95,7 +149,8 @@ class UnifiedAllocator(AllocatorBase):
         self.max_pages = -(-self.max_tokens // self.page_tokens)
         self.high_pages = config.unified_high_watermark * self.num_pages
         self.low_pages = config.unified_low_watermark * self.num_pages
-        self.adapter_pages = -(-(config.adapter_bytes or 0) // self.page_bytes)
+        self.adapter_bytes = config.adapter_bytes or 0
+        self.adapter_pages = -(-self.adapter_bytes // self.page_bytes)
         self.hot_limit = config.unified_hot_adapters
         self._free = ExtentList()
         self._free.add(0, self.num_pages)
@@ -103,9 +158,8 @@ class UnifiedAllocator(AllocatorBase):
         self._kv: dict[str, list[int]] = {}
         self._adapters: dict[object, list[int]] = {}  # key -> [start, pages, refcount]
         self._lru: OrderedDict = OrderedDict()  # unpinned adapters, least recently used first
-        self.runs_tracked = True
-        self.serves_adapters = self.adapter_pages > 0
         self.kv_runs = 0
+        self.host_bytes = 0
         self.runs_released = self.scattered = 0
         self.evictions = self.evicted_pages = self.adapter_loads = self.adapter_hits = 0
         self.last_acquire_hit = False
@@ -147,6 +201,7 @@ class UnifiedAllocator(AllocatorBase):
             self.free_pages -= pages
         return start
 
+    @cython.locals(start=cython.longlong, n=cython.longlong)
     def _take(self, pages: int, contiguous: bool) -> list[int] | None:
         """`pages` pages as ranges [start, pages, ...] (one, or with `contiguous` False the largest
         free ranges when no single one holds them); unpinned adapters are evicted for them if need
@@ -165,23 +220,25 @@ class UnifiedAllocator(AllocatorBase):
             return None
         self.scattered += 1
         out: list[int] = []
-        for n, neg_start in sorted(((n, -s) for s, n in self._free.tolist()), reverse=True):  # largest first, lowest on a tie
-            n = min(n, pages)
-            self._free.take_at(-neg_start, n)
+        while pages:  # the largest free range first (the lowest on a tie), each taken from its start
+            start = self._free.largest()
+            if start < 0:
+                raise InvariantError("free pages counted but not found in the free ranges")
+            n = min(self._free.size_at(start), pages)
+            self._free.take_at(start, n)
             self.free_pages -= n
-            out += [-neg_start, n]
+            out += [start, n]
             pages -= n
-            if not pages:
-                return out
-        raise InvariantError("free pages counted but not found in the free ranges")
+        return out
 
     # -- the operations --------------------------------------------------------------------------
 
+    @cython.locals(pages=cython.longlong)
     def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
                 uncertainty: float | None = None) -> Allocation | None:
         self._admit(request_id, prompt_tokens)
         pages = -(-(prompt_tokens + 1) // self.page_tokens)  # the prompt and its first token
-        ranges = self._take(pages, contiguous=False)
+        ranges = self._take(pages, False)
         if ranges is None:
             self.failed_reserves += 1
             return None
@@ -193,6 +250,7 @@ class UnifiedAllocator(AllocatorBase):
         self._after_allocation()
         return a
 
+    @cython.locals(held=cython.longlong, need=cython.longlong, extra=cython.longlong)
     def extend(self, allocation: Allocation, total_tokens: int) -> bool:
         self._growth(allocation, total_tokens)
         self.extends += 1
@@ -216,19 +274,20 @@ class UnifiedAllocator(AllocatorBase):
         allocation.used_tokens = total_tokens
         return True
 
+    @cython.locals(end=cython.longlong, pages=cython.longlong)
     def _grow(self, ranges: list[int], need: int, step: int) -> int:
         """Add `step` pages to a request's `ranges`, or failing that `need` (<= step): in place
         after its last range when those pages are free, else as new ranges; returns the pages
         added, 0 when not even `need` can be had."""
         end = ranges[-2] + ranges[-1]
-        sizes = (step, need) if step > need else (need,)
+        sizes: list = [step, need] if step > need else [need]
         for pages in sizes:
             if self.free_pages >= pages and self._free.take_at(end, pages):
                 ranges[-1] += pages
                 self.free_pages -= pages
                 return pages
         for pages in sizes:
-            more = self._take(pages, contiguous=False)
+            more = self._take(pages, False)
             if more is not None:
                 if more[0] == end:  # eviction freed the pages right after: still in place
                     ranges[-1] += more[1]
@@ -238,6 +297,7 @@ class UnifiedAllocator(AllocatorBase):
                 return pages
         return 0
 
+    @cython.locals(j=cython.Py_ssize_t)
     def release(self, allocation: Allocation, final_tokens: int | None = None) -> None:
         self._own(allocation)
         if final_tokens is not None:  # growth past the pages held is not taken: they go back at once
@@ -249,11 +309,18 @@ class UnifiedAllocator(AllocatorBase):
         self.runs_released += len(ranges) // 2
         self._forget(allocation)
 
-    def runs_of(self, allocation: Allocation) -> int:
+    def runs_of(self, allocation: Allocation, kv_tokens: int) -> int:
         """The page ranges request `allocation` holds: its KV runs per KV head, K and V, per layer."""
         return len(self._kv[allocation.request_id]) // 2
 
-    # -- adapters (ADR-006 §9: AdapterManager.acquire / release) ----------------------------------
+    def mean_released_runs(self) -> float | None:
+        """The mean page ranges a request held at its release."""
+        return self.runs_released / self.releases if self.releases else 0.0
+
+    # -- adapters (ADR-006 §9: AdapterManager.acquire / release): the AdapterCache ----------------
+
+    def adapter_cache(self):
+        return self if self.adapter_pages > 0 else None
 
     def acquire_adapter(self, key) -> bool:
         """Pin adapter `key` for a request about to run: resident, its refcount goes up (a hit);
@@ -276,7 +343,7 @@ class UnifiedAllocator(AllocatorBase):
             return False
         self._adapters[key] = [ranges[0], self.adapter_pages, 1]
         self.adapter_loads += 1
-        self.host_bytes += self.config.adapter_bytes
+        self.host_bytes += self.adapter_bytes
         self._after_allocation()
         return True
 

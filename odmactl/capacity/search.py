@@ -20,8 +20,8 @@ Every figure comes from replays, none from division:
   the rate an overloaded replay's output reports it keeps up at.
 - Monotonicity is checked, not assumed: the SLO must also hold at 1/2 and 1/4 of the reported
   scale; a failure there is reported (`monotone: false`) with the scale that failed.
-- `replicas_for` starts from the division's guess and replays: up while the SLO fails, down while
-  one replica fewer still meets it.
+- `replicas_for` starts from the division's guess and replays: up by doubling steps while the SLO
+  fails, then bisects down to the fewest replicas that meet it.
 """
 
 from __future__ import annotations
@@ -90,6 +90,24 @@ def served(ctx: ReplayContext, policy: str, table: dict, scale: float, replicas:
             "tps": totals["generated_tokens"] / max(end_s, 1e-12), "makespan_s": end_s}
 
 
+def served_as_replayed(ctx: ReplayContext, metrics: dict) -> dict | None:
+    """`served(ctx, ..., 1.0)` from the metrics of a replay of `ctx` as it is (one engine, the
+    trace's own rate), without replaying again; None when the rate scale's rounding would move an
+    arrival (a trace longer than 2**53 ps, where float64 no longer holds every picosecond)."""
+    w = ctx.workload
+    if not np.array_equal(w.at_rate_scale(1.0).arrival_ps, w.arrival_ps):
+        return None
+    totals = {key: metrics[key] for key in ("requests", "completed", "rejections", "rejected_prompt_too_long",
+                                             "migrations", "preemptions", "generated_tokens")}
+    n = totals["requests"]
+    return {**totals, "replicas": 1, "rate_scale": 1.0, "overloaded": bool(metrics["overloaded"]),
+            "falling_behind": bool(metrics["falling_behind"]),
+            **{key: metrics[key] for key in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")},
+            "migration_rate": totals["migrations"] / n,
+            "overflow_rate": (totals["migrations"] + totals["preemptions"]) / n,
+            "tps": totals["generated_tokens"] / max(metrics["makespan_s"], 1e-12), "makespan_s": metrics["makespan_s"]}
+
+
 def failures(metrics: dict, policy: str, target: CapacityTarget) -> list[tuple[str, float, float]]:
     """(metric, value, limit) for every limit the metrics break."""
     broken = target.slo.failures(metrics)
@@ -108,12 +126,15 @@ def lowest_scale(arrival_s: np.ndarray) -> float:
     return max(2.0 ** -MAX_SCALE_STEPS, 4 * span_ps / CLOCK_LIMIT_PS)
 
 
-def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget) -> dict:
-    """The largest rate scale at which the SLO holds (see the module docstring), with every probe."""
+def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, known: dict | None = None,
+                  monotone: bool = True) -> dict:
+    """The largest rate scale at which the SLO holds (see the module docstring), with every probe.
+    `known`: the probe at the trace's own rate, when the caller replayed it already
+    (`served_as_replayed`); `monotone` False skips the checks below the scale found."""
     probes: list[dict] = []
 
     def probe(scale: float) -> bool:
-        m = served(ctx, policy, table, scale)
+        m = known if scale == 1.0 and known is not None else served(ctx, policy, table, scale)
         broken = failures(m, policy, target)
         probes.append({"rate_scale": scale, "holds": not broken, "failures": [list(f) for f in broken],
                        "ttft_p99": m["ttft_p99"], "tpot_p99": m["tpot_p99"], "metrics": m})
@@ -152,7 +173,7 @@ def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: Capacity
         else:
             hi = mid
     at = next(p for p in probes if p["rate_scale"] == lo)
-    broken_below = next((lo * f for f in MONOTONE_FACTORS if not probe(lo * f)), None)
+    broken_below = next((lo * f for f in MONOTONE_FACTORS if not probe(lo * f)), None) if monotone else None
     return {"rate_scale": lo, "next_rate_scale": hi, "metrics": at["metrics"], "monotone": broken_below is None,
             "failed_below_at_scale": broken_below, "infeasible": None, "probes": without_metrics()}
 
@@ -160,22 +181,38 @@ def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: Capacity
 def replicas_for(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, target_scale: float,
                  per_replica_scale: float) -> dict:
     """The fewest round-robin replicas that serve the trace at `target_scale` within the SLO,
-    found by replaying from the division's guess; {"replicas": None} past `max_replicas`."""
-    replicas = min(max(1, math.ceil(target_scale / per_replica_scale)), target.max_replicas)
-    m = served(ctx, policy, table, target_scale, replicas)
-    if failures(m, policy, target):  # up, one engine at a time, until the SLO holds
-        while replicas < target.max_replicas:
-            replicas += 1
-            m = served(ctx, policy, table, target_scale, replicas)
-            if not failures(m, policy, target):
-                return {"replicas": replicas, "metrics": m}
-        return {"replicas": None, "metrics": m}
-    while replicas > 1:  # down while one fewer still holds it
-        fewer = served(ctx, policy, table, target_scale, replicas - 1)
-        if failures(fewer, policy, target):
-            break
-        replicas, m = replicas - 1, fewer
-    return {"replicas": replicas, "metrics": m}
+    found by replaying from the division's guess, then bisecting: up by doubling steps from the
+    guess while the SLO fails, then between the last count that failed and the first that held;
+    {"replicas": None} past `max_replicas`. Where one engine more never breaks the SLO this is the
+    count a search one engine at a time finds, in a logarithmic number of replays."""
+    guess = min(max(1, math.ceil(target_scale / per_replica_scale)), target.max_replicas)
+    runs: dict[int, dict] = {}
+
+    def holds(replicas: int) -> bool:
+        runs[replicas] = served(ctx, policy, table, target_scale, replicas)
+        return not failures(runs[replicas], policy, target)
+
+    if holds(guess):
+        low, high = 0, guess  # low fails (no engine serves nothing), high holds
+    else:
+        low, step = guess, 1
+        while True:
+            if low == target.max_replicas:
+                return {"replicas": None, "metrics": runs[low]}
+            candidate = min(low + step, target.max_replicas)
+            if holds(candidate):
+                high = candidate
+                break
+            low, step = candidate, 2 * step
+    if low < high - 1 and holds(high - 1):  # the guess, or the first count found, is usually close
+        high -= 1
+        while high - low > 1:
+            middle = (low + high) // 2
+            if holds(middle):
+                high = middle
+            else:
+                low = middle
+    return {"replicas": high, "metrics": runs[high]}
 
 
 def capacity_job(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, target_scale: float) -> dict:
@@ -187,11 +224,14 @@ def capacity_job(ctx: ReplayContext, policy: str, table: dict, target: CapacityT
     return {**found, "target": need}
 
 
-def sustainable_scale(ctx: ReplayContext, policy: str, table: dict) -> dict:
+def sustainable_scale(ctx: ReplayContext, policy: str, table: dict, metrics: dict | None = None) -> dict:
     """The highest rate scale at which the queue stops growing (`find_capacity` with no SLO and no
     migration limit): {"rate_scale": the scale or None, "next_rate_scale": the first scale tried
-    above it}."""
-    found = find_capacity(ctx, policy, table, STABLE)
+    above it}. `metrics`: the replay of `ctx` at its own rate, when the caller has it (its probe at
+    scale 1 is not replayed again). The monotonicity checks are not run: they do not enter this
+    answer."""
+    known = None if metrics is None else served_as_replayed(ctx, metrics)
+    found = find_capacity(ctx, policy, table, STABLE, known=known, monotone=False)
     return {"rate_scale": found["rate_scale"], "next_rate_scale": found["next_rate_scale"]}
 
 

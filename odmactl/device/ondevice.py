@@ -160,8 +160,8 @@ class DecodeProbe:
 
     def __init__(self, arena, model: ModelProfile, block_tokens: int | None, max_batch: int,
                  compute_dtype: str = "fp16", reader: str = "auto", kv_ranges=None) -> None:
-        """`kv_ranges(a)`: the byte ranges of a request's KV in token order, for a policy whose
-        request is several runs (Allocator.runs_tracked); None: one run, or its blocks."""
+        """`kv_ranges(a)`: the byte ranges of a request's KV in token order, for a policy with
+        contiguous growth (one range, or ADR-006's few page ranges); None: its blocks."""
         import torch
 
         self.kv_ranges = kv_ranges
@@ -206,7 +206,7 @@ class DecodeProbe:
         4-byte words into the arena; each group's starts and lengths are multiples of its row width
         (the unit embedding_bag reads them in)."""
         lens = np.asarray(kv_tokens, dtype=np.int64)
-        if self.kv_ranges is not None:  # page ranges, token-major like a contiguous block: each up to its share
+        if self.kv_ranges is not None:  # ranges, token-major like a contiguous block: each up to its share
             row = self.bpt // 4
             starts, words = [], []
             for a, tokens in zip(allocations, lens.tolist()):

@@ -27,7 +27,8 @@ class OnDevice:
 
     def probe(self, allocator, ctx: ReplayContext) -> DecodeProbe:
         return DecodeProbe(allocator.arena, ctx.serving.model, allocator.block_size_tokens, ctx.scheduler.max_num_seqs,
-                           ctx.serving.compute_dtype, kv_ranges=allocator.kv_ranges if allocator.runs_tracked else None)
+                           ctx.serving.compute_dtype,
+                           kv_ranges=allocator.kv_ranges if allocator.block_size_tokens is None else None)
 
     def section(self, probe: DecodeProbe, ctx: ReplayContext) -> dict:
         s = ctx.serving

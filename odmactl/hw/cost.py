@@ -272,7 +272,15 @@ class CostModel:
 
     def step_coefficients(self, layout: KvLayout, max_batch: int = 256) -> StepCoefficients:
         """This model's decode step in integer picoseconds (each coefficient rounded once), for
-        batches of up to `max_batch` requests."""
+        batches of up to `max_batch` requests; made once per layout and batch cap (a capacity
+        search replays many small parts of a trace with the same model)."""
+        key = (layout, max_batch)
+        cache = self.__dict__.setdefault("_step_cache", {})
+        if key not in cache:
+            cache[key] = self._step_coefficients(layout, max_batch)
+        return cache[key]
+
+    def _step_coefficients(self, layout: KvLayout, max_batch: int) -> StepCoefficients:
         return StepCoefficients(
             gemm_ps=tuple(to_ps(self.gemm_s(n)) for n in range(max_batch + 1)),
             fixed_ps=to_ps(self.decode_fixed_s + self.comm_fixed_s),

@@ -30,7 +30,7 @@ from odmactl.plan.engine import odma_settings, vllm_settings
 from odmactl.plan.spec import DEFAULT_BASELINES, PlanSpec
 from odmactl.run.config import config_tables, scheduler_table
 from odmactl.run.serving import Serving
-from odmactl.sim.loop import SchedulerSettings
+from odmactl.sim.settings import SchedulerSettings
 
 EXPECTED_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate", "rejections", "ttft_p99", "tpot_p99",
                  "peak_concurrency", "overloaded")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from odmactl.allocator.config import NEVER, tau_setting
+from odmactl.allocator.odma import NEVER, tau_setting
 from odmactl.predict.source import PREDICTOR_CHOICES
 from odmactl.rules.buckets import LEVEL_SHAPES, shaped_levels
 from odmactl.rules.hedge import HedgeTable, fit_hedge_tables

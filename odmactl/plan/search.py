@@ -313,7 +313,7 @@ def _validate(frame: pl.DataFrame, spec: PlanSpec, hold_ctx, split: int, final_t
     validation.update({name: result for (name, *_), result in zip(runs, done)})
     jobs = [(name, c, policy, table) for c, (name, policy, table, _) in zip(contexts, runs)
             if validation[name]["queue"]["overloaded"]]
-    found = run_jobs([(c, policy, table) for _, c, policy, table in jobs], spec.workers,
+    found = run_jobs([(c, policy, table, validation[name]["metrics"]) for name, c, policy, table in jobs], spec.workers,
                      "plan: rates the overloaded sustain", progress, fn=sustainable_scale, executor=spec.executor)
     for (name, *_), scale in zip(jobs, found):
         validation[name]["queue"]["sustainable"] = scale

@@ -18,7 +18,7 @@ from odmactl.core.errors import ConfigError
 from odmactl.core.tomltable import TomlTable, load_toml
 from odmactl.predict.source import PREDICTOR_CHOICES
 from odmactl.run.serving import Serving
-from odmactl.sim.loop import SchedulerSettings
+from odmactl.sim.settings import SchedulerSettings
 
 CONFIG_TABLES = ("allocator", "scheduler", "thresholds")
 RECORD_TABLES = ("plan", "engine")  # what plan records and restates; "meta" is [plan]'s older name

@@ -23,7 +23,8 @@ from odmactl.run.config import mismatches, predictor_from_config, read_config, s
 from odmactl.run.serving import Serving, default_max_model_len, serving
 from odmactl.run.spec import LoadOptions, ReplaySpec, ServingSpec, papers_static
 from odmactl.run.workload import build_workload
-from odmactl.sim.loop import Replay, SchedulerSettings
+from odmactl.sim.engine import Replay
+from odmactl.sim.settings import SchedulerSettings
 from odmactl.sim.metrics import ReplayResult, latency_histograms
 from odmactl.sim.workload import CLOCK_LIMIT_PS, PS, Workload
 
@@ -54,6 +55,13 @@ class DeviceHooks(Protocol):
     def release(self) -> None: ...
 
 
+def deployment_of(cost, **facts) -> Deployment:
+    """The deployment facts a cost model gives (its activation demand per token and per sequence
+    producing logits), with `facts` besides."""
+    return Deployment(activation_bytes_per_token=cost.activation_bytes(1, 0),
+                      activation_bytes_per_sequence=cost.activation_bytes(0, 1), **facts)
+
+
 def deployment(ctx: ReplayContext) -> Deployment:
     """What a policy may need of the deployment (allocator/config.Deployment): the activation
     memory a static engine reserves, modelled at vLLM's profiling shape (the token budget over as
@@ -64,33 +72,38 @@ def deployment(ctx: ReplayContext) -> Deployment:
     budget = ctx.scheduler.batched_tokens(ctx.max_len)
     peak = s.cost.activation_bytes(budget, min(ctx.scheduler.max_num_seqs, budget))
     reserve = int(s.device.activation_reserve_bytes * s.tp)
-    return Deployment(activation_peak_bytes=int(min(peak, reserve)), activation_reserve_bytes=reserve,
-                      lora_bytes_per_rank=s.model.lora_bytes_per_rank * s.tp, adapters=ctx.workload.adapters is not None)
+    return deployment_of(s.cost, activation_peak_bytes=int(min(peak, reserve)), activation_reserve_bytes=reserve,
+                         lora_bytes_per_rank=s.model.lora_bytes_per_rank * s.tp,
+                         adapters=ctx.workload.adapters is not None)
 
 
-def policy_config(policy: str, table: dict, ctx: ReplayContext) -> tuple[AllocatorConfig, dict]:
-    """The policy's config for this context and notes on what the policy filled in."""
+def policy_config(policy: str, table: dict, ctx: ReplayContext,
+                  facts: Deployment | None = None) -> tuple[AllocatorConfig, dict]:
+    """The policy's config for this context and notes on what the policy filled in (`facts`: the
+    context's deployment, when the caller has it)."""
     config = AllocatorConfig.from_mapping({**table, "max_model_len_tokens": ctx.max_len})
     s = ctx.serving
     return ALLOCATORS[policy].complete_config(config, pool_bytes=s.pool_bytes, bytes_per_token=s.bytes_per_token,
                                               realized_kv_tokens=ctx.workload.kv_tokens(ctx.max_len),
-                                              deployment=deployment(ctx))
+                                              deployment=facts or deployment(ctx))
 
 
 def replay_policy(ctx: ReplayContext, policy: str, table: dict, progress=None,
                   device: DeviceHooks | None = None) -> tuple[ReplayResult, AllocatorConfig, dict, dict | None]:
     """Replay `policy` with the [allocator] settings `table` on the context: (the result, the config
     it ran with, notes, the on-device section or None)."""
-    config, notes = policy_config(policy, table, ctx)
+    facts = deployment(ctx)
+    config, notes = policy_config(policy, table, ctx, facts)
     s = ctx.serving
     arena = "virtual" if device is None else device.arena(ctx, ALLOCATORS[policy].arena_bytes(s.pool_bytes, config))
-    allocator = make_allocator(policy, s.pool_bytes, s.bytes_per_token, config, arena=arena)
-    moves = "offloads KV to a host buffer" if allocator.host_buffer_bytes else \
-        "loads LoRA adapters from host memory" if allocator.serves_adapters and ctx.workload.adapters is not None else None
+    allocator = make_allocator(policy, s.pool_bytes, s.bytes_per_token, config, arena=arena, deployment=facts)
+    tier = allocator.host_tier() if allocator.block_size_tokens is not None else None
+    moves = "offloads KV to a host buffer" if tier is not None else \
+        "loads LoRA adapters from host memory" if ctx.workload.adapters is not None and allocator.adapter_cache() else None
     if moves and s.device.host_link is None:
         raise ConfigError(f"{policy} {moves}, and {s.device.name}'s profile has no [host_link] to charge the transfers at",
                           file=s.device.path, hint="add [host_link] (kind, bandwidth) to the profile"
-                          + (", or set ellm_host_buffer_bytes = 0" if allocator.host_buffer_bytes else ""))
+                          + (", or set ellm_host_buffer_bytes = 0" if tier is not None else ""))
     probe = None if device is None else device.probe(allocator, ctx)
     try:
         result = Replay(ctx.workload, allocator, s.cost, ctx.max_len, ctx.scheduler, progress=progress,
@@ -182,8 +195,9 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
     """Replay the trace once per policy; returns the JSON-ready document (settings, one result each).
     `tables` is `read_config(spec.config)` when the caller has read it already; `setup` the serving
     when the caller has built it (an on-device replay scales the model). A policy whose queue grew
-    through the run (sim/metrics.queue_growth) gets `sustainable(ctx, policy, table)` in its
-    "queue" section, when the caller passes that search (capacity/search.sustainable_scale)."""
+    through the run (sim/metrics.queue_growth) gets `sustainable(ctx, policy, table, metrics)` in
+    its "queue" section, when the caller passes that search (capacity/search.sustainable_scale;
+    `metrics` the replay's own, its probe at the trace's rate)."""
     if tables is None:
         tables = read_config(spec.config)
     if setup is None:
@@ -211,7 +225,7 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
             label_ = f"replay {policy}: overloaded, the rate it sustains"
             if progress:
                 progress(label_, 0, 1)
-            queue["sustainable"] = sustainable(ctx, policy, table)
+            queue["sustainable"] = sustainable(ctx, policy, table, result.metrics)
             if progress:
                 progress(label_, 1, 1)
         results[policy] = {"metrics": result.metrics, "config": config.to_mapping(), "notes": notes,

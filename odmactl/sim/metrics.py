@@ -85,9 +85,11 @@ def queue_growth(timeline: Timeline) -> dict:
 
 
 def kv_runs_per_request(alloc, tl: Timeline, ok: np.ndarray) -> float:
-    """The mean KV runs of the completed requests at their end (see replay_result)."""
-    if alloc.runs_tracked:
-        return alloc.runs_released / alloc.releases if alloc.releases else 0.0
+    """The mean KV runs of the completed requests at their end (see replay_result): as the policy
+    counts them, else one per contiguous request or per block it held."""
+    counted = alloc.mean_released_runs()
+    if counted is not None:
+        return counted
     if alloc.read_block_tokens is None or not ok.any():
         return 1.0 if ok.any() else 0.0
     return float(np.mean(tl.reserved_tokens[ok] // alloc.read_block_tokens))
@@ -161,7 +163,7 @@ def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
         "queue_length": [r[3] for r in rows],
         "bucket_boundaries": [{"time_s": ts, "boundaries_tokens": b} for ts, b in boundaries],
     }
-    if c["kv_pool_bytes"] < alloc.pool_bytes:  # a pool shared with activations (eLLM): the KV past the KV pool
+    if c["kv_pool_bytes"] < alloc.pool_bytes:  # a pool that holds borrowed memory: the KV past the KV pool
         series_out["borrowed_bytes"] = [max(0, r[1] - c["kv_pool_bytes"]) for r in rows]
     return ReplayResult(alloc.name, metrics, series_out, alloc.stats().to_dict(), ttft, tpot, queue)
 

@@ -29,7 +29,7 @@ class PrefillClock:
 
     __slots__ = ("layer_bytes", "layer_flops_per_token", "head_bytes", "head_flops_per_token", "peak_bw",
                  "peak_flops", "attention_flops_per_square", "attention_efficiency", "fixed_s", "per_token_s",
-                 "tokens", "efficiency", "entries")
+                 "tokens", "efficiency", "entries", "_tokens", "_efficiency_table")
 
     def __init__(self, coeff: PrefillCoefficients) -> None:
         g = coeff.gemms
@@ -45,12 +45,14 @@ class PrefillClock:
         self.per_token_s = float(coeff.per_token_s)
         self.tokens = array("d", g.tokens)
         self.efficiency = array("d", g.efficiency)
+        self._tokens = self.tokens  # compiled: typed views of the two, made once (not at every prefill)
+        self._efficiency_table = self.efficiency
         self.entries = len(g.tokens)
 
     def _efficiency(self, m: cython.double) -> cython.double:
         """hw.profiles.gemm_efficiency, operation for operation."""
-        t: cython.double[:] = self.tokens
-        e: cython.double[:] = self.efficiency
+        t: cython.double[:] = self._tokens
+        e: cython.double[:] = self._efficiency_table
         i: cython.Py_ssize_t
         if m <= t[0]:
             return e[0]

@@ -6,7 +6,7 @@
 cdef class Segment:
     cdef public long long fixed_ps, per_seq_ps, per_token_ps, per_run_ps, batch_ps
     cdef public long long period, dm, d_held
-    cdef public bint paged, read_per_request
+    cdef public bint block_growth, read_per_request
     cdef public object runs
     cdef long long[:] _runs, m0, held, gemm_ps
     cpdef Segment reset(self, long long n, long long kv_tokens_sum)

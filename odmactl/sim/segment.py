@@ -65,7 +65,7 @@ class Segment:
     Python integers made); compiled, it is an extension type with C fields (segment.pxd)."""
 
     __slots__ = ("gemm_ps", "fixed_ps", "per_seq_ps", "per_token_ps", "per_run_ps", "batch_ps",
-                 "period", "paged", "read_per_request", "runs", "_runs", "m0", "dm", "held", "d_held")
+                 "period", "block_growth", "read_per_request", "runs", "_runs", "m0", "dm", "held", "d_held")
 
     def __init__(self, coeff: StepCoefficients, growth_block=0) -> None:
         """An empty batch of the layout `coeff` describes; fill `runs` and `reset` to describe each
@@ -79,9 +79,9 @@ class Segment:
         self.per_token_ps = coeff.per_token_ps
         self.per_run_ps = coeff.per_run_ps
         block = coeff.block_tokens if growth_block == 0 else growth_block
-        self.paged = block is not None
-        self.read_per_request = self.paged and coeff.block_tokens is None
-        self.period = block if self.paged else 1
+        self.block_growth = block is not None
+        self.read_per_request = self.block_growth and coeff.block_tokens is None
+        self.period = block if self.block_growth else 1
         self.runs = array("q", bytes(8 * (self.period + 1)))  # the caller's input, read by reset
         self._runs = self.runs
         self.m0 = array("q", bytes(8 * self.period))
@@ -96,7 +96,7 @@ class Segment:
         step_tokens: cython.longlong = self.per_token_ps * n
         base: cython.longlong = self.per_token_ps * kv_tokens_sum
         gemm: cython.longlong[:] = self.gemm_ps
-        growth: cython.longlong = n if self.paged else 0
+        growth: cython.longlong = n if self.block_growth else 0
         read_growth: cython.longlong = 0 if self.read_per_request else growth
         per_request: cython.bint = self.read_per_request
         rho: cython.longlong

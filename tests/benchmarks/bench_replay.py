@@ -65,7 +65,8 @@ def main() -> None:
     from odmactl.run.serving import serving
     from odmactl.run.spec import LoadOptions
     from odmactl.run.workload import build_workload
-    from odmactl.sim.loop import Replay, SchedulerSettings
+    from odmactl.sim.engine import Replay
+from odmactl.sim.settings import SchedulerSettings
     from odmactl.trace.schema import read_trace
 
     frame = read_trace(trace_path(args.requests))

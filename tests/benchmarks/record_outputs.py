@@ -35,6 +35,10 @@ SHARED = Path(os.environ.get("ODMACTL_SHARED_TRACES", ROOT.parent / "shared" / "
 SAMPLES = ROOT / "traces"
 DEVICE = ["--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B"]
 COMPARE = ["--compare", "static,paged,s3,odma"]
+ALL = ["--compare", "static,paged,s3,odma,ellm,unified"]
+# eLLM with a host buffer and its SLO-aware scaling, unified with a small hot tier of adapters
+ELLM_HOST_TOML = ("[allocator]\nellm_borrow_bytes = 0\nellm_host_buffer_bytes = 4294967296\nellm_ttft_slo_s = 2.0\n"
+                  "ellm_tpot_slo_s = 0.2\nunified_hot_adapters = 2\n")
 
 CANONICAL_CSV = "request_id,arrival_s,prompt_tokens,output_tokens,tenant\n" + "".join(
     f"r{i},{i * 0.37:.3f},{50 + (i * 37) % 900},{1 + (i * 53) % 400},{'ab'[i % 2]}\n" for i in range(400))
@@ -93,6 +97,19 @@ def cases() -> list[tuple[str, list[str]]]:
                                     "--limit", "400", "--stepping", "--max-num-seqs", "32"]),
         ("replay_mooncake_offline", ["replay", "mooncake_sample.parquet", "--device", "a100-80gb-sxm",
                                      "--model", "Llama-3-8B", *COMPARE, "--predictor", "oracle", "--offline"]),
+        # every policy (eLLM's borrowing and host buffer, unified's page ranges and adapters), under
+        # overload, with a binding token budget, at tp 2, token by token, and under an output cap
+        ("replay_conv_all_overloaded", ["replay", "conv.parquet", *DEVICE, *ALL, "--predictor", "oracle",
+                                        "--rate", "40", "--limit", "4000"]),
+        ("replay_sample_all_budget_tp2", ["replay", "sample.parquet", *DEVICE, *ALL, "--predictor", "pred_sample",
+                                          "--tp", "2", "--max-num-batched-tokens", "16384", "--max-num-seqs", "64"]),
+        ("replay_sample_all_stepping", ["replay", "sample.parquet", *DEVICE, *ALL, "--predictor", "oracle",
+                                        "--limit", "500", "--stepping", "--rate", "30", "--max-new-tokens", "512"]),
+        ("replay_sample_ellm_host", ["replay", "sample.parquet", *DEVICE, "--compare", "ellm,unified",
+                                     "--config", "ellm_host.toml", "--rate", "20"]),
+        ("capacity_sample", ["capacity", "sample.parquet", *DEVICE, "--slo", "ttft_p99=2s,tpot_p99=100ms",
+                             "--predictor", "oracle", "--policies", "static,paged,s3,odma,ellm,unified",
+                             "--tp", "1,2"]),
         # plan, then check and replay of what it wrote
         ("plan_sample", ["plan", "sample.parquet", *DEVICE, "--predictor", "oracle", "--out", "odma_sample.toml"]),
         ("plan_conv", ["plan", "conv.parquet", *DEVICE, "--predictor", "pred_conv", "--max-model-len", "8192",
@@ -114,6 +131,7 @@ def record(out: Path, pythonpath: str | None) -> None:
     work.mkdir(parents=True)
     (work / "canonical.csv").write_text(CANONICAL_CSV)
     (work / "mapped.jsonl").write_text(MAPPED_JSONL)
+    (work / "ellm_host.toml").write_text(ELLM_HOST_TOML)
     for sample in ("azure_conv_2023_sample.csv.gz", "mooncake_conversation_sample.jsonl.gz"):
         (work / sample).write_bytes((SAMPLES / sample).read_bytes())  # named relatively, as outputs are
     env = {k: v for k, v in os.environ.items() if k not in ("ODMACTL_PURE_PYTHON", "ODMACTL_DEBUG")}

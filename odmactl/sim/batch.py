@@ -1,0 +1,236 @@
+"""The requests of one replay and its running batch: what the scheduler decides on and the engine
+advances (sim/engine.py).
+
+Compiled (setup.py, batch.pxd), Batch is an extension type whose state is C fields and whose
+methods the engine and the schedulers call as C functions; the same source runs in Python.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
+    import cython
+except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
+    cython = None
+
+from odmactl.sim.keyheap import KeyHeap
+from odmactl.sim.metrics import Timeline
+from odmactl.sim.workload import Workload
+
+SEQ_SPAN = 1 << 32  # heap keys: iteration * SEQ_SPAN + admission number (admissions stay below 2**32)
+
+
+def int64s(values) -> array:
+    """An array('q') copy of a numpy integer array: C-speed indexing when compiled, list-speed otherwise."""
+    out = array("q")
+    out.frombytes(np.ascontiguousarray(values, dtype=np.int64).tobytes())
+    return out
+
+
+def _filled(size: int, value: int) -> array:
+    return array("q", [value]) * size
+
+
+def _doubled(values) -> array:
+    """An array('q') twice as long, starting with `values` (an array('q') or, compiled, a view of one)."""
+    out = array("q", values)
+    out.extend(out)
+    return out
+
+
+class Batch:
+    """The replay's requests, by index i in arrival order, and who is running.
+
+    Per request (int64 buffers): `prompt[i]`; `target[i]` the output tokens it is to generate (its
+    output, capped by max_model_len and by max_new_tokens); `arrival[i]` (ps); `gen[i]` the tokens
+    generated as of the last boundary it ran at; while it runs, its KV tokens at decode iteration
+    `it` are `base[i] + it` and `seq_of[i]` is its admission number (-1 otherwise); `start_ps[i]`,
+    `first_ps[i]`, `done_ps[i]` the start of its first prefill, its first token and its completion
+    (-1 until then; done_ps -2: rejected); `reserved_tokens[i]` the KV tokens it held at the end;
+    `allocs[i]` its Allocation while it holds one. `offloaded` the requests of the prefill being
+    scheduled whose KV goes to a host tier.
+
+    `running` maps request -> admission number, in admission order (the last is the newest);
+    `finish` and `overflow` are heaps of iteration * SEQ_SPAN + admission number, the iteration
+    after which the request completes or outgrows its block (an entry is stale once its request
+    left that admission). `kv_sum` is the running requests' KV tokens at iteration `it`.
+
+    With block growth (`block_growth`, blocks of `B` tokens), the replay counts blocks itself when
+    fast-forwarding (`ff`), as eager growth would take them, since growth reaches the allocator
+    lazily: `runs_now` the blocks the running requests hold, `phase[r]` how many of them have base
+    = r mod B, `peak_blocks` the most held at once. Contiguous growth has B = 1.
+
+    Invariants: `kv_sum` = sum of base[i] + it over `running`; `runs_now` = sum of ceil((base[i] +
+    it) / B) over `running` (block growth, fast-forwarding); `request_of_seq[seq_of[i]] == i`.
+    """
+
+    __slots__ = ("prompt", "target", "output", "arrival", "gen", "base", "seq_of", "start_ps", "first_ps", "done_ps",
+                 "reserved_tokens", "allocs", "offloaded", "running", "request_of_seq", "next_seq", "span", "it",
+                 "kv_sum", "B", "block_growth", "ff", "num_blocks", "runs_now", "phase", "peak_blocks", "finish", "overflow",
+                 "num", "rejections", "ids", "pred", "unc", "adapters")
+
+    def __init__(self, w: Workload, max_len: int, max_new_tokens, block, num_blocks: int, ff: bool) -> None:
+        """`block`: the policy's growth block in tokens (None: contiguous growth)."""
+        num = w.size
+        self.num = num
+        prompt_np = w.prompt_tokens.astype(np.int64)
+        target_np = np.minimum(w.output_tokens, np.maximum(max_len - w.prompt_tokens, 0)).astype(np.int64)
+        if max_new_tokens is not None:
+            target_np = np.minimum(target_np, max_new_tokens)
+        self.prompt = int64s(prompt_np)
+        self.target = int64s(target_np)
+        self.output = int64s(w.output_tokens)
+        self.arrival = int64s(w.arrival_ps)
+        self.ids = w.request_ids if isinstance(w.request_ids, list) else list(w.request_ids)
+        self.pred = None if w.predicted_output_tokens is None else np.maximum(w.predicted_output_tokens, 1.0).tolist()
+        self.unc = None if w.uncertainty is None else w.uncertainty.tolist()
+        self.adapters = None if w.adapters is None else int64s(w.adapters)
+        self.gen = _filled(num, 0)
+        self.base = _filled(num, 0)
+        self.seq_of = _filled(num, -1)
+        self.start_ps = _filled(num, -1)
+        self.first_ps = _filled(num, -1)
+        self.done_ps = _filled(num, -1)
+        self.reserved_tokens = _filled(num, 0)
+        self.allocs = [None] * num
+        self.offloaded = {}
+        self.running = {}
+        self.request_of_seq = _filled(num + 1, 0)  # admission number -> request; doubles when full
+        self.next_seq = 0
+        self.span = SEQ_SPAN
+        self.it = 0
+        self.kv_sum = 0
+        self.block_growth = block is not None
+        self.B = block if self.block_growth else 1
+        self.ff = ff
+        self.num_blocks = num_blocks
+        self.runs_now = self.peak_blocks = 0
+        self.phase = _filled(self.B, 0)
+        self.finish = KeyHeap()
+        self.overflow = KeyHeap()
+        self.rejections = 0
+
+    def timeline(self) -> Timeline:
+        """The per-request times and tokens, as sim/metrics reads them."""
+        return Timeline(np.asarray(self.arrival), np.asarray(self.start_ps), np.asarray(self.first_ps),
+                        np.asarray(self.done_ps), np.asarray(self.target), np.asarray(self.prompt),
+                        np.asarray(self.reserved_tokens), self.arrival[0] if self.num else 0)
+
+    def kv(self, i: cython.longlong) -> cython.longlong:
+        """Running request i's KV tokens now."""
+        return self.base[i] + self.it
+
+    def join(self, i: cython.longlong, v: cython.longlong) -> None:
+        """Request i, holding v KV tokens, joins the running batch (a new admission number)."""
+        seq: cython.longlong = self.next_seq
+        B: cython.longlong = self.B
+        self.next_seq += 1
+        assert seq < self.span, "more than 2**32 admissions"
+        if seq == len(self.request_of_seq):  # re-admissions after preemptions outnumber the requests
+            self.request_of_seq = _doubled(self.request_of_seq)
+        self.request_of_seq[seq] = i
+        self.running[i] = seq
+        self.seq_of[i] = seq
+        self.base[i] = v - self.it
+        self.kv_sum += v
+        if self.block_growth:
+            self.runs_now += -(-v // B)
+            self.phase[self.base[i] % B] += 1
+            if self.runs_now > self.peak_blocks:
+                self.peak_blocks = self.runs_now
+
+    def leave(self, i: cython.longlong) -> cython.longlong:
+        """Request i leaves the running batch; returns its KV tokens."""
+        v: cython.longlong = self.base[i] + self.it
+        self.kv_sum -= v
+        if self.block_growth:
+            self.runs_now -= -(-v // self.B)
+            self.phase[self.base[i] % self.B] -= 1
+        del self.running[i]
+        self.seq_of[i] = -1
+        return v
+
+    def newest(self) -> cython.longlong:
+        """The running request admitted last."""
+        return next(reversed(self.running))
+
+    def reject(self, i: cython.longlong) -> None:
+        self.rejections += 1
+        self.done_ps[i] = -2
+
+    def held_blocks(self, alloc) -> cython.longlong:
+        """Block growth: the blocks the running requests hold (the replay's count when
+        fast-forwarding: the allocator's lags, as growth reaches it lazily)."""
+        return self.runs_now if self.ff else self.num_blocks - alloc.free_blocks
+
+    def blocks_next(self) -> cython.longlong:
+        """Block growth: the blocks the running requests hold after the next iteration, as eager
+        growth takes them."""
+        return self.runs_now + self.phase[(-self.it) % self.B]
+
+    def fill_runs(self, runs: cython.longlong[:]) -> None:
+        """Block growth: runs[rho] = the blocks the running requests hold after the next rho
+        iterations, rho = 0..B (a Segment's run counts)."""
+        B: cython.longlong = self.B
+        rho: cython.longlong
+        runs[0] = self.runs_now
+        for rho in range(B):
+            runs[rho + 1] = runs[rho] + self.phase[(-self.it - rho) % B]
+
+    def push_finish(self, i: cython.longlong, seq: cython.longlong) -> None:
+        """Request i (admission seq) completes after its target's last token."""
+        self.finish.push((self.prompt[i] + self.target[i] - self.base[i]) * self.span + seq)
+
+    def push_overflow(self, i: cython.longlong, seq: cython.longlong, capacity: cython.longlong) -> None:
+        """Request i (admission seq) outgrows its `capacity` tokens, unless it completes first."""
+        if capacity < self.prompt[i] + self.target[i]:
+            self.overflow.push((capacity - self.base[i]) * self.span + seq)
+
+    def live(self, key: cython.longlong) -> cython.bint:
+        """Whether a heap key's request is still in that admission."""
+        seq: cython.longlong = key % self.span
+        return self.seq_of[self.request_of_seq[seq]] == seq
+
+    def next_event(self) -> cython.longlong:
+        """Iterations until the next live completion or overflow (stale heap entries dropped)."""
+        key: cython.longlong
+        k: cython.longlong
+        span: cython.longlong = self.span
+        while not self.live(self.finish.top()):  # drop stale entries: their request left that admission
+            self.finish.pop()
+        k = self.finish.top() // span - self.it
+        while self.overflow.size:
+            key = self.overflow.top()
+            if self.live(key):
+                if key // span - self.it < k:
+                    k = key // span - self.it
+                break
+            self.overflow.pop()
+        return k
+
+    def overflow_now(self) -> cython.bint:
+        """Whether an overflow entry (perhaps a stale one) is due at this iteration."""
+        return self.overflow.size > 0 and self.overflow.top() // self.span == self.it
+
+    def completes_now(self) -> cython.bint:
+        """Whether a running request completes at this iteration (stale entries dropped)."""
+        while self.finish.size and not self.live(self.finish.top()):
+            self.finish.pop()
+        return self.finish.size > 0 and self.finish.top() // self.span == self.it
+
+    def due(self, heap: KeyHeap) -> cython.longlong:
+        """The request of the next live entry of `heap` due at this iteration (popped), or -1."""
+        key: cython.longlong
+        span: cython.longlong = self.span
+        while heap.size:
+            key = heap.top()
+            if key // span > self.it:
+                return -1
+            heap.pop()
+            if self.live(key):
+                assert key // span == self.it
+                return self.request_of_seq[key % span]
+        return -1

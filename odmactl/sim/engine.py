@@ -1,0 +1,325 @@
+"""The engine: one replay of a trace through a scheduler and a KV manager -> ReplayResult.
+
+The scheduler (sim/schedulers/, chosen by name) decides each iteration's batch and whom to
+preempt; the KV manager is the policy (allocator/), asked through its declared protocol
+(allocator/base.Allocator), never by name; the engine advances the clock. A prefill iteration
+runs the admitted prompts and yields each its first token; a decode iteration grows every running
+request by a token; completion releases a request's memory. Growth past a reservation asks the
+policy: a contiguous block is extended (a move's copy is charged) or its request preempted; block
+growth takes a block at a time and, past the pool or the iteration's block limit, the scheduler's
+victims are preempted (released, queued first, recomputed later).
+
+Time is integer picoseconds. Between events that change the batch the batch is fixed, so
+`Segment` sums the next decode iterations in closed form, whatever the queue holds;
+`fast_forward=False` steps token by token, the reference (README, "Replay"). Compiled (setup.py,
+engine.pxd), the clock is a 64-bit C integer: at most 2**63 ps (106 days), else OverflowError.
+"""
+
+from __future__ import annotations
+
+try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
+    import cython
+except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
+    cython = None
+
+from odmactl.allocator.base import Allocation, AllocatorBase
+from odmactl.hw.cost import KvLayout
+from odmactl.sim.batch import Batch
+from odmactl.sim.growth import Growth
+from odmactl.sim.link import HostLink
+from odmactl.sim.metrics import ReplayResult, replay_result
+from odmactl.sim.prefill import PrefillClock
+from odmactl.sim.schedulers import make_scheduler
+from odmactl.sim.schedulers.base import Scheduler
+from odmactl.sim.segment import Segment
+from odmactl.sim.settings import SchedulerSettings
+from odmactl.sim.tally import Tally, seconds
+from odmactl.sim.workload import Workload
+
+
+class Replay:
+    """One replay of `workload` through `allocator`; `run()` returns the ReplayResult.
+    `max_model_len` caps every request's KV tokens and the settings' `max_new_tokens` its output:
+    longer outputs are truncated (counted), prompts that leave no room for one output token are
+    rejected (counted). State during `run()`: the batch (sim/batch.py: per-request state, who
+    runs, the event heaps), the scheduler, the host link, the clock `t` and the tally."""
+
+    __slots__ = ("w", "alloc", "settings", "max_len", "coeff", "cost", "progress", "probe", "batch", "sched", "link",
+                 "tier", "cache", "segment", "prefill_clock", "runs", "tally", "growth", "ff", "block_growth", "B", "num",
+                 "next_arrival", "block_bytes", "t")
+
+    def __init__(self, workload: Workload, allocator: AllocatorBase, cost, max_model_len: int,
+                 settings: SchedulerSettings = SchedulerSettings(), progress=None, probe=None) -> None:
+        if probe is not None and settings.fast_forward:
+            raise ValueError("an on-device probe runs every decode iteration: replay with fast_forward=False")
+        self.w = workload
+        self.alloc = allocator
+        self.settings = settings
+        self.max_len = max_model_len
+        self.coeff = cost.step_coefficients(KvLayout(allocator.read_block_tokens), max_batch=settings.max_num_seqs)
+        self.cost = cost
+        self.progress = progress
+        self.probe = probe  # device.ondevice.DecodeProbe: runs and times each decode iteration on the device
+
+    def run(self) -> ReplayResult:
+        steps: cython.longlong = 0
+        preempted: cython.longlong
+        self._start()
+        b: Batch = self.batch
+        sched: Scheduler = self.sched
+        while True:
+            self._arrive()
+            if sched.parked:
+                sched.swap_in()
+                self.link.pending_ps += self.link.moved_ps()
+            admitted = sched.schedule()
+            if admitted:
+                self._prefill(admitted)
+                continue
+            if not b.running:
+                assert not sched.parked, "an offloaded request could not be fetched into an empty pool"
+                if sched.idle():
+                    continue
+                if self.next_arrival < self.num:
+                    self.t = max(self.t, b.arrival[self.next_arrival])
+                    continue
+                break
+            if self.tally.observe(self.t, self.alloc, len(b.running)):
+                self.tally.sample(self.t, self._reserved_bytes(), len(b.running), len(sched.waiting))
+            preempted = self.tally.preemptions
+            self.t += self.growth.fast() if self.ff else self.growth.stepping()
+            if self.tally.preemptions != preempted:
+                sched.preempted()
+                if not b.running:
+                    continue
+            if self.ff:
+                if not self._decode_fast():
+                    continue
+            else:
+                self._decode_stepping()
+            self._complete()
+            sched.decoded()
+            steps += 1
+            if self.progress is not None and steps % 4096 == 0:
+                self.progress("replay", self.tally.completed, self.num)
+        return self._finish()
+
+    def _start(self) -> None:
+        """Fresh per-run state (see the class docstring)."""
+        w, alloc, settings = self.w, self.alloc, self.settings
+        self.ff = settings.fast_forward
+        self.block_growth = alloc.block_size_tokens is not None  # else one contiguous block a request
+        self.batch = Batch(w, self.max_len, settings.max_new_tokens, alloc.block_size_tokens,
+                           alloc.num_blocks if self.block_growth else 0, self.ff)
+        self.B = self.batch.B
+        self.num = w.size
+        self.block_bytes = alloc.block_bytes if self.block_growth else 0
+        self.tier = alloc.host_tier() if self.block_growth else None
+        self.cache = alloc.adapter_cache() if w.adapters is not None else None
+        self.link = HostLink(self.cost, [self.tier, self.cache])
+        self.sched = make_scheduler(settings.policy)
+        self.sched.start(self.batch, alloc, self.tier, self.cache, settings.max_num_seqs,
+                         settings.batched_tokens(self.max_len))
+        self.segment = Segment(self.coeff, alloc.block_size_tokens)  # the batch between two events
+        self.prefill_clock = PrefillClock(self.cost.prefill)
+        self.runs = self.segment.runs  # its run counts at offsets 0..B, written at each event
+        self.t = self.next_arrival = 0
+        self.tally = Tally(settings.series_points, len(alloc.boundaries_tokens) > 0)
+        self.growth = Growth(self.batch, alloc, self.sched, self.tally, self.cost, self.cache, self.ff)
+
+    def _finish(self) -> ReplayResult:
+        b: Batch = self.batch
+        if self.block_growth and self.ff:
+            # block growth reached the allocator lazily (at completion and preemption); the peak is eager growth's
+            self.alloc.record_peak(b.peak_blocks * self.block_bytes)
+        counters = self.tally.counters(self.t, b.rejections, self.link, self.alloc.kv_pool_bytes)
+        return replay_result(self.alloc, counters, b.timeline(), self.tally.series, self.tally.boundaries)
+
+    def _reserved_bytes(self):
+        return self.batch.runs_now * self.block_bytes if self.block_growth and self.ff else self.alloc.reserved_bytes
+
+    def _arrive(self) -> None:
+        """Queue the arrivals up to now (rejecting prompts no policy could serve)."""
+        i: cython.longlong
+        b: Batch = self.batch
+        while self.next_arrival < self.num and b.arrival[self.next_arrival] <= self.t:
+            i = self.next_arrival
+            self.next_arrival += 1
+            if b.prompt[i] >= self.max_len:
+                b.reject(i)
+                self.tally.too_long += 1  # no policy could serve it
+                continue
+            if b.target[i] < b.output[i]:
+                self.tally.truncated += 1
+            self.sched.arrive(i)
+
+    def _finish_request(self, i: cython.longlong) -> None:
+        b: Batch = self.batch
+        a: Allocation = b.allocs[i]
+        v: cython.longlong = b.leave(i)
+        # what the request held at the end: with block growth, the blocks for its v tokens (those
+        # grown lazily are never taken: release counts them in)
+        b.reserved_tokens[i] = (max(a.capacity_tokens, -(-v // self.B) * self.B) if self.block_growth
+                                else a.capacity_tokens)
+        self.growth.unpin(i)
+        self.alloc.release(a, v)
+        self._done(i)
+
+    def _done(self, i: cython.longlong) -> None:
+        """Request i completed now (its memory released)."""
+        self.batch.allocs[i] = None
+        self.batch.done_ps[i] = self.t
+        self.tally.completed += 1
+        self.sched.released()
+
+    def _prefill(self, admitted: list) -> None:
+        """One prefill iteration over the admitted requests: their prompts (and recomputed tokens),
+        yielding each its first token."""
+        a: Allocation
+        i: cython.longlong
+        k: cython.longlong
+        dt: cython.longlong
+        b: Batch = self.batch
+        prompt_sum: cython.longlong = 0  # the prefill's cost depends on these two sums and the count only
+        prompt_squares: cython.longlong = 0
+        ttft: cython.longlong = -1
+        for i in admitted:
+            k = b.prompt[i] + b.gen[i]
+            prompt_sum += k
+            prompt_squares += k * k
+            self.tally.recomputed += b.gen[i]
+            b.gen[i] += 1
+            if self.tier is not None and i in b.offloaded:
+                continue  # its KV goes to the host tier as the prefill writes it
+            a = b.allocs[i]
+            # the first token needs room: the reservation was for the prompt. Block growth takes the
+            # block now; a contiguous block that already holds it is told lazily (_catch_up at an
+            # overflow, release(a, final_tokens) at completion)
+            if (self.block_growth or not self.ff or k + 1 > a.capacity_tokens) and not self.alloc.extend(a, k + 1):
+                raise AssertionError(f"admission of {b.ids[i]} left no room for its first token")
+            b.join(i, k + 1)
+        dt = self.prefill_clock.ps(prompt_sum, prompt_squares, len(admitted))
+        dt += self.link.beyond(self.link.moved_ps(), dt)  # adapters loaded and KV offloaded for it
+        started: cython.longlong = self.t
+        self.t += dt
+        self.tally.occupancy_byte_ps += self._reserved_bytes() * dt
+        self.tally.prefills += 1
+        for i in admitted:
+            if b.first_ps[i] < 0:
+                b.start_ps[i] = started
+                b.first_ps[i] = self.t
+                if self.t - b.arrival[i] > ttft:
+                    ttft = self.t - b.arrival[i]
+            if self.tier is not None and i in b.offloaded:
+                del b.offloaded[i]
+                if b.gen[i] >= b.target[i]:
+                    self._finish_offloaded(i)
+                else:
+                    self.sched.parked.append(i)
+            elif b.gen[i] >= b.target[i]:
+                self._finish_request(i)
+            else:
+                b.push_finish(i, b.seq_of[i])
+                if self.ff and not self.block_growth:
+                    b.push_overflow(i, b.seq_of[i], b.allocs[i].capacity_tokens)
+        if self.tier is not None and ttft >= 0:
+            self.tier.latency_feedback(seconds(ttft), None)
+
+    def _finish_offloaded(self, i: cython.longlong) -> None:
+        """A request done at its first token while its KV was in the host tier."""
+        a: Allocation = self.batch.allocs[i]
+        self.batch.reserved_tokens[i] = a.capacity_tokens
+        self.alloc.release(a)
+        self.growth.unpin(i)
+        self._done(i)
+
+    def _decode_fast(self) -> cython.bint:
+        """Decode iterations of the fixed batch, summed in closed form up to the next event that
+        changes it; a boundary where only contiguous growth is due (nothing completes, no arrival
+        or retry for the scheduler) is handled here, as the main loop would, and the decode goes
+        on. False: a preemption there emptied the batch."""
+        preempted: cython.longlong
+        b: Batch
+        while True:
+            self._decode_segment()
+            b = self.batch
+            if self.block_growth or not b.overflow_now() or self.sched.decode_limit() or b.completes_now():
+                return True
+            self._arrive()
+            if not self.sched.quiet():
+                return True
+            if self.tally.observe(self.t, self.alloc, len(b.running)):
+                self.tally.sample(self.t, self._reserved_bytes(), len(b.running), len(self.sched.waiting))
+            preempted = self.tally.preemptions
+            self.t += self.growth.fast()
+            if self.tally.preemptions != preempted:
+                self.sched.preempted()
+                if not b.running:
+                    return False
+
+    def _decode_segment(self) -> None:
+        """k decode iterations of the fixed batch, to the next event, summed in closed form."""
+        b: Batch = self.batch
+        n: cython.longlong = len(b.running)
+        k: cython.longlong = self.sched.decode_limit() or b.next_event()
+        dt: cython.longlong
+        segment: Segment = self.segment
+        runs: cython.longlong[:] = self.runs
+        if self.block_growth:
+            b.fill_runs(runs)
+        else:
+            runs[0] = runs[1] = self.alloc.kv_runs
+        segment.reset(n, b.kv_sum)
+        if self.block_growth:
+            k = segment.first_over(self.alloc.block_limit(n, n), k)
+        if self.next_arrival < self.num and self.sched.wakes_on_arrival(n):
+            k = segment.iterations_until(b.arrival[self.next_arrival] - self.t, k)
+        dt, held = segment.advance(k, self.block_growth)
+        if self.link.pending_ps:
+            stall = self.link.overlap_pending(segment.elapsed_ps(1))
+            dt += stall
+            if self.block_growth:  # the first iteration's blocks are held while the transfer finishes
+                held += runs[1] * stall
+        if self.tier is not None:
+            self.tier.latency_feedback(None, seconds(dt // k))
+        if self.block_growth:
+            self.tally.occupancy_byte_ps += held * self.block_bytes
+            b.runs_now = runs[k % self.B] + n * (k // self.B)  # = the blocks held during the last iteration
+            if b.runs_now > b.peak_blocks:
+                b.peak_blocks = b.runs_now
+        else:
+            self.tally.occupy(self.alloc.reserved_bytes, dt)
+        self._advance(n, k, dt)
+
+    def _decode_stepping(self) -> None:
+        """One decode iteration, its step computed request by request (and run on the device by
+        the probe, when there is one)."""
+        b: Batch = self.batch
+        n: cython.longlong = len(b.running)
+        dt: cython.longlong
+        kv_now = [b.kv(i) for i in b.running]
+        dt = self.coeff.step_ps(kv_now, [self.alloc.runs_of(b.allocs[i], b.kv(i)) for i in b.running])
+        if self.link.pending_ps:
+            dt += self.link.overlap_pending(dt)
+        if self.tier is not None:
+            self.tier.latency_feedback(None, seconds(dt))
+        if self.probe is not None:
+            self.probe.step([b.allocs[i] for i in b.running], kv_now, dt)
+        self.tally.occupancy_byte_ps += self.alloc.reserved_bytes * dt
+        self._advance(n, 1, dt)
+
+    def _advance(self, n: cython.longlong, k: cython.longlong, dt: cython.longlong) -> None:
+        self.t += dt
+        self.batch.it += k
+        self.batch.kv_sum += n * k
+        self.tally.decodes += k
+
+    def _complete(self) -> None:
+        """Release the requests whose last token the iterations just run produced."""
+        i: cython.longlong
+        b: Batch = self.batch
+        while True:
+            i = b.due(b.finish)
+            if i < 0:
+                break
+            self._finish_request(i)

@@ -1,0 +1,22 @@
+# Cython declarations for growth.py (pure Python source; see setup.py): Growth as an extension type
+# whose methods the engine calls as C functions.
+from odmactl.allocator.base cimport AllocatorBase
+from odmactl.sim.batch cimport Batch
+from odmactl.sim.schedulers.base cimport Scheduler
+from odmactl.sim.tally cimport Tally
+
+
+cdef class Growth:
+    cdef public Batch batch
+    cdef public AllocatorBase alloc
+    cdef public Scheduler sched
+    cdef public Tally tally
+    cdef public object cost, cache
+    cdef public bint ff, block_growth
+    cdef public long long B
+    cpdef void unpin(self, long long i) except *
+    cpdef void preempt(self, long long i) except *
+    cpdef long long contiguous(self, long long i) except? -1
+    cpdef void until_fits(self, long long need_at, long long limit) except *
+    cpdef long long fast(self) except? -1
+    cpdef long long stepping(self) except? -1

@@ -1,0 +1,142 @@
+"""What happens when running requests outgrow their memory: the engine's growth step.
+
+A contiguous block that one more token does not fit is extended by the policy (grown in place,
+given more page ranges, or moved: the copy's time is charged) or, refused, its request is
+preempted; block growth takes a block at a time, and when the blocks run out (or the
+iteration's block limit, where the pool is shared) the scheduler's victims are preempted:
+released, queued first, recomputed at their next prefill (vLLM's recompute preemption).
+
+Compiled (setup.py, growth.pxd), Growth is an extension type whose methods the engine calls as C
+functions; the same source runs in Python.
+"""
+
+from __future__ import annotations
+
+try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
+    import cython
+except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
+    cython = None
+
+from odmactl.allocator.base import Allocation, AllocatorBase
+from odmactl.hw.cost import to_ps
+from odmactl.sim.batch import Batch
+from odmactl.sim.schedulers.base import Scheduler
+from odmactl.sim.tally import Tally
+
+
+class Growth:
+    """The growth step of one replay, over its batch, KV manager, scheduler and tally (`cache`:
+    the policy's adapter cache, or None). `ff`: fast-forwarding, when growth reaches the allocator
+    lazily (a contiguous request's length at its overflow, blocks never: the batch counts them)."""
+
+    __slots__ = ("batch", "alloc", "sched", "tally", "cost", "cache", "ff", "block_growth", "B")
+
+    def __init__(self, batch: Batch, alloc: AllocatorBase, sched: Scheduler, tally: Tally, cost, cache,
+                 ff: cython.bint) -> None:
+        self.batch = batch
+        self.alloc = alloc
+        self.sched = sched
+        self.tally = tally
+        self.cost = cost
+        self.cache = cache
+        self.ff = ff
+        self.block_growth = batch.block_growth
+        self.B = batch.B
+
+    def unpin(self, i: cython.longlong) -> None:
+        """Request i left the batch or the host tier: its adapter, if any, is unpinned."""
+        if self.cache is not None and self.batch.adapters[i] >= 0:
+            self.cache.release_adapter(self.batch.adapters[i])
+
+    def preempt(self, i: cython.longlong) -> None:
+        b: Batch = self.batch
+        b.gen[i] = b.leave(i) - b.prompt[i]
+        self.unpin(i)
+        self.alloc.release(b.allocs[i])
+        b.allocs[i] = None
+        self.sched.requeue(i)
+        self.tally.preemptions += 1
+
+    def contiguous(self, i: cython.longlong) -> cython.longlong:
+        """Request i needs one more token than its block holds: extend (move) or preempt it;
+        returns the copy's time. Growth inside the block reached the allocator lazily when
+        fast-forwarding: it is caught up first."""
+        b: Batch = self.batch
+        a: Allocation = b.allocs[i]
+        dt: cython.longlong = 0
+        v: cython.longlong = b.kv(i)
+        if a.used_tokens != v:
+            self.alloc.extend(a, v)
+        before = self.alloc.migrated_bytes
+        if not self.alloc.extend(a, v + 1):
+            self.preempt(i)
+            return 0
+        copied = self.alloc.migrated_bytes - before
+        if copied:  # moved; a policy that grows a request by more page ranges copies nothing
+            dt = to_ps(self.cost.migration_s(copied))
+            self.tally.migrated(copied, dt, self.alloc.reserved_bytes)
+        if self.ff:
+            b.push_overflow(i, b.seq_of[i], a.capacity_tokens)
+        return dt
+
+    def until_fits(self, need_at: cython.longlong, limit: cython.longlong) -> None:
+        """Block growth: preempt the scheduler's victims until the next iteration's blocks fit in
+        `limit` blocks."""
+        victim: cython.longlong
+        b: Batch = self.batch
+        while b.running and need_at > limit:
+            victim = self.sched.victim()
+            need_at -= -(-(b.kv(victim) + 1) // self.B)
+            self.preempt(victim)
+
+    def fast(self) -> cython.longlong:
+        """Fast-forwarding: the overflows due at this iteration, then block exhaustion; returns
+        the time the copies took."""
+        i: cython.longlong
+        b: Batch = self.batch
+        need: cython.longlong
+        limit: cython.longlong
+        dt: cython.longlong = 0
+        while True:
+            i = b.due(b.overflow)
+            if i < 0:
+                break
+            dt += self.contiguous(i)
+        if self.block_growth:
+            need = b.blocks_next()
+            limit = self.alloc.block_limit(len(b.running), len(b.running))
+            if need > limit:
+                if limit == b.num_blocks:  # eager growth takes the last free block, then fails
+                    b.peak_blocks = b.num_blocks
+                self.until_fits(need, limit)
+        return dt
+
+    def stepping(self) -> cython.longlong:
+        """Stepping: every running request grows by one token now, eagerly (first, where the
+        iteration may hold fewer blocks than the pool, its victims preempted until it fits);
+        returns the time the copies took."""
+        a: Allocation
+        i: cython.longlong
+        b: Batch = self.batch
+        need: cython.longlong = 0
+        limit: cython.longlong
+        dt: cython.longlong = 0
+        if self.block_growth:
+            limit = self.alloc.block_limit(len(b.running), len(b.running))
+            if limit < b.num_blocks:
+                for i in b.running:
+                    need += -(-(b.kv(i) + 1) // self.B)
+                self.until_fits(need, limit)
+        for i in list(b.running):
+            if i not in b.running:
+                continue
+            a = b.allocs[i]
+            if not self.block_growth:
+                if b.kv(i) + 1 > a.capacity_tokens:
+                    dt += self.contiguous(i)
+                else:
+                    self.alloc.extend(a, b.kv(i) + 1)
+                continue
+            while i in b.running and not self.alloc.extend(a, b.kv(i) + 1):
+                self.preempt(self.sched.victim())
+        return dt

@@ -1,0 +1,29 @@
+# Cython declarations for base.py (pure Python source; see setup.py): Scheduler as an extension type
+# whose methods the engine calls as C functions (engine.pxd cimports it); a scheduler in Python
+# may subclass it and override them.
+from odmactl.allocator.base cimport AllocatorBase
+from odmactl.sim.batch cimport Batch
+
+
+cdef class Scheduler:
+    cdef public object waiting, parked, tier, cache
+    cdef public Batch batch
+    cdef public AllocatorBase alloc
+    cdef public long long max_seqs, max_prefill, free_blocks
+    cpdef void start(self, Batch batch, AllocatorBase alloc, object tier, object cache, long long max_num_seqs,
+                     long long max_prefill_tokens) except *
+    cpdef void arrive(self, long long i) except *
+    cpdef void requeue(self, long long i) except *
+    cpdef void released(self) except *
+    cpdef void preempted(self) except *
+    cpdef void decoded(self) except *
+    cpdef bint idle(self) except *
+    cpdef bint quiet(self) except *
+    cpdef list schedule(self)
+    cpdef long long victim(self) except? -1
+    cpdef long long decode_limit(self) except? -1
+    cpdef bint wakes_on_arrival(self, long long n) except *
+    cpdef void begin_round(self) except *
+    cpdef long long _take(self, long long i, long long tokens, long long admitted) except? -1
+    cpdef bint never_fits(self, long long admitted) except *
+    cpdef void swap_in(self) except *

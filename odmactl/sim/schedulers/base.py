@@ -1,0 +1,179 @@
+"""What every scheduler shares: the Scheduler base class, the protocol the engine calls, and the
+mechanism of admitting one request's KV (`_take`) and of swapping offloaded requests back in.
+
+A scheduler decides each iteration's batch: which waiting requests are admitted, in what order,
+within KV space, `max_num_seqs` and the token budget, and whom to preempt when the running
+requests outgrow the pool. The engine (sim/engine.py) advances the clock and tells it what
+happened (an arrival, a release, a preemption, a decode); the KV manager (the allocator) answers
+whether a request fits. A scheduler is chosen by name ([scheduler] policy, sim/schedulers/
+__init__.py), never by a policy's name.
+
+Compiled (setup.py, base.pxd), Scheduler is an extension type whose methods the engine calls as C
+functions; a scheduler of one's own may subclass it in Python.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
+    import cython
+except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
+    cython = None
+
+from odmactl.allocator.base import AllocatorBase
+from odmactl.sim.batch import Batch
+
+TAKEN = 1  # _take: the request's KV is reserved in the pool
+OFFLOADED = 2  # its KV goes to the host tier as its prefill writes it
+NO_ROOM = 0  # it does not fit now (an adapter acquired for it was released again)
+
+
+class Scheduler:
+    """The protocol the engine calls (the engine's side, in order of a loop iteration):
+    `arrive(i)` queues an arrival; `swap_in()` brings offloaded requests back into the batch when
+    `parked` holds any; `schedule()` returns the requests to prefill now (empty: decode); when the
+    running requests outgrow the pool, `victim()` names the one to preempt, `requeue(i)` takes it
+    back and `preempted()` follows; `decode_limit()` caps the next decode's iterations (0: until
+    the next event), `quiet()` whether schedule() would change nothing now, `wakes_on_arrival(n)` whether the next arrival can change a batch of n
+    (else arrivals do not stop a fast-forward); `decoded()` after each decode, `released()` after
+    a completion, `idle()` when nothing runs (True: retry at once).
+
+    State: `waiting` (requests in the order they are considered), `parked` (offloaded by their
+    prefill, waiting to be fetched back: vLLM's swapped queue), and the batch caps. Invariant: a
+    request is in at most one of `waiting`, `parked` and the batch's `running`."""
+
+    name = "base"
+
+    def __init__(self) -> None:
+        self.waiting = deque()
+        self.parked = deque()
+
+    def start(self, batch: Batch, alloc: AllocatorBase, tier, cache, max_num_seqs: cython.longlong,
+              max_prefill_tokens: cython.longlong) -> None:
+        """Bind to a replay: its batch, the KV manager and its collaborators (None when absent), the caps."""
+        self.batch = batch
+        self.alloc = alloc
+        self.tier = tier
+        self.cache = cache
+        self.max_seqs = max_num_seqs
+        self.max_prefill = max_prefill_tokens
+        self.free_blocks = 0
+
+    # -- what the engine tells a scheduler (FCFS decides what to do with it) -----------------------
+
+    def arrive(self, i: cython.longlong) -> None:
+        self.waiting.append(i)
+
+    def requeue(self, i: cython.longlong) -> None:
+        """Preempted: its KV released, it waits again, first."""
+        self.waiting.appendleft(i)
+
+    def released(self) -> None:
+        pass
+
+    def preempted(self) -> None:
+        pass
+
+    def decoded(self) -> None:
+        pass
+
+    def idle(self) -> cython.bint:
+        return False
+
+    def quiet(self) -> cython.bint:
+        """Whether `schedule()` would leave the batch as it is now (no admission, no swap-in):
+        then the engine may run on through a boundary where only growth is due. Unknown to the
+        base class: False, back to the main loop."""
+        return False
+
+    # -- what the engine asks ----------------------------------------------------------------------
+
+    def schedule(self) -> list:
+        """The requests to prefill now, their KV reserved (`_take`), in prefill order; None or
+        empty: none, the batch decodes."""
+        raise NotImplementedError
+
+    def victim(self) -> cython.longlong:
+        """The running request to preempt: the newest (vLLM preempts the lowest priority, the last
+        admitted under FCFS: vllm/core/scheduler.py `_schedule_running`)."""
+        return self.batch.newest()
+
+    def decode_limit(self) -> cython.longlong:
+        return 0
+
+    def wakes_on_arrival(self, n: cython.longlong) -> cython.bint:
+        return n < self.max_seqs
+
+    # -- the shared mechanism -----------------------------------------------------------------------
+
+    def begin_round(self) -> None:
+        """Before admitting: the blocks free now (block growth; the allocator's count lags when
+        fast-forwarding, so the batch's is read)."""
+        b: Batch = self.batch
+        self.free_blocks = b.num_blocks - b.held_blocks(self.alloc) if b.block_growth else 0
+
+    def _take(self, i: cython.longlong, tokens: cython.longlong, admitted: cython.longlong) -> cython.longlong:
+        """Reserve request i's KV (its prompt and what it generated) for a prefill that already
+        holds `tokens` tokens of `admitted` requests: TAKEN, OFFLOADED or NO_ROOM (then anything
+        acquired for it is given back). With block growth the prompt and its first token must fit
+        in the blocks free now, less what the prefill's activations take where the pool is shared
+        (block_limit), else its KV may go to a host tier; contiguous growth asks the policy, with
+        the prediction of what is left to generate."""
+        b: Batch = self.batch
+        g: cython.longlong = b.gen[i]
+        kv: cython.longlong = b.prompt[i] + g
+        adapter: cython.longlong = b.adapters[i] if self.cache is not None else -1
+        need: cython.longlong
+        room: cython.longlong
+        status: cython.longlong = TAKEN
+        if adapter >= 0 and not self.cache.acquire_adapter(adapter):
+            return NO_ROOM
+        if b.block_growth:
+            need = -(-(kv + 1) // b.B)
+            room = self.free_blocks - (b.num_blocks - self.alloc.block_limit(tokens + kv, admitted + 1))
+            if need <= room:
+                a = self.alloc.reserve(b.ids[i], kv)
+                assert a is not None
+                self.free_blocks -= need
+            elif self.tier is not None and room >= 0 and need <= self.alloc.block_limit(1, 1):
+                a = self.tier.reserve_offloaded(b.ids[i], kv + 1)
+                status = OFFLOADED
+            else:
+                a = None
+        else:
+            a = self.alloc.reserve(b.ids[i], kv, None if b.pred is None else max(b.pred[i] - g, 1.0),
+                                   None if b.unc is None else b.unc[i])
+        if a is None:
+            if adapter >= 0:
+                self.cache.release_adapter(adapter, False)
+            return NO_ROOM
+        b.allocs[i] = a
+        if status == OFFLOADED:
+            b.offloaded[i] = True
+        return status
+
+    def never_fits(self, admitted: cython.longlong) -> cython.bint:
+        """Whether a request that does not fit now never will: nothing runs, nothing was admitted
+        this round and nothing waits in the host tier (then it is rejected)."""
+        return not self.batch.running and not admitted and not self.parked
+
+    def swap_in(self) -> None:
+        """Offloaded requests back from the host tier, oldest first, while their blocks fit beside
+        the running batch's (within block_limit, the iteration's share of a shared pool) and the
+        batch cap allows; before any admission, as vLLM swaps in before it prefills."""
+        b: Batch = self.batch
+        i: cython.longlong
+        v: cython.longlong
+        n: cython.longlong
+        need: cython.longlong
+        while self.parked and len(b.running) < self.max_seqs:
+            i = self.parked[0]
+            v = b.prompt[i] + b.gen[i]
+            need = -(-(v + 1) // b.B)
+            n = len(b.running) + 1
+            if b.held_blocks(self.alloc) + need > self.alloc.block_limit(n, n) or not self.tier.fetch(b.allocs[i]):
+                break
+            self.parked.popleft()
+            b.join(i, v)
+            b.push_finish(i, b.seq_of[i])

@@ -1,0 +1,50 @@
+"""The scheduler's settings in vLLM's terms, and how a replay advances time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from odmactl.core.errors import ConfigError
+from odmactl.core.limits import MAX_NUM_SEQS, MAX_TOKENS, whole_number_problem
+from odmactl.sim.schedulers import DEFAULT_SCHEDULER, SCHEDULERS
+
+VLLM_MIN_BATCHED_TOKENS = 2048  # vLLM's default budget is max(max_model_len, this) without chunked prefill
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """The batch caps, in vLLM's terms, the scheduler that applies them, and how time advances.
+
+    `policy` names the scheduler (sim/schedulers: "fcfs", vLLM 0.6's first come, first served).
+    `max_num_seqs` is the most requests in a batch, `max_num_batched_tokens` the prefill token
+    budget of one iteration, defaulting as vLLM's does without chunked prefill (vllm/config.py,
+    SchedulerConfig): max(max_model_len, 2048). `max_new_tokens` is vLLM's per-request
+    `max_tokens` (SamplingParams): a request stops after that many output tokens (counted as
+    truncated, like one that reaches max_model_len); None: no cap. `fast_forward` sums the decode
+    iterations between events in closed form (False: token by token, the reference).
+
+    Invariant (checked): `policy` is a registered scheduler; `max_num_seqs`,
+    `max_num_batched_tokens` and `max_new_tokens` (None: the defaults above) are whole numbers
+    >= 1, so every iteration admits or runs at least one request; `series_points` >= 2.
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # None: max(max_model_len, VLLM_MIN_BATCHED_TOKENS)
+    max_new_tokens: int | None = None
+    policy: str = DEFAULT_SCHEDULER
+    fast_forward: bool = True
+    series_points: int = 512
+
+    def batched_tokens(self, max_model_len: int) -> int:
+        """The prefill token budget of one iteration."""
+        return self.max_num_batched_tokens or max(max_model_len, VLLM_MIN_BATCHED_TOKENS)
+
+    def __post_init__(self) -> None:
+        for key, low, high in (("max_num_seqs", 1, MAX_NUM_SEQS), ("max_num_batched_tokens", 1, MAX_TOKENS),
+                               ("max_new_tokens", 1, MAX_TOKENS), ("series_points", 2, 1 << 20)):
+            value = getattr(self, key)
+            problem = None if value is None else whole_number_problem(value, low, high)
+            if problem is not None:
+                raise ConfigError(problem, key=key)
+        if self.policy not in SCHEDULERS:
+            raise ConfigError(f"unknown scheduler {self.policy!r} (choose from: {', '.join(SCHEDULERS)})", key="policy")

@@ -1,0 +1,12 @@
+# Cython declarations for tally.py (pure Python source; see setup.py): Tally as an extension type
+# whose counters are C fields and whose methods the engine calls as C functions.
+cdef class Tally:
+    cdef public long long preemptions, too_long, truncated, recomputed, migrations, peak, prefills, decodes, completed
+    cdef public long long occupancy_acc, series_next_ps, updates_seen
+    cdef public object migrated_bytes, migration_ps, occupancy_byte_ps, series, boundaries
+    cdef public bint track_boundaries
+    cpdef void occupy(self, long long reserved_now, long long dt) except *
+    cpdef void migrated(self, object copied, long long dt, object reserved_now) except *
+    cpdef bint observe(self, long long t, object alloc, long long n) except *
+    cpdef void sample(self, long long t, object reserved_now, long long n, long long waiting) except *
+    cpdef dict counters(self, long long end_ps, long long rejections, object link, object kv_pool_bytes)
