@@ -15,7 +15,7 @@ from odmactl.capacity.search import MAX_SCALE_STEPS, CapacityTarget, capacity_jo
 from odmactl.capacity.slo import Slo
 from odmactl.core.errors import ConfigError
 from odmactl.core.limits import MAX_TP, MAX_WORKERS, check_whole
-from odmactl.run.config import read_config
+from odmactl.run.config import read_config, scheduler_record
 from odmactl.run.executors import EXECUTORS, run_jobs
 from odmactl.run.replay import prepare
 from odmactl.run.serving import serving, static_baselines
@@ -136,8 +136,6 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
         "predictor": label, "slo": {m: s for m, s in spec.slo.limits_s}, "slo_label": spec.slo.label,
         "max_migration_rate": spec.max_migration_rate, "target_rate_per_s": target_rate,
         "target_is_peak": spec.target_rate_per_s is None, "tolerance": target.tolerance,
-        "scheduler": {"max_num_seqs": first.scheduler.max_num_seqs,
-                      "max_num_batched_tokens": first.scheduler.batched_tokens(first.max_len),
-                      "max_new_tokens": first.scheduler.max_new_tokens},
+        "scheduler": scheduler_record(first.scheduler, first.max_len),
         "mismatches": mismatched, "rows": rows,
     }

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from odmactl.allocator import ALLOCATORS
 from odmactl.core.units import format_bytes, format_seconds
 from odmactl.render.metrics import (
     CAPACITY_KEYS,
@@ -63,17 +64,16 @@ def render_replay(console: Console, doc: dict) -> None:
     console.print(f"[bold]{escape(t['path'])}[/]: {t['requests']:,} requests ({t['arrivals']}), "
                   f"{escape(deployment(doc))}; KV pool {format_bytes(doc['kv_pool_bytes'])} = "
                   f"{doc['kv_pool_bytes'] // doc['kv_bytes_per_token']:,} tokens; max_model_len {doc['max_model_len']:,}; "
-                  f"predictor {escape(doc['predictor'])}; {doc['time_advance']}", highlight=False)
+                  f"predictor {escape(doc['predictor'])}; scheduler {escape(doc['scheduler']['policy'])}; "
+                  f"{doc['time_advance']}", highlight=False)
     new_tokens = doc["scheduler"].get("max_new_tokens")
     settings = []
     if new_tokens:
         settings.append(f"outputs capped at {new_tokens:,} new tokens (max_new_tokens, vLLM's max_tokens)")
-    for policy, r in doc["results"].items():
-        c = r["config"]
-        if policy == "static" and c.get("static_slot") == "prompt_plus_max_new":
-            settings.append(f"static reserves prompt + {c['max_new_tokens']:,} tokens, the ODMA papers' baseline")
-        if policy == "paged":
-            settings.append(f"paged in {c['block_size_tokens']}-token blocks")
+    for policy, r in doc["results"].items():  # what each policy says of its settings (Allocator.describe)
+        said = ALLOCATORS[policy].describe(r["config"]) if policy in ALLOCATORS else None
+        if said:
+            settings.append(said)
     if settings:
         console.print(escape("; ".join(settings)), highlight=False)
     shown = tuple(k for k in REPLAY_IF_ANY if any(r["metrics"].get(k) for r in doc["results"].values()))

@@ -52,12 +52,19 @@ def scheduler_settings(table: dict, source: Path | None = None, **overrides) -> 
     return dataclasses.replace(from_file, **overrides)
 
 
-def scheduler_table(settings: SchedulerSettings, max_len: int) -> dict[str, int]:
-    """The [scheduler] table a config records for these settings at this max_model_len."""
-    out = {"max_num_seqs": settings.max_num_seqs, "max_num_batched_tokens": settings.batched_tokens(max_len)}
+def scheduler_table(settings: SchedulerSettings, max_len: int) -> dict[str, object]:
+    """The [scheduler] table a config records for these settings at this max_model_len: the
+    scheduler by name and its caps."""
+    out = {"policy": settings.policy, "max_num_seqs": settings.max_num_seqs,
+           "max_num_batched_tokens": settings.batched_tokens(max_len)}
     if settings.max_new_tokens is not None:
         out["max_new_tokens"] = settings.max_new_tokens
     return out
+
+
+def scheduler_record(settings: SchedulerSettings, max_len: int) -> dict[str, object]:
+    """The "scheduler" section of a command's JSON: the table, with max_new_tokens null when unset."""
+    return {**scheduler_table(settings, max_len), "max_new_tokens": settings.max_new_tokens}
 
 
 def read_config(path: Path | None) -> dict[str, dict]:

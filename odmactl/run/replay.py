@@ -19,7 +19,7 @@ import polars as pl
 from odmactl.allocator import ALLOCATORS, AllocatorConfig, make_allocator
 from odmactl.allocator.config import Deployment
 from odmactl.core.errors import ConfigError
-from odmactl.run.config import mismatches, predictor_from_config, read_config, scheduler_settings
+from odmactl.run.config import mismatches, predictor_from_config, read_config, scheduler_record, scheduler_settings
 from odmactl.run.serving import Serving, default_max_model_len, serving
 from odmactl.run.spec import LoadOptions, ReplaySpec, ServingSpec, papers_static
 from odmactl.run.workload import build_workload
@@ -243,9 +243,7 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
                   "total_output_tokens": int(workload.output_tokens.sum())},
         "device": setup.device.name, "tp": setup.tp, "model": setup.model_name, "kv_dtype": spec.kv_dtype,
         "kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token, "max_model_len": ctx.max_len,
-        "predictor": label, "scheduler": {"max_num_seqs": scheduler.max_num_seqs,
-                                          "max_num_batched_tokens": scheduler.batched_tokens(ctx.max_len),
-                                          "max_new_tokens": scheduler.max_new_tokens},
+        "predictor": label, "scheduler": scheduler_record(scheduler, ctx.max_len),
         "time_advance": advance, "mismatches": list(ctx.mismatches),
         "results": results,
     }
