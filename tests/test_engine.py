@@ -16,7 +16,7 @@ from odmactl.hw.profiles import load_device, load_model
 from odmactl.run.config import scheduler_settings
 from odmactl.run.replay import deployment_of
 from odmactl.sim.engine import Replay
-from odmactl.sim.schedulers import SCHEDULERS, register_scheduler
+from odmactl.sim.schedulers import SCHEDULERS, register_scheduler, unregister_scheduler
 from odmactl.sim.schedulers.fcfs import FcfsScheduler
 from odmactl.sim.settings import SchedulerSettings
 from odmactl.sim.workload import PS, Workload
@@ -123,4 +123,26 @@ def test_a_scheduler_of_ones_own_replays_by_its_name(frame):
         assert results["fcfs"]["completed"] == results["oldest-victim"]["completed"] == len(w.request_ids)
         assert results["fcfs"] != results["oldest-victim"]  # its rule took effect
     finally:
-        del SCHEDULERS["oldest-victim"]
+        unregister_scheduler("oldest-victim")
+
+
+def test_a_scheduler_registration_is_checked():
+    class Nameless(FcfsScheduler):
+        name = ""
+
+    for bad, words in ((Nameless, "name"), (dict, "subclass"), (OldestVictimScheduler, None)):
+        if words is None:  # a second class under a name another holds
+            register_scheduler(OldestVictimScheduler)
+            try:
+                class Again(FcfsScheduler):
+                    name = "oldest-victim"
+
+                with pytest.raises(ConfigError, match="registered already"):
+                    register_scheduler(Again)
+            finally:
+                unregister_scheduler("oldest-victim")
+            continue
+        with pytest.raises(ConfigError, match=words):
+            register_scheduler(bad)
+    with pytest.raises(ConfigError, match="no scheduler"):
+        unregister_scheduler("nope")

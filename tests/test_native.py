@@ -19,11 +19,14 @@ from odmactl.core import native
 
 TESTS = Path(__file__).resolve().parent
 
-# every fast-forward case of test_replay, stepped both ways, and the CLI's --compare on the sample
+# every fast-forward case of test_replay, stepped both ways; every policy overloaded (test_engine's
+# regime), both ways; and the CLI's --compare on the sample
 SCRIPT = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
+import test_engine
 from test_replay import CASES, DEVICE, MODEL, _replay, case_workload
+from odmactl.sim.settings import SchedulerSettings
 from odmactl.core import native
 from odmactl.cli import main
 from odmactl.hw.cost import CostModel
@@ -39,6 +42,13 @@ for n, (policy, pool_tokens, config, predictor, offline) in enumerate(CASES):
     for fast_forward in (True, False):
         r = _replay(w, cost, policy, pool_tokens, config, fast_forward, max_num_seqs=48)
         results[f"{n}:{policy}:{fast_forward}"] = {"metrics": r.metrics, "series": r.series, "allocator": r.allocator}
+overloaded = test_engine._workload(frame.head(160), 40.0)
+for policy in sorted(test_engine.POLICY_SETTINGS):
+    for fast_forward in (True, False):
+        r = test_engine._run(policy, overloaded, cost, 12_000 if policy in ("paged", "ellm", "unified") else 60_000,
+                             SchedulerSettings(fast_forward=fast_forward, max_num_seqs=64))
+        results[f"overloaded:{policy}:{fast_forward}"] = {"metrics": r.metrics, "series": r.series,
+                                                          "allocator": r.allocator}
 print(to_json(results))
 sys.stdout.flush()
 code = main(["replay", sys.argv[2], "--device", DEVICE, "--model", MODEL, "--compare", "static,paged,s3,odma",

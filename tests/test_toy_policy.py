@@ -134,3 +134,39 @@ def test_a_setting_name_two_policies_claim_is_refused(toy):
     with pytest.raises(ConfigError, match="gamma"):
         register(Other)
     assert "other" not in ALLOCATORS
+
+
+def test_a_registration_that_fails_leaves_nothing_behind(toy):
+    """A policy whose settings clash, are not dataclasses or shadow AllocatorConfig's own members
+    is refused whole: none of its settings classes stays registered."""
+    from dataclasses import dataclass
+
+    from odmactl.allocator import register
+    from odmactl.allocator.config import PolicySettings
+    from odmactl.allocator.registry import RESERVED
+
+    @dataclass(frozen=True)
+    class Fresh(PolicySettings):
+        fresh_tokens: int = 1
+
+    @dataclass(frozen=True)
+    class Clash(PolicySettings):
+        gamma: float = 0.5  # odma's
+
+    @dataclass(frozen=True)
+    class Shadow(PolicySettings):
+        replace: int = 5  # AllocatorConfig.replace
+
+    for settings, words in (((Fresh, Clash), "gamma"), ((Fresh, Shadow), "replace"), ("abc", "tuple"),
+                            ((Fresh, Fresh.__class__), "tuple")):
+        class Other(toy.HeadroomAllocator):
+            name = "other"
+
+        Other.settings = settings
+        with pytest.raises(ConfigError, match=words):
+            register(Other)
+        assert "other" not in ALLOCATORS and "fresh_tokens" not in AllocatorConfig().to_mapping()
+    with pytest.raises(ConfigError, match="no policy"):
+        unregister("nope")
+    public = {n for n in dir(AllocatorConfig) if not n.startswith("_")}
+    assert public == set(RESERVED)  # the names no setting may take are AllocatorConfig's own

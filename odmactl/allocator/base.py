@@ -293,6 +293,8 @@ class AllocatorBase:
         self.pool_bytes = self.kv_pool_bytes = pool_bytes
         self.bytes_per_token = bytes_per_token
         self.config = config
+        if deployment is not None and not isinstance(deployment, Deployment):
+            raise ConfigError(f"deployment must be an allocator.config.Deployment, got {type(deployment).__name__}")
         self.deployment = deployment if deployment is not None else Deployment()
         self.arena = arena if arena is not None else VirtualArena(pool_bytes)
         if self.arena.pool_bytes != pool_bytes:

@@ -48,6 +48,10 @@ class PolicySettings:
     def check(self, max_model_len_tokens: int) -> None:
         """Checks against max_model_len (none unless a class says so)."""
 
+    def settable(self) -> dict[str, object]:
+        """The fields by name, in the form they are set in (a named value by its name)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
     def to_mapping(self) -> dict[str, object]:
         out = dataclasses.asdict(self)
         for name in self.SEQUENCES:
@@ -95,17 +99,19 @@ class AllocatorConfig:
     __slots__ = ("_parts",)
 
     def __init__(self, **settings) -> None:
-        owners = _owners()
-        for name in settings:
-            if name not in owners:
-                raise ConfigError(f"unknown key (known: {', '.join(sorted(owners))})", key=name)
-        self._compose({cls: cls(**{k: v for k, v in settings.items() if owners[k] is cls})
-                       for cls in settings_classes()})
+        """The settings by name, checked as a config file's are (types, ranges, unknown keys); a
+        None where the setting's default is None is that default."""
+        defaults = _defaults()
+        self._compose(*_parts({k: v for k, v in settings.items() if not (v is None and defaults.get(k, 0) is None)},
+                              None, ""))
 
-    def _compose(self, parts: dict) -> None:
+    def _compose(self, table: TomlTable, parts: dict) -> None:
         max_len = parts[SharedSettings].max_model_len_tokens
-        for part in parts.values():
-            part.check(max_len)
+        try:
+            for part in parts.values():
+                part.check(max_len)
+        except OdmaError as exc:  # a check against max_model_len: name the file and the key
+            raise (table.error(exc.key, exc.message) if exc.key else exc) from None
         object.__setattr__(self, "_parts", parts)
 
     def __getattr__(self, name: str):
@@ -125,8 +131,11 @@ class AllocatorConfig:
         return self._parts[cls]
 
     def values(self) -> dict[str, object]:
-        """Every setting's value by name, as the fields hold them (tuples, infinities)."""
-        return {f.name: getattr(part, f.name) for part in self._parts.values() for f in dataclasses.fields(part)}
+        """Every setting's value by name, as one would set it (`PolicySettings.settable`)."""
+        out: dict[str, object] = {}
+        for part in self._parts.values():
+            out.update(part.settable())
+        return out
 
     def replace(self, **changes) -> AllocatorConfig:
         """A copy with `changes` applied, checked again (dataclasses.replace for the composition)."""
@@ -156,22 +165,34 @@ class AllocatorConfig:
                      prefix: str = "") -> AllocatorConfig:
         """Build from a TOML table (`prefix` its name in the file, e.g. "allocator"); an unknown key or
         a bad value names the file and the key."""
-        table = TomlTable(dict(data), source, prefix)
-        owners = _owners()
-        for name in table.data:
-            if name not in owners:
-                raise table.error(name, f"unknown key (known: {', '.join(sorted(owners))})")
-        parts = {}
-        for settings in settings_classes():
-            mine = {k: v for k, v in table.data.items() if owners[k] is settings}
-            sequence = {name: _as_tuple for name in settings.SEQUENCES}
-            parts[settings] = TomlTable(mine, source, prefix).to_dataclass(settings, convert=sequence)
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"expected a table of settings, got {type(data).__name__}", file=source,
+                              key=prefix or None)
         config = cls.__new__(cls)
-        try:
-            config._compose(parts)
-        except OdmaError as exc:  # a check against max_model_len: name the file and the key
-            raise (table.error(exc.key, exc.message) if exc.key else exc) from None
+        config._compose(*_parts(data, source, prefix))
         return config
+
+
+def _defaults() -> dict[str, object]:
+    """Each setting's default."""
+    return {f.name: f.default for cls in settings_classes() for f in dataclasses.fields(cls)}
+
+
+def _parts(data: Mapping[str, object], source: str | Path | None, prefix: str) -> tuple[TomlTable, dict]:
+    """The table and one checked instance of every registered settings class, from its keys in
+    `data` (TomlTable.to_dataclass: types, finite numbers, lists as tuples, the class's own checks);
+    an unknown key names the known ones."""
+    table = TomlTable(dict(data), source, prefix)
+    owners = _owners()
+    for name in table.data:
+        if name not in owners:
+            raise table.error(name, f"unknown key (known: {', '.join(sorted(owners))})")
+    parts = {}
+    for settings in settings_classes():
+        mine = {k: v for k, v in table.data.items() if owners[k] is settings}
+        sequence = {name: _as_tuple for name in settings.SEQUENCES}
+        parts[settings] = TomlTable(mine, source, prefix).to_dataclass(settings, convert=sequence)
+    return table, parts
 
 
 def _as_tuple(value):
@@ -198,6 +219,15 @@ class Deployment:
     activation_bytes_per_sequence: int = 0
     lora_bytes_per_rank: int = 0
     adapters: bool = False  # the workload names tenants, each with its LoRA adapter
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "adapters":
+                if not isinstance(value, bool):
+                    raise ConfigError(f"expected true or false, got {value!r}", key=f.name)
+            elif whole_number_problem(value, 0, 1 << 62) is not None:
+                raise ConfigError(f"expected a byte count >= 0, got {value!r}", key=f.name)
 
     def activation_bytes(self, tokens: int, sequences: int) -> int:
         """One iteration's activation demand (hw/cost.CostModel.activation_bytes)."""

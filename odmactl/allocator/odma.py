@@ -126,6 +126,9 @@ class OdmaSettings(PolicySettings):
             # a bad num_buckets: the check below says so
             object.__setattr__(self, "quantile_levels", shaped_levels(self.num_buckets, self.quantile_levels))
 
+    def settable(self) -> dict[str, object]:
+        return {**super().settable(), "tau": tau_setting(self.tau)}
+
     def to_mapping(self) -> dict[str, object]:
         out = super().to_mapping()
         out["tau"] = tau_setting(self.tau)

@@ -9,7 +9,7 @@ module).
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 
 from odmactl.core.errors import ConfigError
 
@@ -19,28 +19,50 @@ SHARED: list[type] = []  # the settings every policy reads (config.SharedSetting
 _generation = [0]  # counts changes, so that config.py may cache what it derives from the registry
 
 
+# AllocatorConfig's own members: no setting may take one of these names (config.py's class answers
+# `config.NAME` for every other; tests/test_toy_policy.py checks the two lists agree)
+RESERVED = frozenset({"replace", "values", "settings", "to_mapping", "from_mapping"})
+
+
 def _names(settings: type) -> set[str]:
     return {f.name for f in fields(settings)}
 
 
-def register(policy: type) -> type:
-    """Add `policy` (its `name`, and the settings classes it reads, `settings`) to the registry;
-    returns it, so it can decorate the class. A name taken by another class, or a setting's name
-    that another settings class already owns, is refused: [allocator] keys are one namespace."""
-    name = policy.name
-    if not isinstance(name, str) or not name or name != name.strip():
-        raise ConfigError(f"a policy needs a name, got {name!r}")
+def _checked(policy: type) -> tuple[str, tuple[type, ...]]:
+    """`policy`'s name and settings classes, checked: a name, dataclasses whose fields are public
+    names no other registered class (nor another of its own) owns."""
+    name = getattr(policy, "name", None)
+    if not isinstance(name, str) or not name.strip() or name != name.strip():
+        raise ConfigError(f"a policy class needs a `name` (a non-empty string without outer spaces), got {name!r}")
     if ALLOCATORS.get(name, policy) is not policy:
         raise ConfigError(f"policy '{name}' is registered already ({ALLOCATORS[name].__name__})")
-    for settings in policy.settings:
-        if settings in _SETTINGS:
+    settings = getattr(policy, "settings", None)
+    if not isinstance(settings, tuple) or not all(isinstance(s, type) and is_dataclass(s) for s in settings):
+        raise ConfigError(f"policy '{name}': `settings` must be a tuple of settings dataclasses "
+                          f"(allocator/config.PolicySettings), got {settings!r}")
+    taken = {n: s for s in SHARED + _SETTINGS for n in _names(s)}
+    for cls in settings:
+        if cls in _SETTINGS:
             continue
-        taken = {n: s for s in SHARED + _SETTINGS for n in _names(s)}
-        clash = sorted(_names(settings) & set(taken))
+        bad = sorted(n for n in _names(cls) if n.startswith("_") or n in RESERVED)
+        if bad:
+            raise ConfigError(f"{cls.__name__} of policy '{name}' declares {', '.join(bad)}: a setting's name is "
+                              f"public and not one of {', '.join(sorted(RESERVED))}")
+        clash = sorted(_names(cls) & set(taken))
         if clash:
-            raise ConfigError(f"{settings.__name__} of policy '{name}' declares {', '.join(clash)}, which "
+            raise ConfigError(f"{cls.__name__} of policy '{name}' declares {', '.join(clash)}, which "
                               f"{taken[clash[0]].__name__} owns: a setting belongs to one settings class")
-        _SETTINGS.append(settings)
+        taken.update((n, cls) for n in _names(cls))
+    return name, settings
+
+
+def register(policy: type) -> type:
+    """Add `policy` (its `name`, and the settings classes it reads, `settings`) to the registry;
+    returns it, so it can decorate the class. Checked first, and nothing is added when a check
+    fails: a name taken by another class, or a setting's name that another settings class owns, is
+    refused ([allocator] keys are one namespace)."""
+    name, settings = _checked(policy)
+    _SETTINGS.extend(s for s in dict.fromkeys(settings) if s not in _SETTINGS)
     ALLOCATORS[name] = policy
     _generation[0] += 1
     return policy
@@ -48,6 +70,8 @@ def register(policy: type) -> type:
 
 def unregister(name: str) -> None:
     """Remove a policy, and the settings classes no other registered policy reads."""
+    if not isinstance(name, str) or name not in ALLOCATORS:
+        raise ConfigError(f"no policy {name!r} is registered (registered: {', '.join(ALLOCATORS)})")
     policy = ALLOCATORS.pop(name)
     still = {s for p in ALLOCATORS.values() for s in p.settings}
     for settings in policy.settings:

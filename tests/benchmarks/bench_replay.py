@@ -1,5 +1,6 @@
-"""Benchmark (issue 6, acceptance 4; issue 36, acceptance 3): replay throughput on 1M-request
-ServeGen traces, underloaded and overloaded.
+"""Benchmark: replay throughput on 1M-request ServeGen traces, underloaded and overloaded.
+
+Issue 6, acceptance 4; issue 36, acceptance 3.
 
 Run:  python tests/benchmarks/bench_replay.py [--case underloaded|overloaded|both] [--requests 1000000]
                                               [--policies ...] [--cli] [--json]
@@ -25,14 +26,14 @@ Per policy, three figures:
 - with `--cli`, `cli_s`: the `odmactl replay --policy P --json` command in a fresh process, which
   for an overloaded replay also bisects the rate it keeps up at (capacity/search.sustainable_scale:
   a dozen more replays of the trace at other rates).
-Memory: the peak resident set of the process after each policy (ru_maxrss).
+Memory: the peak resident set of the process after each policy (ru_maxrss: a running peak over
+the policies measured so far in this process; the traces are generated in a child process, the
+first time, and cached by request count: delete them to regenerate).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import platform
@@ -53,14 +54,15 @@ MODEL = "DeepSeek-R1-Distill-Qwen-7B"
 
 
 def _ingest(args: list[str], full: Path, path: Path, requests: int) -> Path:
-    from odmactl.cli import main
-    from odmactl.trace.schema import read_trace
+    """Generate a trace once, in a child process (its memory is not the benchmark's), and keep
+    its first `requests` rows."""
+    import polars as pl
 
-    with contextlib.redirect_stdout(io.StringIO()):
-        code = main(["ingest", *args, "--format", "servegen", "--out", str(full), "--force", "--json"])
-    if code != 0:
-        sys.exit("ingest failed")
-    read_trace(full).head(requests).write_parquet(path)
+    done = subprocess.run([sys.executable, "-m", "odmactl", "ingest", *args, "--format", "servegen", "--out", str(full),
+                           "--force", "--json"], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"ingest failed: {done.stderr[-500:]}")
+    pl.read_parquet(full).head(requests).write_parquet(path)
     full.unlink()
     return path
 
@@ -129,7 +131,7 @@ def cli_seconds(path: Path, device: str, max_len: int, policy: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", choices=(*CASES, "both"), default="both")
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--policies", help="comma-separated (default: the case's)")

@@ -13,11 +13,23 @@ DEFAULT_SCHEDULER = "fcfs"
 
 
 def register_scheduler(cls: type) -> type:
-    """Add a Scheduler subclass under its `name`; returns it (usable as a decorator)."""
-    if SCHEDULERS.get(cls.name, cls) is not cls:
-        raise ConfigError(f"scheduler '{cls.name}' is registered already ({SCHEDULERS[cls.name].__name__})")
-    SCHEDULERS[cls.name] = cls
+    """Add a Scheduler subclass under its `name` (a non-empty string); returns it (usable as a
+    decorator). A name another class holds is refused."""
+    if not (isinstance(cls, type) and issubclass(cls, Scheduler)):
+        raise ConfigError(f"a scheduler is a subclass of odmactl.sim.schedulers.Scheduler, got {cls!r}")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name.strip() or name != name.strip() or name == Scheduler.name:
+        raise ConfigError(f"a scheduler class needs a `name` of its own (a non-empty string), got {name!r}")
+    if SCHEDULERS.get(name, cls) is not cls:
+        raise ConfigError(f"scheduler '{name}' is registered already ({SCHEDULERS[name].__name__})")
+    SCHEDULERS[name] = cls
     return cls
+
+
+def unregister_scheduler(name: str) -> None:
+    if not isinstance(name, str) or name not in SCHEDULERS:
+        raise ConfigError(f"no scheduler {name!r} is registered (registered: {', '.join(SCHEDULERS)})")
+    del SCHEDULERS[name]
 
 
 def make_scheduler(name: str) -> Scheduler:
@@ -28,4 +40,4 @@ def make_scheduler(name: str) -> Scheduler:
 
 register_scheduler(FcfsScheduler)
 
-__all__ = ["DEFAULT_SCHEDULER", "SCHEDULERS", "Scheduler", "make_scheduler", "register_scheduler"]
+__all__ = ["DEFAULT_SCHEDULER", "SCHEDULERS", "Scheduler", "make_scheduler", "register_scheduler", "unregister_scheduler"]

@@ -9,7 +9,7 @@ cdef class Scheduler:
     cdef public object waiting, parked, tier, cache
     cdef public Batch batch
     cdef public AllocatorBase alloc
-    cdef public long long max_seqs, max_prefill, free_blocks
+    cdef public long long max_num_seqs, max_prefill_tokens, free_blocks
     cpdef void start(self, Batch batch, AllocatorBase alloc, object tier, object cache, long long max_num_seqs,
                      long long max_prefill_tokens) except *
     cpdef void arrive(self, long long i) except *

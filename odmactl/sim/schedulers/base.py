@@ -32,12 +32,15 @@ NO_ROOM = 0  # it does not fit now (an adapter acquired for it was released agai
 class Scheduler:
     """The protocol the engine calls (the engine's side, in order of a loop iteration):
     `arrive(i)` queues an arrival; `swap_in()` brings offloaded requests back into the batch when
-    `parked` holds any; `schedule()` returns the requests to prefill now (empty: decode); when the
-    running requests outgrow the pool, `victim()` names the one to preempt, `requeue(i)` takes it
-    back and `preempted()` follows; `decode_limit()` caps the next decode's iterations (0: until
-    the next event), `quiet()` whether schedule() would change nothing now, `wakes_on_arrival(n)` whether the next arrival can change a batch of n
-    (else arrivals do not stop a fast-forward); `decoded()` after each decode, `released()` after
-    a completion, `idle()` when nothing runs (True: retry at once).
+    `parked` holds any; `schedule()` returns the requests to prefill now (None or empty: decode);
+    when the running requests outgrow the pool, `victim()` names the one to preempt, `requeue(i)`
+    takes it back and `preempted()` follows; `decode_limit()` caps the next decode's iterations
+    (0: until the next event); `wakes_on_arrival(n)` whether the next arrival can change a batch of
+    n (else arrivals do not stop a fast-forward); `quiet()` whether `schedule()` would change
+    nothing now (the engine may then run on through a boundary where only growth is due);
+    `decoded()` after each decode, `released()` after a completion, `idle()` when nothing runs
+    (True: retry at once). A scheduler of one's own subclasses this (or FcfsScheduler), overrides
+    what its rule changes, and registers its class (sim/schedulers/__init__.py).
 
     State: `waiting` (requests in the order they are considered), `parked` (offloaded by their
     prefill, waiting to be fetched back: vLLM's swapped queue), and the batch caps. Invariant: a
@@ -56,8 +59,8 @@ class Scheduler:
         self.alloc = alloc
         self.tier = tier
         self.cache = cache
-        self.max_seqs = max_num_seqs
-        self.max_prefill = max_prefill_tokens
+        self.max_num_seqs = max_num_seqs
+        self.max_prefill_tokens = max_prefill_tokens
         self.free_blocks = 0
 
     # -- what the engine tells a scheduler (FCFS decides what to do with it) -----------------------
@@ -103,7 +106,7 @@ class Scheduler:
         return 0
 
     def wakes_on_arrival(self, n: cython.longlong) -> cython.bint:
-        return n < self.max_seqs
+        return n < self.max_num_seqs
 
     # -- the shared mechanism -----------------------------------------------------------------------
 
@@ -167,7 +170,7 @@ class Scheduler:
         v: cython.longlong
         n: cython.longlong
         need: cython.longlong
-        while self.parked and len(b.running) < self.max_seqs:
+        while self.parked and len(b.running) < self.max_num_seqs:
             i = self.parked[0]
             v = b.prompt[i] + b.gen[i]
             need = -(-(v + 1) // b.B)

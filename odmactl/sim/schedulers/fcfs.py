@@ -72,7 +72,7 @@ class FcfsScheduler(Scheduler):
 
     def wakes_on_arrival(self, n: cython.longlong) -> cython.bint:
         """An arrival can join the batch only when no one waits before it and the batch has room."""
-        return not self.waiting and n < self.max_seqs
+        return not self.waiting and n < self.max_num_seqs
 
     def schedule(self) -> list:
         """Admit from the head while it fits (KV space, max_num_seqs, the token budget); returns the
@@ -88,10 +88,10 @@ class FcfsScheduler(Scheduler):
         self.dirty = False
         admitted = []
         self.begin_round()
-        while self.waiting and len(b.running) + len(admitted) < self.max_seqs:
+        while self.waiting and len(b.running) + len(admitted) < self.max_num_seqs:
             i = self.waiting[0]
             kv = b.prompt[i] + b.gen[i]
-            if admitted and tokens + kv > self.max_prefill:
+            if admitted and tokens + kv > self.max_prefill_tokens:
                 self.dirty = True  # stopped by the budget alone: retried at the next boundary
                 break
             if self._take(i, tokens, len(admitted)) == NO_ROOM:
