@@ -24,11 +24,20 @@ from odmactl.core.tomltable import TomlTable
 
 def whole_numbers(settings, *checks: tuple[str, int, int]) -> None:
     """Raise ConfigError naming the first field of `settings` among (name, low, high) that is not a
-    whole number in [low, high]."""
+    whole number in [low, high] (None passes where the field's default is None: unset)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(settings)}
     for name, low, high in checks:
-        problem = whole_number_problem(getattr(settings, name), low, high)
+        value = getattr(settings, name)
+        problem = None if value is None and defaults[name] is None else whole_number_problem(value, low, high)
         if problem is not None:
             raise ConfigError(problem, key=name)
+
+
+def one_of(settings, name: str, choices: tuple[str, ...]) -> None:
+    """Raise ConfigError unless field `name` of `settings` is one of `choices`."""
+    value = getattr(settings, name)
+    if value not in choices:
+        raise ConfigError(f"expected one of {', '.join(choices)}, got {value!r}", key=name)
 
 
 def number_problem(value, low: float, high: float) -> bool:
@@ -73,15 +82,24 @@ class SharedSettings(PolicySettings):
 SHARED[:] = [SharedSettings]
 
 
-_OWNERS: list = [-1, {}]  # [the registry generation it was derived at, name -> settings class]
+_FIELDS: list = [-1, {}, {}]  # [the registry generation they were derived at, owners, defaults]
+
+
+def _derived() -> list:
+    if _FIELDS[0] != generation():
+        fields = [(f, cls) for cls in settings_classes() for f in dataclasses.fields(cls)]
+        _FIELDS[:] = [generation(), {f.name: cls for f, cls in fields}, {f.name: f.default for f, _ in fields}]
+    return _FIELDS
 
 
 def _owners() -> dict[str, type]:
     """Each setting's name -> the settings class that owns it."""
-    if _OWNERS[0] != generation():
-        _OWNERS[:] = [generation(),
-                      {f.name: cls for cls in settings_classes() for f in dataclasses.fields(cls)}]
-    return _OWNERS[1]
+    return _derived()[1]
+
+
+def _defaults() -> dict[str, object]:
+    """Each setting's default."""
+    return _derived()[2]
 
 
 def _rebuild(values: dict) -> AllocatorConfig:
@@ -126,10 +144,6 @@ class AllocatorConfig:
     def __setattr__(self, name: str, value) -> None:
         raise dataclasses.FrozenInstanceError(f"cannot assign to field '{name}'")
 
-    def settings(self, cls: type) -> PolicySettings:
-        """The instance of settings class `cls` (a policy's own settings, as one object)."""
-        return self._parts[cls]
-
     def values(self) -> dict[str, object]:
         """Every setting's value by name, as one would set it (`PolicySettings.settable`)."""
         out: dict[str, object] = {}
@@ -171,11 +185,6 @@ class AllocatorConfig:
         config = cls.__new__(cls)
         config._compose(*_parts(data, source, prefix))
         return config
-
-
-def _defaults() -> dict[str, object]:
-    """Each setting's default."""
-    return {f.name: f.default for cls in settings_classes() for f in dataclasses.fields(cls)}
 
 
 def _parts(data: Mapping[str, object], source: str | Path | None, prefix: str) -> tuple[TomlTable, dict]:

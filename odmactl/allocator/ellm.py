@@ -14,7 +14,7 @@ from odmactl.allocator.base import Allocation, InvariantError
 from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings, number_problem, whole_numbers
 from odmactl.allocator.paged import PagedAllocator, PagedSettings
 from odmactl.core.errors import AllocationError, ConfigError
-from odmactl.core.limits import MAX_POOL_TOKENS, whole_number_problem
+from odmactl.core.limits import MAX_POOL_TOKENS
 
 MAX_HOST_BUFFER_BYTES = 1 << 50  # a petabyte of host memory (or of borrowed memory) is a typo
 MAX_SLO_S = 86_400.0  # a latency target of more than a day is a typo
@@ -34,11 +34,8 @@ class EllmSettings(PolicySettings):
     ellm_buffer_alpha: float = 2.0
 
     def __post_init__(self) -> None:
-        whole_numbers(self, ("ellm_host_buffer_bytes", 0, MAX_HOST_BUFFER_BYTES))
-        problem = None if self.ellm_borrow_bytes is None else whole_number_problem(self.ellm_borrow_bytes, 0,
-                                                                                   MAX_HOST_BUFFER_BYTES)
-        if problem is not None:
-            raise ConfigError(problem, key="ellm_borrow_bytes")
+        whole_numbers(self, ("ellm_host_buffer_bytes", 0, MAX_HOST_BUFFER_BYTES),
+                      ("ellm_borrow_bytes", 0, MAX_HOST_BUFFER_BYTES))
         for name in ("ellm_ttft_slo_s", "ellm_tpot_slo_s"):
             value = getattr(self, name)
             if value is not None and (number_problem(value, 0, MAX_SLO_S) or value == 0):

@@ -11,7 +11,7 @@ import numpy as np
 
 from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation
-from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings, whole_numbers
+from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings, one_of, whole_numbers
 from odmactl.allocator.contiguous import ContiguousAllocator
 from odmactl.core.errors import ConfigError
 from odmactl.core.limits import MAX_BUCKETS, MAX_GAMMA, MAX_TOKENS, MAX_WINDOW_REQUESTS, whole_number_problem
@@ -68,8 +68,7 @@ class OdmaSettings(PolicySettings):
         self._named_settings()
         whole_numbers(self, ("num_buckets", 1, MAX_BUCKETS), ("granularity_tokens", 1, MAX_TOKENS),
                       ("refit_window", 1, MAX_WINDOW_REQUESTS), ("refit_every", 1, MAX_WINDOW_REQUESTS))
-        if self.refit_mode not in REFIT_MODES:
-            raise ConfigError(f"expected one of {', '.join(REFIT_MODES)}, got {self.refit_mode!r}", key="refit_mode")
+        one_of(self, "refit_mode", REFIT_MODES)
         if not (0 <= self.gamma <= MAX_GAMMA):
             raise ConfigError(f"expected a number from 0 to {MAX_GAMMA:g}, got {self.gamma!r}", key="gamma")
         if not (self.tau >= 0):

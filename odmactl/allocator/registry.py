@@ -21,7 +21,7 @@ _generation = [0]  # counts changes, so that config.py may cache what it derives
 
 # AllocatorConfig's own members: no setting may take one of these names (config.py's class answers
 # `config.NAME` for every other; tests/test_toy_policy.py checks the two lists agree)
-RESERVED = frozenset({"replace", "values", "settings", "to_mapping", "from_mapping"})
+RESERVED = frozenset({"replace", "values", "to_mapping", "from_mapping"})
 
 
 def _names(settings: type) -> set[str]:

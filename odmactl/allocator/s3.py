@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation
-from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings, whole_numbers
+from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings, one_of, whole_numbers
 from odmactl.allocator.contiguous import ContiguousAllocator
 from odmactl.core.errors import ConfigError
 from odmactl.core.limits import MAX_BUCKETS
@@ -32,8 +32,7 @@ class S3Settings(PolicySettings):
 
     def __post_init__(self) -> None:
         whole_numbers(self, ("s3_num_buckets", 1, MAX_BUCKETS))
-        if self.s3_overflow not in S3_OVERFLOWS:
-            raise ConfigError(f"expected one of {', '.join(S3_OVERFLOWS)}, got {self.s3_overflow!r}", key="s3_overflow")
+        one_of(self, "s3_overflow", S3_OVERFLOWS)
 
 
 class S3Allocator(ContiguousAllocator):

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import Allocation
-from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings
+from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings, one_of, whole_numbers
 from odmactl.allocator.contiguous import ContiguousAllocator
 from odmactl.core.errors import ConfigError
-from odmactl.core.limits import MAX_TOKENS, whole_number_problem
+from odmactl.core.limits import MAX_TOKENS
 
 STATIC_SLOTS = ("max_model_len", "prompt_plus_max_new")
 
@@ -24,11 +24,8 @@ class StaticSettings(PolicySettings):
     max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if self.static_slot not in STATIC_SLOTS:
-            raise ConfigError(f"expected one of {', '.join(STATIC_SLOTS)}, got {self.static_slot!r}", key="static_slot")
-        problem = None if self.max_new_tokens is None else whole_number_problem(self.max_new_tokens, 1, MAX_TOKENS)
-        if problem is not None:
-            raise ConfigError(problem, key="max_new_tokens")
+        one_of(self, "static_slot", STATIC_SLOTS)
+        whole_numbers(self, ("max_new_tokens", 1, MAX_TOKENS))
         if self.static_slot == "prompt_plus_max_new" and not (isinstance(self.max_new_tokens, int)
                                                               and self.max_new_tokens >= 1):
             raise ConfigError("static_slot = 'prompt_plus_max_new' needs max_new_tokens >= 1", key="max_new_tokens")

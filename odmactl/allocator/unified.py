@@ -27,11 +27,10 @@ from odmactl.allocator.base import (
     refuse_past_whole_blocks,
     with_tail,
 )
-from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings, number_problem, whole_numbers
+from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings, number_problem, one_of, whole_numbers
 from odmactl.allocator.extentlist import ExtentList
 from odmactl.allocator.paged import PagedSettings
 from odmactl.core.errors import ConfigError
-from odmactl.core.limits import whole_number_problem
 
 UNIFIED_FITS = ("best", "first")  # ADR-006 §5.2: best fit by default, first fit for latency-critical paths
 MAX_ADAPTER_RANK = 4_096  # LoRA ranks are 8-64 in S-LoRA's and ADR-006's examples
@@ -55,11 +54,8 @@ class UnifiedSettings(PolicySettings):
 
     def __post_init__(self) -> None:
         whole_numbers(self, ("lora_rank", 1, MAX_ADAPTER_RANK), ("unified_hot_adapters", 1, 1 << 20))
-        if self.unified_fit not in UNIFIED_FITS:
-            raise ConfigError(f"expected one of {', '.join(UNIFIED_FITS)}, got {self.unified_fit!r}", key="unified_fit")
-        problem = None if self.adapter_bytes is None else whole_number_problem(self.adapter_bytes, 0, MAX_ADAPTER_BYTES)
-        if problem is not None:
-            raise ConfigError(problem, key="adapter_bytes")
+        one_of(self, "unified_fit", UNIFIED_FITS)
+        whole_numbers(self, ("adapter_bytes", 0, MAX_ADAPTER_BYTES))
         if number_problem(self.unified_growth_fraction, 0, 4):
             raise ConfigError(f"expected a share of the pages held from 0 (one page at a time) to 4, got "
                               f"{self.unified_growth_fraction!r}", key="unified_growth_fraction")

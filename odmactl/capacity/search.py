@@ -61,51 +61,52 @@ class CapacityTarget:
 STABLE = CapacityTarget(Slo(()), math.inf, queue_flag="falling_behind")
 
 
+TOTALS = ("requests", "completed", "rejections", "rejected_prompt_too_long", "migrations", "preemptions",
+          "generated_tokens")  # summed over engines
+FLAGS = ("overloaded", "falling_behind")  # any engine's
+
+
+def _combined(metrics: list[dict], latencies: dict, end_s: float, scale: float) -> dict:
+    """`served`'s document from each engine's metrics, the latency percentiles over all their
+    requests and the end of the last one."""
+    totals = {key: sum(m[key] for m in metrics) for key in TOTALS}
+    n = totals["requests"]
+    return {**totals, "replicas": len(metrics), "rate_scale": scale,
+            **{key: any(bool(m[key]) for m in metrics) for key in FLAGS}, **latencies,
+            "migration_rate": totals["migrations"] / n, "overflow_rate": (totals["migrations"] + totals["preemptions"]) / n,
+            "tps": totals["generated_tokens"] / max(end_s, 1e-12), "makespan_s": end_s}
+
+
 def served(ctx: ReplayContext, policy: str, table: dict, scale: float, replicas: int = 1) -> dict:
     """The metrics of the trace at `scale` times its arrival rate over `replicas` round-robin
     engines, combined over all requests."""
     workload = ctx.workload.at_rate_scale(scale)
-    ttft, tpot = [], []
-    flags = {"overloaded": False, "falling_behind": False}
-    totals = dict.fromkeys(("requests", "completed", "rejections", "rejected_prompt_too_long", "migrations",
-                            "preemptions", "generated_tokens"), 0)
+    ttft, tpot, metrics = [], [], []
     end_s = 0.0
     start_ps = int(workload.arrival_ps[0])
     for r in range(replicas):
         part = workload.replica(r, replicas)
         result, _, _, _ = replay_policy(dataclasses.replace(ctx, workload=part), policy, table)
-        m = result.metrics
-        for key in totals:
-            totals[key] += m[key]
-        flags = {key: flags[key] or bool(m[key]) for key in flags}
+        metrics.append(result.metrics)
         ttft.append(result.ttft_s)
         tpot.append(result.tpot_s)
-        end_s = max(end_s, (int(part.arrival_ps[0]) - start_ps) / PS + m["makespan_s"])
+        end_s = max(end_s, (int(part.arrival_ps[0]) - start_ps) / PS + result.metrics["makespan_s"])
     ttft_p50, ttft_p99 = p50_p99(np.concatenate(ttft))
     tpot_p50, tpot_p99 = p50_p99(np.concatenate(tpot))
-    n = totals["requests"]
-    return {**totals, "replicas": replicas, "rate_scale": scale, **flags,
-            "ttft_p50": ttft_p50, "ttft_p99": ttft_p99, "tpot_p50": tpot_p50, "tpot_p99": tpot_p99,
-            "migration_rate": totals["migrations"] / n, "overflow_rate": (totals["migrations"] + totals["preemptions"]) / n,
-            "tps": totals["generated_tokens"] / max(end_s, 1e-12), "makespan_s": end_s}
+    return _combined(metrics, {"ttft_p50": ttft_p50, "ttft_p99": ttft_p99, "tpot_p50": tpot_p50, "tpot_p99": tpot_p99},
+                     end_s, scale)
 
 
 def served_as_replayed(ctx: ReplayContext, metrics: dict) -> dict | None:
     """`served(ctx, ..., 1.0)` from the metrics of a replay of `ctx` as it is (one engine, the
-    trace's own rate), without replaying again; None when the rate scale's rounding would move an
-    arrival (a trace longer than 2**53 ps, where float64 no longer holds every picosecond)."""
+    trace's own rate, so its latency percentiles are the replay's own), without replaying again;
+    None when the rate scale's rounding would move an arrival (a trace longer than 2**53 ps, where
+    float64 no longer holds every picosecond)."""
     w = ctx.workload
     if not np.array_equal(w.at_rate_scale(1.0).arrival_ps, w.arrival_ps):
         return None
-    totals = {key: metrics[key] for key in ("requests", "completed", "rejections", "rejected_prompt_too_long",
-                                             "migrations", "preemptions", "generated_tokens")}
-    n = totals["requests"]
-    return {**totals, "replicas": 1, "rate_scale": 1.0, "overloaded": bool(metrics["overloaded"]),
-            "falling_behind": bool(metrics["falling_behind"]),
-            **{key: metrics[key] for key in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")},
-            "migration_rate": totals["migrations"] / n,
-            "overflow_rate": (totals["migrations"] + totals["preemptions"]) / n,
-            "tps": totals["generated_tokens"] / max(metrics["makespan_s"], 1e-12), "makespan_s": metrics["makespan_s"]}
+    return _combined([metrics], {key: metrics[key] for key in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")},
+                     metrics["makespan_s"], 1.0)
 
 
 def failures(metrics: dict, policy: str, target: CapacityTarget) -> list[tuple[str, float, float]]:

@@ -189,6 +189,7 @@ class CostModel:
         self.device = device
         self.model = model
         self.tp = tp
+        self._step_cache: dict = {}  # (layout, max_batch) -> StepCoefficients, made once (step_coefficients)
         kernels = device.kernel_figures
         layers = model.num_layers
         # two all-reduces per layer of hidden_size 16-bit values per token: fixed + per-token seconds
@@ -275,10 +276,9 @@ class CostModel:
         batches of up to `max_batch` requests; made once per layout and batch cap (a capacity
         search replays many small parts of a trace with the same model)."""
         key = (layout, max_batch)
-        cache = self.__dict__.setdefault("_step_cache", {})
-        if key not in cache:
-            cache[key] = self._step_coefficients(layout, max_batch)
-        return cache[key]
+        if key not in self._step_cache:
+            self._step_cache[key] = self._step_coefficients(layout, max_batch)
+        return self._step_cache[key]
 
     def _step_coefficients(self, layout: KvLayout, max_batch: int) -> StepCoefficients:
         return StepCoefficients(

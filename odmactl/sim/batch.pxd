@@ -25,6 +25,7 @@ cdef class Batch:
     cpdef void push_finish(self, long long i, long long seq) except *
     cpdef void push_overflow(self, long long i, long long seq, long long capacity) except *
     cpdef bint live(self, long long key) except *
+    cpdef long long live_top(self, KeyHeap heap) except? -2
     cpdef long long next_event(self) except? -1
     cpdef bint overflow_now(self) except *
     cpdef bint completes_now(self) except *

@@ -194,21 +194,24 @@ class Batch:
         seq: cython.longlong = key % self.span
         return self.seq_of[self.request_of_seq[seq]] == seq
 
-    def next_event(self) -> cython.longlong:
-        """Iterations until the next live completion or overflow (stale heap entries dropped)."""
+    def live_top(self, heap: KeyHeap) -> cython.longlong:
+        """The smallest live key of `heap`, stale entries above it dropped (their request left that
+        admission); -1 when none is left."""
         key: cython.longlong
-        k: cython.longlong
-        span: cython.longlong = self.span
-        while not self.live(self.finish.top()):  # drop stale entries: their request left that admission
-            self.finish.pop()
-        k = self.finish.top() // span - self.it
-        while self.overflow.size:
-            key = self.overflow.top()
+        while heap.size:
+            key = heap.top()
             if self.live(key):
-                if key // span - self.it < k:
-                    k = key // span - self.it
-                break
-            self.overflow.pop()
+                return key
+            heap.pop()
+        return -1
+
+    def next_event(self) -> cython.longlong:
+        """Iterations until the next live completion or overflow (a request runs, so one completes)."""
+        span: cython.longlong = self.span
+        k: cython.longlong = self.live_top(self.finish) // span - self.it
+        key: cython.longlong = self.live_top(self.overflow)
+        if key >= 0 and key // span - self.it < k:
+            k = key // span - self.it
         return k
 
     def overflow_now(self) -> cython.bint:
@@ -217,9 +220,8 @@ class Batch:
 
     def completes_now(self) -> cython.bint:
         """Whether a running request completes at this iteration (stale entries dropped)."""
-        while self.finish.size and not self.live(self.finish.top()):
-            self.finish.pop()
-        return self.finish.size > 0 and self.finish.top() // self.span == self.it
+        key: cython.longlong = self.live_top(self.finish)
+        return key >= 0 and key // self.span == self.it
 
     def due(self, heap: KeyHeap) -> cython.longlong:
         """The request of the next live entry of `heap` due at this iteration (popped), or -1."""

@@ -24,8 +24,8 @@ cdef class Replay:
     cdef public Tally tally
     cdef public Growth growth
     cdef object block_bytes
-    cdef bint ff, block_growth
-    cdef long long B, num, next_arrival, t
+    cdef bint ff
+    cdef long long num, next_arrival, t
 
     cdef void _start(self) except *
     cdef object _finish(self)
@@ -36,6 +36,7 @@ cdef class Replay:
     cdef void _prefill(self, list admitted) except *
     cdef void _finish_offloaded(self, long long i) except *
     cdef bint _decode_fast(self) except *
+    cdef bint _grow(self) except *
     cdef void _decode_segment(self) except *
     cdef void _decode_stepping(self) except *
     cdef void _advance(self, long long n, long long k, long long dt) except *

@@ -45,8 +45,8 @@ class Replay:
     runs, the event heaps), the scheduler, the host link, the clock `t` and the tally."""
 
     __slots__ = ("w", "alloc", "settings", "max_len", "coeff", "cost", "progress", "probe", "batch", "sched", "link",
-                 "tier", "cache", "segment", "prefill_clock", "runs", "tally", "growth", "ff", "block_growth", "B", "num",
-                 "next_arrival", "block_bytes", "t")
+                 "tier", "cache", "segment", "prefill_clock", "runs", "tally", "growth", "ff", "num", "next_arrival",
+                 "block_bytes", "t")
 
     def __init__(self, workload: Workload, allocator: AllocatorBase, cost, max_model_len: int,
                  settings: SchedulerSettings = SchedulerSettings(), progress=None, probe=None) -> None:
@@ -63,7 +63,6 @@ class Replay:
 
     def run(self) -> ReplayResult:
         steps: cython.longlong = 0
-        preempted: cython.longlong
         self._start()
         b: Batch = self.batch
         sched: Scheduler = self.sched
@@ -84,14 +83,8 @@ class Replay:
                     self.t = max(self.t, b.arrival[self.next_arrival])
                     continue
                 break
-            if self.tally.observe(self.t, self.alloc, len(b.running)):
-                self.tally.sample(self.t, self._reserved_bytes(), len(b.running), len(sched.waiting))
-            preempted = self.tally.preemptions
-            self.t += self.growth.fast() if self.ff else self.growth.stepping()
-            if self.tally.preemptions != preempted:
-                sched.preempted()
-                if not b.running:
-                    continue
+            if not self._grow():
+                continue
             if self.ff:
                 if not self._decode_fast():
                     continue
@@ -108,13 +101,12 @@ class Replay:
         """Fresh per-run state (see the class docstring)."""
         w, alloc, settings = self.w, self.alloc, self.settings
         self.ff = settings.fast_forward
-        self.block_growth = alloc.block_size_tokens is not None  # else one contiguous block a request
+        block_growth: cython.bint = alloc.block_size_tokens is not None  # else one contiguous block a request
         self.batch = Batch(w, self.max_len, settings.max_new_tokens, alloc.block_size_tokens,
-                           alloc.num_blocks if self.block_growth else 0, self.ff)
-        self.B = self.batch.B
+                           alloc.num_blocks if block_growth else 0, self.ff)
         self.num = w.size
-        self.block_bytes = alloc.block_bytes if self.block_growth else 0
-        self.tier = alloc.host_tier() if self.block_growth else None
+        self.block_bytes = alloc.block_bytes if block_growth else 0
+        self.tier = alloc.host_tier() if block_growth else None
         self.cache = alloc.adapter_cache() if w.adapters is not None else None
         self.link = HostLink(self.cost, [self.tier, self.cache])
         self.sched = make_scheduler(settings.policy)
@@ -125,18 +117,19 @@ class Replay:
         self.runs = self.segment.runs  # its run counts at offsets 0..B, written at each event
         self.t = self.next_arrival = 0
         self.tally = Tally(settings.series_points, len(alloc.boundaries_tokens) > 0)
-        self.growth = Growth(self.batch, alloc, self.sched, self.tally, self.cost, self.cache, self.ff)
+        self.growth = Growth(self.batch, alloc, self.sched, self.tally, self.cost, self.cache)
 
     def _finish(self) -> ReplayResult:
         b: Batch = self.batch
-        if self.block_growth and self.ff:
+        if b.block_growth and self.ff:
             # block growth reached the allocator lazily (at completion and preemption); the peak is eager growth's
             self.alloc.record_peak(b.peak_blocks * self.block_bytes)
         counters = self.tally.counters(self.t, b.rejections, self.link, self.alloc.kv_pool_bytes)
         return replay_result(self.alloc, counters, b.timeline(), self.tally.series, self.tally.boundaries)
 
     def _reserved_bytes(self):
-        return self.batch.runs_now * self.block_bytes if self.block_growth and self.ff else self.alloc.reserved_bytes
+        b: Batch = self.batch
+        return b.runs_now * self.block_bytes if b.block_growth and self.ff else self.alloc.reserved_bytes
 
     def _arrive(self) -> None:
         """Queue the arrivals up to now (rejecting prompts no policy could serve)."""
@@ -159,8 +152,7 @@ class Replay:
         v: cython.longlong = b.leave(i)
         # what the request held at the end: with block growth, the blocks for its v tokens (those
         # grown lazily are never taken: release counts them in)
-        b.reserved_tokens[i] = (max(a.capacity_tokens, -(-v // self.B) * self.B) if self.block_growth
-                                else a.capacity_tokens)
+        b.reserved_tokens[i] = max(a.capacity_tokens, -(-v // b.B) * b.B) if b.block_growth else a.capacity_tokens
         self.growth.unpin(i)
         self.alloc.release(a, v)
         self._done(i)
@@ -193,9 +185,9 @@ class Replay:
                 continue  # its KV goes to the host tier as the prefill writes it
             a = b.allocs[i]
             # the first token needs room: the reservation was for the prompt. Block growth takes the
-            # block now; a contiguous block that already holds it is told lazily (_catch_up at an
-            # overflow, release(a, final_tokens) at completion)
-            if (self.block_growth or not self.ff or k + 1 > a.capacity_tokens) and not self.alloc.extend(a, k + 1):
+            # block now; a contiguous block that already holds it is told lazily (growth.contiguous
+            # at an overflow, release(a, final_tokens) at completion)
+            if (b.block_growth or not self.ff or k + 1 > a.capacity_tokens) and not self.alloc.extend(a, k + 1):
                 raise AssertionError(f"admission of {b.ids[i]} left no room for its first token")
             b.join(i, k + 1)
         dt = self.prefill_clock.ps(prompt_sum, prompt_squares, len(admitted))
@@ -220,7 +212,7 @@ class Replay:
                 self._finish_request(i)
             else:
                 b.push_finish(i, b.seq_of[i])
-                if self.ff and not self.block_growth:
+                if self.ff and not b.block_growth:
                     b.push_overflow(i, b.seq_of[i], b.allocs[i].capacity_tokens)
         if self.tier is not None and ttft >= 0:
             self.tier.latency_feedback(seconds(ttft), None)
@@ -238,24 +230,29 @@ class Replay:
         changes it; a boundary where only contiguous growth is due (nothing completes, no arrival
         or retry for the scheduler) is handled here, as the main loop would, and the decode goes
         on. False: a preemption there emptied the batch."""
-        preempted: cython.longlong
-        b: Batch
+        b: Batch = self.batch
         while True:
             self._decode_segment()
-            b = self.batch
-            if self.block_growth or not b.overflow_now() or self.sched.decode_limit() or b.completes_now():
+            if b.block_growth or not b.overflow_now() or self.sched.decode_limit() or b.completes_now():
                 return True
             self._arrive()
             if not self.sched.quiet():
                 return True
-            if self.tally.observe(self.t, self.alloc, len(b.running)):
-                self.tally.sample(self.t, self._reserved_bytes(), len(b.running), len(self.sched.waiting))
-            preempted = self.tally.preemptions
-            self.t += self.growth.fast()
-            if self.tally.preemptions != preempted:
-                self.sched.preempted()
-                if not b.running:
-                    return False
+            if not self._grow():
+                return False
+
+    def _grow(self) -> cython.bint:
+        """At a decode boundary: observe the batch, then the growth step (sim/growth.py); a
+        preemption tells the scheduler. False: the batch is empty now."""
+        b: Batch = self.batch
+        preempted: cython.longlong = self.tally.preemptions
+        if self.tally.observe(self.t, self.alloc, len(b.running)):
+            self.tally.sample(self.t, self._reserved_bytes(), len(b.running), len(self.sched.waiting))
+        self.t += self.growth.fast() if self.ff else self.growth.stepping()
+        if self.tally.preemptions != preempted:
+            self.sched.preempted()
+            return len(b.running) > 0
+        return True
 
     def _decode_segment(self) -> None:
         """k decode iterations of the fixed batch, to the next event, summed in closed form."""
@@ -265,26 +262,26 @@ class Replay:
         dt: cython.longlong
         segment: Segment = self.segment
         runs: cython.longlong[:] = self.runs
-        if self.block_growth:
+        if b.block_growth:
             b.fill_runs(runs)
         else:
             runs[0] = runs[1] = self.alloc.kv_runs
         segment.reset(n, b.kv_sum)
-        if self.block_growth:
+        if b.block_growth:
             k = segment.first_over(self.alloc.block_limit(n, n), k)
         if self.next_arrival < self.num and self.sched.wakes_on_arrival(n):
             k = segment.iterations_until(b.arrival[self.next_arrival] - self.t, k)
-        dt, held = segment.advance(k, self.block_growth)
+        dt, held = segment.advance(k, b.block_growth)
         if self.link.pending_ps:
             stall = self.link.overlap_pending(segment.elapsed_ps(1))
             dt += stall
-            if self.block_growth:  # the first iteration's blocks are held while the transfer finishes
+            if b.block_growth:  # the first iteration's blocks are held while the transfer finishes
                 held += runs[1] * stall
         if self.tier is not None:
             self.tier.latency_feedback(None, seconds(dt // k))
-        if self.block_growth:
+        if b.block_growth:
             self.tally.occupancy_byte_ps += held * self.block_bytes
-            b.runs_now = runs[k % self.B] + n * (k // self.B)  # = the blocks held during the last iteration
+            b.runs_now = runs[k % b.B] + n * (k // b.B)  # = the blocks held during the last iteration
             if b.runs_now > b.peak_blocks:
                 b.peak_blocks = b.runs_now
         else:

@@ -12,8 +12,6 @@ cdef class Growth:
     cdef public Scheduler sched
     cdef public Tally tally
     cdef public object cost, cache
-    cdef public bint ff, block_growth
-    cdef public long long B
     cpdef void unpin(self, long long i) except *
     cpdef void preempt(self, long long i) except *
     cpdef long long contiguous(self, long long i) except? -1

@@ -26,22 +26,19 @@ from odmactl.sim.tally import Tally
 
 class Growth:
     """The growth step of one replay, over its batch, KV manager, scheduler and tally (`cache`:
-    the policy's adapter cache, or None). `ff`: fast-forwarding, when growth reaches the allocator
-    lazily (a contiguous request's length at its overflow, blocks never: the batch counts them)."""
+    the policy's adapter cache, or None). Fast-forwarding (`batch.ff`), growth reaches the
+    allocator lazily: a contiguous request's length at its overflow, blocks never (the batch
+    counts them)."""
 
-    __slots__ = ("batch", "alloc", "sched", "tally", "cost", "cache", "ff", "block_growth", "B")
+    __slots__ = ("batch", "alloc", "sched", "tally", "cost", "cache")
 
-    def __init__(self, batch: Batch, alloc: AllocatorBase, sched: Scheduler, tally: Tally, cost, cache,
-                 ff: cython.bint) -> None:
+    def __init__(self, batch: Batch, alloc: AllocatorBase, sched: Scheduler, tally: Tally, cost, cache) -> None:
         self.batch = batch
         self.alloc = alloc
         self.sched = sched
         self.tally = tally
         self.cost = cost
         self.cache = cache
-        self.ff = ff
-        self.block_growth = batch.block_growth
-        self.B = batch.B
 
     def unpin(self, i: cython.longlong) -> None:
         """Request i left the batch or the host tier: its adapter, if any, is unpinned."""
@@ -75,7 +72,7 @@ class Growth:
         if copied:  # moved; a policy that grows a request by more page ranges copies nothing
             dt = to_ps(self.cost.migration_s(copied))
             self.tally.migrated(copied, dt, self.alloc.reserved_bytes)
-        if self.ff:
+        if b.ff:
             b.push_overflow(i, b.seq_of[i], a.capacity_tokens)
         return dt
 
@@ -86,7 +83,7 @@ class Growth:
         b: Batch = self.batch
         while b.running and need_at > limit:
             victim = self.sched.victim()
-            need_at -= -(-(b.kv(victim) + 1) // self.B)
+            need_at -= -(-(b.kv(victim) + 1) // b.B)
             self.preempt(victim)
 
     def fast(self) -> cython.longlong:
@@ -102,7 +99,7 @@ class Growth:
             if i < 0:
                 break
             dt += self.contiguous(i)
-        if self.block_growth:
+        if b.block_growth:
             need = b.blocks_next()
             limit = self.alloc.block_limit(len(b.running), len(b.running))
             if need > limit:
@@ -121,17 +118,17 @@ class Growth:
         need: cython.longlong = 0
         limit: cython.longlong
         dt: cython.longlong = 0
-        if self.block_growth:
+        if b.block_growth:
             limit = self.alloc.block_limit(len(b.running), len(b.running))
             if limit < b.num_blocks:
                 for i in b.running:
-                    need += -(-(b.kv(i) + 1) // self.B)
+                    need += -(-(b.kv(i) + 1) // b.B)
                 self.until_fits(need, limit)
         for i in list(b.running):
             if i not in b.running:
                 continue
             a = b.allocs[i]
-            if not self.block_growth:
+            if not b.block_growth:
                 if b.kv(i) + 1 > a.capacity_tokens:
                     dt += self.contiguous(i)
                 else:
