@@ -1,27 +1,24 @@
 """The ODMA papers' comparison, replayed: DeepSeek-R1-Distill-Qwen-7B on a Cambricon MLU370-X4.
 
-Run from the repository root (needs ../shared/traces; about 10 minutes on 2 CPU cores, mostly `fit`):
+Run from the repository root (needs ../shared/traces; about 15 minutes on 2 CPU cores, mostly `fit`
+and `plan`, which later runs reuse from --work):
 
     python examples/paper_table.py --work /tmp/odmactl-paper --out examples/paper_table.md
 
 For each trace it ingests the source, trains the length predictor (`odmactl fit`) on the earlier
 requests, and replays the next 5,000 (with their own timestamps, re-based to 0), via the same code as
-`odmactl replay --compare`, through the baselines as their papers define them:
+`odmactl replay --compare`. Every row runs under the same output cap N (vLLM's max_tokens, the
+papers' static baseline's reservation): the N at which static's utilization (the papers' metric:
+the KV the requests used over the KV reserved for them, sum (p + min(o, N)) / sum (p + N)) is the
+papers' 55.05% (their Alpaca figure). Rows:
 
-- static at max_model_len 32,768 (worst-case provisioning) and static at prompt + max_new_tokens, the
-  Cambricon-vLLM 0.6.2 pre-allocation the ODMA papers compare with (`--max-new-tokens`), twice: N the
-  smallest power of two that holds the part's longest output (nothing truncated; capped at
-  max_model_len), and N at which static's utilization is the papers' 55.05% (longer outputs
-  truncated at N, as vLLM's max_tokens does for every policy in that run);
+- static at prompt + N, the Cambricon-vLLM 0.6.2 pre-allocation the ODMA papers compare with;
 - paged at vLLM's 16-token blocks;
-- s3 as its paper runs it (s3_overflow = "preempt": an outgrown request is preempted and re-queued
-  with the next output bucket) and odmactl's earlier copy variant ("migrate");
-- odma with the fitted predictor.
-
-It also gives, for each trace, the max_new_tokens at which static's utilization (the papers' metric:
-the KV the requests used over the KV reserved for them, sum (p + o) / sum (p + N)) is the papers'
-55.05% (Alpaca) and 42.54% (Google-NQ). It writes the markdown table to --out and the full results
-beside it (.json).
+- s3 as its paper runs it (s3_overflow = "preempt") and odmactl's copy variant ("migrate");
+- odma with its default settings: oracle lengths under the papers' Task Pool and under vLLM's FCFS
+  scheduler unchanged (the short paper's reading), and the fitted predictor;
+- odma with the config `odmactl plan` writes for the fitted predictor, planned on the last
+  PLAN_ROWS training requests (alpaca_eval only: the papers' setting).
 """
 
 from __future__ import annotations
@@ -43,8 +40,11 @@ TRACES = {
     "alpaca_eval": (["alpaca_eval_model_outputs.jsonl.gz", "--offline"], 40_000, 8_192, "prompt"),
 }
 REPLAY_REQUESTS = 5_000
+PLAN_ROWS = 10_000  # the training requests plan searches and validates on (the last ones)
+PAPERS = {"static_utilization": 0.5505, "odma_utilization": 0.7245, "tps_gain": 0.23}  # seeds/001 §5, Alpaca
 PAPER_STATIC_UTILIZATION = {"Alpaca": 0.5505, "Google-NQ": 0.4254}  # seeds/001 §5, Figure 5
-METRIC_KEYS = ("kv_utilization", "tps", "ttft_p99", "tpot_p99", "migration_rate", "peak_concurrency", "preemptions")
+METRIC_KEYS = ("kv_utilization", "tps", "ttft_p99", "tpot_p99", "migration_rate", "preemptions", "stalls",
+               "peak_concurrency")
 
 
 def run(args: list[str]) -> None:
@@ -73,31 +73,71 @@ def prepare(work: Path, name: str, ingest_args: list[str], train_rows: int, max_
     return test, pred
 
 
-def _shape(alpaca: dict) -> list[str]:
-    """The paragraph that sets these rows beside the ODMA papers' table (seeds/001 §5)."""
-    rows = alpaca["rows"]
-    papers = next(r for k, r in rows.items() if "papers'" in k)["metrics"]
-    full = next(r for k, r in rows.items() if "holds every output" in k)["metrics"]
-    odma, paged = rows["odma"]["metrics"], rows["paged (16-token blocks)"]["metrics"]
-    s3 = rows["s3, preempt (its paper)"]["metrics"]
-    n = alpaca["max_new_tokens_at_paper_utilization"]["Alpaca"]
-    return [
-        "## Shape against the ODMA papers' table", "",
-        "The papers (seeds/001 §5, four MLU370-X4, Alpaca and Google-NQ) report static pre-allocation at 55.05% / "
-        "42.54% utilization and ODMA at 72.45% / 61.79%, with 23% / 27% more TPS. A static baseline at 55% "
-        f"reserves far less than max_model_len: on alpaca_eval it takes prompt + {n:,} new tokens, about "
-        f"{n / alpaca['mean_output_tokens']:.1f}x the mean output, which truncates the longest outputs (vLLM's max_tokens); reserving "
-        f"enough for every output gives {full['kv_utilization']:.1%}. Against that baseline "
-        f"({papers['kv_utilization']:.1%}, {papers['tps']:,.0f} tok/s on one card) odma with its default "
-        f"settings and the fitted predictor falls far short ({odma['kv_utilization']:.1%}, {odma['tps']:,.0f} tok/s): "
-        "a request whose uncertainty passes tau, or whose reservation outgrows its bucket, takes a max_model_len "
-        "block of the large pool, and the 4 quantile buckets round up far. So the papers' ordering (ODMA above "
-        "static) holds here against static at max_model_len, not against static at the papers' own utilization; "
-        "`odmactl plan` tunes ODMA's settings for a trace and is the fair comparison. s3 as its paper runs it "
-        f"reaches {s3['kv_utilization']:.1%} and paged {paged['kv_utilization']:.1%} ({paged['tps']:,.0f} tok/s), "
-        "both of which the papers leave out. The papers' accuracy figure is S3's equal-width bucket accuracy; "
-        "`odmactl fit` prints beside it what a constant predictor (the most common bucket) scores, and on the "
-        "shipped Alpaca sample the two are equal (README, 'Fit').", ""]
+def _shape(name: str, part: dict) -> list[str]:
+    """The papers' figures beside odmactl's, and a paragraph on where they differ (seeds/001 §5)."""
+    rows = part["rows"]
+    n = part["max_new_tokens"]
+    static = rows[f"static, prompt + {n:,}"]["metrics"]
+    oracle, fitted = rows["odma, oracle"]["metrics"], rows["odma, fitted"]["metrics"]
+    planned = rows.get("odma, fitted, planned config")
+    fcfs = rows["odma, oracle, fcfs"]["metrics"]
+    gain = oracle["tps"] / static["tps"] - 1.0
+    table = [["static utilization", f"{PAPERS['static_utilization']:.2%}", f"{static['kv_utilization']:.1%}"],
+             ["ODMA utilization", f"{PAPERS['odma_utilization']:.2%}",
+              f"{oracle['kv_utilization']:.1%} oracle, {fitted['kv_utilization']:.1%} fitted"
+              + (f", {planned['metrics']['kv_utilization']:.1%} planned" if planned else "")],
+             ["ODMA TPS over static", f"+{PAPERS['tps_gain']:.0%}",
+              f"{gain:+.1%} oracle, {fitted['tps'] / static['tps'] - 1.0:+.1%} fitted"
+              + (f", {planned['metrics']['tps'] / static['tps'] - 1.0:+.1%} planned" if planned else "")]]
+    from odmactl.render.markdown import markdown_table
+
+    lines = [f"### {name}: the papers (seeds/001 §5, Alpaca, four MLU370-X4) and odmactl (one card)", ""]
+    lines += markdown_table(["figure", "papers", "odmactl"], table) + [""]
+    over = fitted["overflow_rate"]
+    lines += [
+        f"Under the same {n:,}-token cap, odma with oracle lengths and its default settings uses "
+        f"{oracle['kv_utilization']:.1%} of the KV it reserves ({static['kv_utilization']:.1%} for static) and serves "
+        f"{gain:+.1%} TPS, with {oracle['overflow_rate']:.2%} of requests outgrowing their block. "
+        + _tps_note(static, oracle) + " The papers' scheduler reading matters little with exact lengths: vLLM's FCFS "
+        f"unchanged gives {fcfs['kv_utilization']:.1%} and {fcfs['tps']:,.0f} tok/s. With the fitted predictor the "
+        f"default settings reach {fitted['kv_utilization']:.1%}, but {over:.1%} of requests outgrow their block "
+        f"(migrated into the large bucket, or stalled until it had room: {fitted['stalls']:,} stalls): the "
+        "predictor odmactl trains on these prompts (Kendall tau and bucket accuracy in `fit`'s report) ranks "
+        "lengths, but in every group of its predictions the 99.5th percentile of the outputs is the cap, so no "
+        "reservation below static's keeps overflows under 0.5% (`plan` searches that constraint: its row)."]
+    if planned:
+        m, said = planned["metrics"], part["plan"]
+        verdict = ("passes plan's own held-out gate" if said["holds"] else
+                   f"is plan's closest candidate, which it does not write: {said['failure']}")
+        lines[-1] += (f" The planned config ({said['chosen']}, scheduler {said['scheduler']}) {verdict}; replayed on "
+                      f"these requests it keeps {m['overflow_rate']:.2%} overflowing at {m['kv_utilization']:.1%} "
+                      f"utilization and {m['tps']:,.0f} tok/s.")
+    return lines + [""]
+
+
+def _note(part: dict) -> list[str]:
+    """A trace outside the papers' setting: what odma did, in numbers."""
+    rows, n = part["rows"], part["max_new_tokens"]
+    static, oracle = rows[f"static, prompt + {n:,}"]["metrics"], rows["odma, oracle"]["metrics"]
+    counters = rows["odma, oracle"]["allocator"]["policy_counters"]
+    bpt = rows["odma, oracle"]["allocator"]["bytes_per_token"]
+    return [f"Outside the papers' setting (long prompts, {part['mean_prompt_tokens']:,.0f} tokens on average): odma "
+            f"with oracle lengths uses {oracle['kv_utilization']:.1%} of what it reserves against static's "
+            f"{static['kv_utilization']:.1%}, at {oracle['tps']:,.1f} tok/s against {static['tps']:,.1f}. "
+            + _tps_note(static, oracle) + f" {counters['routed_large']:,} requests outgrow the top boundary "
+            f"({rows['odma, oracle']['config']['boundaries_tokens'][-1]:,} tokens, the {0.99:.0%} quantile of KV "
+            f"lengths, capped at max_model_len) and take blocks of prompt + {n:,} in the large pool, which held at "
+            f"most {counters['peak_large_bytes'] // bpt:,} tokens of them at once.", ""]
+
+
+def _tps_note(static: dict, odma: dict) -> str:
+    """Why odma's TPS gain is what it is: the batch it ran against static's, and the step time."""
+    batch = odma["mean_batch"] / static["mean_batch"] - 1.0
+    step = odma["tpot_p50"] / static["tpot_p50"] - 1.0
+    return (f"TPS is output tokens over the run: odma's mean batch was {batch:+.1%} against static's "
+            f"({odma['mean_batch']:.1f} and {static['mean_batch']:.1f} requests; peak {odma['peak_concurrency']:,} and "
+            f"{static['peak_concurrency']:,}) and its median time per output token {step:+.1%}, so the memory it saves "
+            "buys that much more throughput.")
 
 
 def _max_new_at(prompt, output, target: float) -> int:
@@ -116,12 +156,38 @@ def _max_new_at(prompt, output, target: float) -> int:
     return lo
 
 
+def _plan(work: Path, name: str, train: Path, pred: Path, max_len: int, cap: int) -> tuple[Path, dict]:
+    """`odmactl plan` on the last PLAN_ROWS training requests, fitted predictor, outputs capped at
+    `cap`: the config it recommends (written to --work even when its gate fails, which `plan` itself
+    would not write) and what plan said of it (reused from --work)."""
+    from odmactl.allocator import AllocatorConfig
+    from odmactl.plan.config import config_document, config_text
+    from odmactl.plan.search import plan
+    from odmactl.plan.spec import PlanSpec
+    from odmactl.render.plan_text import config_heading, failure_message
+    from odmactl.trace.schema import read_trace
+
+    slug = name.split()[0].replace("/", "-")
+    config, said = work / f"{slug}-plan-{cap}.toml", work / f"{slug}-plan-{cap}.json"
+    if not config.exists() or not said.exists():
+        frame = read_trace(train).tail(PLAN_ROWS)
+        spec = PlanSpec(device=DEVICE, model=MODEL, predictor=str(pred), max_model_len=max_len, max_new_tokens=cap)
+        doc, setup = plan(frame, spec)
+        document = config_document(doc, setup, "examples/paper_table.py", str(pred), str(train),
+                                   AllocatorConfig.from_mapping(doc["validation"]["odma"]["config"]))
+        config.write_text(config_text(document, config_heading(doc)))
+        said.write_text(json.dumps({"holds": doc["holds"], "chosen": doc["chosen"]["label"],
+                                    "scheduler": doc["scheduler"],
+                                    "failure": None if doc["holds"] else failure_message(doc, config)}))
+    return config, json.loads(said.read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] + " Needs ../shared/traces beside the "
-                                     "repository; the first run fits two predictors (about 10 minutes on 2 cores), "
-                                     "later runs reuse them from --work (seconds).")
+                                     "repository; the first run fits two predictors and plans (about 15 minutes on "
+                                     "2 cores), later runs reuse them from --work (about a minute).")
     parser.add_argument("--work", type=Path, default=Path("/tmp/odmactl-paper"),
-                        help="folder for the ingested traces, their cuts and the fitted predictors (reused)")
+                        help="folder for the ingested traces, their cuts, the fitted predictors and the plan (reused)")
     parser.add_argument("--out", type=Path, default=ROOT / "examples" / "paper_table.md",
                         help="the markdown table (and .json beside it); the default replaces the shipped one")
     args = parser.parse_args()
@@ -134,55 +200,55 @@ def main() -> None:
     from odmactl.run.spec import ReplaySpec
     from odmactl.trace.schema import read_trace
 
-    lines = [f"# {MODEL} on {DEVICE}: static, paged, s3 and odma", "",
+    lines = [f"# {MODEL} on {DEVICE}: static, paged, s3 and odma under one output cap", "",
              "Made by `python examples/paper_table.py` (see its docstring). Each row replays the same "
-             f"{REPLAY_REQUESTS:,} requests; odma and s3 use the length predictor fitted on the trace's earlier "
-             "requests.", ""]
+             f"{REPLAY_REQUESTS:,} requests, every policy under the same output cap N (vLLM's max_tokens), N set so "
+             "that static at prompt + N has the papers' 55.05% utilization. \"fitted\": the length predictor "
+             "fitted on the trace's earlier requests.", ""]
     everything = {}
     for name, (ingest_args, train_rows, max_len, split) in TRACES.items():
         test, pred = prepare(args.work, name, ingest_args, train_rows, max_len, split)
         frame = read_trace(test)
         prompt, output = frame["prompt_tokens"].to_numpy(), frame["output_tokens"].to_numpy()
-        new_tokens = min(1 << max(int(output.max()) - 1, 0).bit_length(), max_len)
-        at_paper = {paper: _max_new_at(prompt, output, target) for paper, target in PAPER_STATIC_UTILIZATION.items()}
+        cap = _max_new_at(prompt, output, PAPERS["static_utilization"])
+        planned, planned_said = _plan(args.work, name, args.work / f"{name.split()[0].replace('/', '-')}-train.parquet",
+                                      pred, max_len, cap) if name == "alpaca_eval" else (None, None)
+        runs = [
+            (f"static, prompt + {cap:,}", "static", str(pred), None, {}),
+            ("paged (16-token blocks)", "paged", str(pred), None, {}),
+            ("s3, preempt (its paper)", "s3", str(pred), None, {"s3_overflow": "preempt"}),
+            ("s3, migrate (copy)", "s3", str(pred), None, {"s3_overflow": "migrate"}),
+            ("odma, oracle", "odma", "oracle", None, {}),
+            ("odma, oracle, fcfs", "odma", "oracle", None, {"[scheduler]": "fcfs"}),
+            ("odma, fitted", "odma", str(pred), None, {}),
+        ]
+        if planned is not None:
+            runs.append(("odma, fitted, planned config", "odma", str(pred), planned, {}))
         rows = {}
-        runs = (
-            (f"static, max_model_len {32_768:,}", ["static"], 32_768, {}, {}),
-            (f"static, prompt + {new_tokens:,} new tokens (holds every output)", ["static"], max_len,
-             {"max_new_tokens": new_tokens}, {}),
-            (f"static, prompt + {at_paper['Alpaca']:,} new tokens (the papers' 55.05%)", ["static"], max_len,
-             {"max_new_tokens": at_paper["Alpaca"]}, {}),
-            ("paged (16-token blocks)", ["paged"], max_len, {}, {}),
-            ("s3, preempt (its paper)", ["s3"], max_len, {}, {"s3_overflow": "preempt"}),
-            ("s3, migrate (copy)", ["s3"], max_len, {}, {"s3_overflow": "migrate"}),
-            ("odma", ["odma"], max_len, {}, {}),
-        )
-        for label, policies, length, spec_args, allocator in runs:
-            config = None
-            if allocator:
-                config = args.work / f"allocator-{'-'.join(f'{k}-{v}' for k, v in allocator.items())}.toml"
-                config.write_text("[allocator]\n" + "".join(f'{k} = "{v}"\n' for k, v in allocator.items()))
-            doc = run_policies(frame, policies, ReplaySpec(device=DEVICE, model=MODEL, predictor=str(pred),
-                                                           max_model_len=length, config=config, **spec_args))
-            r = doc["results"][policies[0]]
+        for label, policy, predictor, config, settings in runs:
+            if settings:
+                config = args.work / f"settings-{'-'.join(f'{k.strip(chr(91) + chr(93))}-{v}' for k, v in settings.items())}.toml"
+                text = "".join(f'[scheduler]\npolicy = "{v}"\n' if k == "[scheduler]" else f'[allocator]\n{k} = "{v}"\n'
+                               for k, v in settings.items())
+                config.write_text(text)
+            doc = run_policies(frame, [policy], ReplaySpec(device=DEVICE, model=MODEL, predictor=predictor,
+                                                           max_model_len=max_len, config=config, max_new_tokens=cap,
+                                                           allow_mismatch=config is not None))
+            r = doc["results"][policy]
             r.pop("series")
             rows[label] = r
-        everything[name] = {"rows": rows, "static_max_new_tokens": new_tokens,
-                            "max_new_tokens_at_paper_utilization": at_paper,
-                            "mean_output_tokens": float(output.mean()), "mean_prompt_tokens": float(prompt.mean())}
-        table = [[key, f"{length:,}"] + [format_metric(k, r["metrics"][k]) for k in METRIC_KEYS]
-                 + [f"{r['metrics'][k]:,}" for k in ("rejections", "truncated", "completed")]
-                 for (key, r), (*_, length, _s, _a) in zip(rows.items(), runs)]
-        lines += [f"## {name}", ""] + markdown_table(["policy", "max_model_len", *(METRICS[k].header for k in METRIC_KEYS),
-                                                      "rejected", "truncated", "completed"], table)
-        at = everything[name]["max_new_tokens_at_paper_utilization"]
-        lines += ["", "By the papers' formula on these requests' lengths, sum (p + min(o, N)) / sum (p + N), static at "
-                  "prompt + N has the ODMA papers' static utilization at " + " and ".join(
-                      f"N = {n:,} ({PAPER_STATIC_UTILIZATION[paper]:.2%}, their {paper} figure)" for paper, n in at.items())
-                  + f" (mean output {output.mean():,.0f} tokens, mean prompt {prompt.mean():,.0f}); the replayed row "
-                  "differs where max_model_len rejects or truncates requests. Rejected: prompts past max_model_len, "
-                  "which no policy serves; truncated: outputs cut at max_model_len or at N.", ""]
-    lines += _shape(everything["alpaca_eval"])
+        everything[name] = {"rows": rows, "max_new_tokens": cap, "max_model_len": max_len,
+                            "mean_output_tokens": float(output.mean()), "mean_prompt_tokens": float(prompt.mean()),
+                            "plan": planned_said}
+        table = [[key, r["scheduler"]] + [format_metric(k, r["metrics"][k]) for k in METRIC_KEYS]
+                 + [f"{r['metrics'][k]:,}" for k in ("recomputed_tokens", "rejections", "truncated", "completed")]
+                 for key, r in rows.items()]
+        lines += [f"## {name}: max_model_len {max_len:,}, outputs capped at {cap:,}", ""]
+        lines += markdown_table(["policy", "scheduler", *(METRICS[k].header for k in METRIC_KEYS), "recomputed",
+                                 "rejected", "truncated", "completed"], table)
+        lines += ["", f"Mean output {output.mean():,.0f} tokens (before the cap), mean prompt {prompt.mean():,.0f}; "
+                  "truncated: outputs cut at the cap; rejected: prompts past max_model_len.", ""]
+        lines += _shape(name, everything[name]) if name == "alpaca_eval" else _note(everything[name])
     args.out.write_text("\n".join(lines) + "\n")
     args.out.with_suffix(".json").write_text(to_json(everything) + "\n")
     print("\n".join(lines))

@@ -38,17 +38,17 @@ def _plan(cli, trace, out, *args):
 
 def test_grid_covers_the_search_space_and_every_candidate_is_a_valid_config():
     grid = candidate_grid()
-    assert len(grid) == len(set(grid)) == 2160
+    assert len(grid) == len(set(grid)) == 4860  # 9 B x 2 shapes x 3 tops x 5 gammas x 3 taus x 3 pools x 2 refits
     fitted = candidate_grid(coverage_gamma=4.0)  # adds 2.8, 3.4, 4 and 4.8 (2 is in the grid already)
-    assert len(fitted) == len(set(fitted)) == 3888
+    assert len(fitted) == len(set(fitted)) == 8748
     assert sorted({c.gamma for c in fitted}) == [0.0, 0.25, 0.5, 1.0, 2.0, 2.8, 3.4, 4.0, 4.8]
     # with a migration-rate limit, hedge tables too: 3 group counts x 4 limits for every B, levels,
     # large pool and refit (tau never)
     hedged = candidate_grid(coverage_gamma=4.0, max_overflow_rate=0.005)
     tables = [c for c in hedged if c.hedge_groups]
-    assert len(hedged) == len(set(hedged)) == 3888 + 1728 and len(tables) == 1728
+    assert len(hedged) == len(set(hedged)) == 8748 + 3888 and len(tables) == 3888
     assert sorted({c.hedge_limit for c in tables}) == [0.0015, 0.0025, 0.0035, 0.005]
-    assert all(c.tau == math.inf for c in tables) and tables[5].label.startswith("B=4 equal hedge=8@0.15% tau=never")
+    assert all(c.tau == math.inf for c in tables) and tables[5].label.startswith("B=4 equal@0.95 hedge=8@0.15% tau=never")
     for c in hedged:
         AllocatorConfig.from_mapping({**c.allocator_table(), "max_model_len_tokens": 8192})
     tail = Candidate(4, "tail", 0.0, math.inf, 0.1, 2000, 200)
@@ -94,12 +94,16 @@ def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
     r = _plan(cli, trace, out, "--report", report, "--workers", "2", "--json")
     assert r.code == 0, r.err
     doc = json.loads(r.out)
-    assert doc["candidates"] == 2160 and doc["replayed"] == 4
+    assert doc["candidates"] == 4860 and doc["replayed"] == 4
     assert set(doc["validation"]) == {"odma", "static", "static+1024", "paged", "s3"}  # static twice: run/serving.static_baselines
     assert doc["trace"]["search_requests"] == 1050 and doc["trace"]["holdout_requests"] == 450
     for row in doc["search"]["replays"]:  # with exact lengths the bounds are the replay, up to refit timing
         assert row["estimate"]["overflow_rate"] == row["measured"]["migration_rate"] == 0.0
-        assert abs(row["estimate"]["kv_utilization"] - row["measured"]["kv_utilization"]) < 0.03
+        # the bounds refit in arrival order, the replay in completion order: with a top quantile
+        # below 1 which requests fall past the top boundary differs, and each takes a max_model_len
+        # block (no output cap here), so the two part further
+        slack = 0.03 if row["settings"]["top_quantile"] == 1.0 else 0.08
+        assert abs(row["estimate"]["kv_utilization"] - row["measured"]["kv_utilization"]) < slack
     config = tomllib.loads(out.read_text())
     assert config["plan"]["chosen"] == doc["chosen"]["label"] and config["plan"]["policy"] == "odma"
     assert config["plan"]["expected"]["kv_utilization"] == doc["validation"]["odma"]["metrics"]["kv_utilization"]
@@ -163,7 +167,7 @@ def test_plan_prints_its_recommendation(cli, trace, tmp_path):
     r = _plan(cli, trace, tmp_path / "c.toml")
     assert r.code == 0, r.err
     text = " ".join((r.out + r.err).split())
-    assert "2,160 candidates" in text and "overflow rate + 1 s.e. <= 0.50%" in text
+    assert "4,860 candidates" in text and "overflow rate + 1 s.e. <= 0.50%" in text
     config = tomllib.loads((tmp_path / "c.toml").read_text())
     assert config["plan"]["chosen"] in text
 

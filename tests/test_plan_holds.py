@@ -105,7 +105,7 @@ def test_the_large_pool_never_takes_more_than_half_the_pool(cli, trace, tmp_path
     odma = AllocatorConfig.from_mapping(doc["validation"]["odma"]["config"])
     assert odma.max_model_len_tokens == doc["max_model_len"] <= 6000
     pool_bytes = doc["kv_pool_bytes"]
-    assert large_pool_bytes(pool_bytes, odma.max_model_len_tokens * setup.bytes_per_token, odma) <= pool_bytes // 2
+    assert large_pool_bytes(pool_bytes, setup.bytes_per_token, odma, 0) <= pool_bytes // 2
     assert r.code == (0 if doc["holds"] else 1) and out.exists() == doc["holds"]
     if doc["holds"]:
         config = tomllib.loads(out.read_text())
@@ -273,7 +273,10 @@ def test_the_config_is_readable(planned):
 
 def test_allocator_settings_by_name():
     config = AllocatorConfig.from_mapping({"num_buckets": 4, "quantile_levels": "tail", "tau": "never"})
-    assert config.quantile_levels == (0.4375, 0.75, 0.9375, 1.0) and config.tau == math.inf
+    # "tail" below the default top quantile, 0.99
+    assert config.quantile_levels == (0.433125, 0.7425, 0.928125, 0.99) and config.tau == math.inf
+    whole = AllocatorConfig.from_mapping({"num_buckets": 4, "quantile_levels": "tail", "top_quantile": 1})
+    assert whole.quantile_levels == (0.4375, 0.75, 0.9375, 1.0)
     assert config.to_mapping()["tau"] == "never"
     for bad, key in [({"tau": "sometimes"}, "allocator.tau"), ({"tau": -1}, "allocator.tau"),
                      ({"quantile_levels": "steep"}, "allocator.quantile_levels"), ({"tau": True}, "allocator.tau")]:

@@ -34,15 +34,19 @@ def test_split_by_instruction_and_u_is_informative(alpaca_eval_fit, cli):
     # generator identity alone ranks at tau ~0.32 on this split; the prompt text must add to it
     assert ev["kendall_tau"] > 0.38
     assert 0 < ev["mae_tokens"] < 200
-    # u means what it says: one reservation for all (2 x L_hat) fails more often as u rises, decile
-    # by decile (a dip is allowed only within two standard errors of the binomial noise between
-    # neighbours)
-    deciles = ev["u_deciles"]
+    # the headroom u means what it says: one reservation for all (2 x L_hat) fails more often as u
+    # rises, decile by decile (a dip is allowed only within two standard errors of the binomial
+    # noise between neighbours); the papers' u (the class entropy, the default) separates far less
+    assert ev["uncertainty"] == "entropy" and set(ev["calibration"]) == {"entropy", "headroom"}
+    deciles = ev["calibration"]["headroom"]
     rates = [d["under_rate_uniform"] for d in deciles]
     for lo, hi, d in zip(rates, rates[1:], deciles[1:]):
         se = math.sqrt(2 * hi * (1 - hi) / d["rows"])
         assert hi >= lo - 2 * se, rates
     assert rates[-1] > 3 * rates[0]
+    entropy = [d["under_rate_uniform"] for d in ev["calibration"]["entropy"]]
+    assert entropy[-1] < 2 * entropy[0] and ev["calibration"]["entropy"] == ev["u_deciles"]
+    assert all(0 <= d["u_min"] <= d["u_max"] <= 1 for d in ev["u_deciles"])
     # more inflation, fewer under-reservations: the gamma trade-off curve is monotone
     unders = [c["under_rate"] for c in ev["gamma_curve"]]
     assert unders == sorted(unders, reverse=True) and unders[-1] < unders[0] / 2

@@ -2,7 +2,7 @@
 # Python classes. Fields are Python objects (values behave exactly as in the .py), except the
 # containers, which are always the declared type.
 cdef class Allocation:
-    cdef public object request_id, offset_bytes, nbytes, capacity_tokens, used_tokens, bucket, region, block_ids, live
+    cdef public object request_id, offset_bytes, nbytes, capacity_tokens, used_tokens, bucket, region, block_ids, live, limit_tokens
 
 cdef class AllocatorBase:
     cdef public object pool_bytes, kv_pool_bytes, bytes_per_token, config, arena, max_tokens, deployment
@@ -25,3 +25,6 @@ cdef class AllocatorBase:
     cpdef _admitted(self, a)
     cpdef _forget(self, a)
     cpdef block_limit(self, tokens, sequences)
+    cpdef tag_of(self, prompt_tokens, predicted_output_tokens, uncertainty)
+    cpdef overflow_waits(self, allocation, total_tokens)
+    cpdef room_version(self, tag)

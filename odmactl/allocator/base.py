@@ -25,16 +25,18 @@ class Allocation:
     owns `block_ids` (an array('q') of block numbers, each `block_size` tokens) and
     `offset_bytes` is its first block's.
     `bucket` is the bucket index at reservation (or after a move), "large" in ODMA's large pool,
-    None for policies without buckets. Identity, not value, names an allocation (no __eq__).
+    None for policies without buckets. `limit_tokens` is the most KV tokens the request can reach
+    where the policy knows it (ODMA: its large-pool block, prompt + the output cap), else None. Identity, not value, names an allocation (no __eq__).
     A plain slotted class with a hand-written __init__: a third cheaper to create than the
     equivalent slotted dataclass, and one is created per reservation.
     """
 
     __slots__ = ("request_id", "offset_bytes", "nbytes", "capacity_tokens", "used_tokens", "bucket",
-                 "region", "block_ids", "live")
+                 "region", "block_ids", "live", "limit_tokens")
 
     def __init__(self, request_id: str, offset_bytes: int, nbytes: int, capacity_tokens: int, used_tokens: int,
-                 bucket: int | str | None, region: str = "main", block_ids: array | None = None) -> None:
+                 bucket: int | str | None, region: str = "main", block_ids: array | None = None,
+                 limit_tokens: int | None = None) -> None:
         self.request_id = request_id
         self.offset_bytes = offset_bytes
         self.nbytes = nbytes
@@ -44,6 +46,7 @@ class Allocation:
         self.region = region
         self.block_ids = block_ids
         self.live = True
+        self.limit_tokens = limit_tokens
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
@@ -193,6 +196,18 @@ class Allocator(Protocol):
     Collaborators, None unless a policy has them: `host_tier()` (HostTier) and `adapter_cache()`
     (AdapterCache).
 
+    Scheduling. `scheduler`: the scheduler (sim/schedulers, by name) a replay runs the policy with
+    when [scheduler] policy names none ("fcfs" unless a policy says otherwise: odma's papers
+    describe a task pool). `tag_of(prompt_tokens, predicted_output_tokens, uncertainty)`: the tag of
+    the block a request would be reserved (the papers' bucket tag; a scheduler that queues by tag
+    reads it): a (pool, bucket) pair, requests whose tags name the same pool competing for the same
+    memory; None where the policy has one kind of block. `overflow_waits(a, total_tokens)`:
+    whether a contiguous request that `extend` refused may stall in place (keep its block, leave
+    the batch, and be extended again after a release) rather than be preempted; False unless the
+    policy holds space that a release makes usable for it (ODMA's large pool).
+    `room_version(tag)`: a value that changes whenever a reservation of that tag that failed may
+    succeed (memory given back to its pool, new boundaries); -1: unknown, retry every time.
+
     Of the policy's class, before a replay builds it: `settings`, the settings classes it reads
     (allocator/config.py); `complete_config(config, pool_bytes=, bytes_per_token=,
     realized_kv_tokens=, deployment=)`, the settings the policy fills in itself (`deployment`:
@@ -222,6 +237,7 @@ class Allocator(Protocol):
     releases: int
     boundaries_tokens: tuple[int, ...]
     boundary_updates: int
+    scheduler: str
 
     def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
                 uncertainty: float | None = None) -> Allocation | None: ...
@@ -239,6 +255,12 @@ class Allocator(Protocol):
     def mean_released_runs(self) -> float | None: ...
 
     def host_tier(self) -> HostTier | None: ...
+
+    def tag_of(self, prompt_tokens: int, predicted_output_tokens: float | None, uncertainty: float | None) -> object: ...
+
+    def overflow_waits(self, allocation: Allocation, total_tokens: int) -> bool: ...
+
+    def room_version(self, tag: object) -> object: ...
 
     def adapter_cache(self) -> AdapterCache | None: ...
 
@@ -261,6 +283,7 @@ class AllocatorBase:
     """
 
     name = "base"
+    scheduler = "fcfs"  # the scheduler a replay runs it with unless [scheduler] policy names one
     uses_predictions = False  # True for a policy that sizes reservations from predicted lengths
     settings: tuple[type, ...] = ()  # the settings classes (allocator/config.py) the policy reads
     policy_totals: tuple[str, ...] = ()  # names in policy_counters() that only grow (the rest are levels)
@@ -420,6 +443,18 @@ class AllocatorBase:
 
     def adapter_cache(self) -> AdapterCache | None:
         return None
+
+    def tag_of(self, prompt_tokens: int, predicted_output_tokens: float | None, uncertainty: float | None) -> object:
+        """One kind of block: every request has the same tag."""
+        return None
+
+    def overflow_waits(self, allocation: Allocation, total_tokens: int) -> bool:
+        """A refused extend preempts."""
+        return False
+
+    def room_version(self, tag: object) -> object:
+        """Unknown: a failed reservation is retried every time."""
+        return -1
 
     def kv_ranges(self, allocation: Allocation) -> list[tuple[int, int]]:
         """The (start, nbytes) byte ranges a live allocation owns, in the order its tokens fill

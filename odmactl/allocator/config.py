@@ -220,7 +220,8 @@ class Deployment:
     and per sequence producing logits (`activation_bytes_per_token`, `_per_sequence`: the cost
     model's, so that one iteration of T tokens and S sequences needs T x the first + S x the
     second), and `lora_bytes_per_rank`, the bytes of a rank-1 LoRA adapter on the attention
-    projections, all over the tensor-parallel group. Zero: unknown."""
+    projections, all over the tensor-parallel group; `max_new_tokens`, the run's output cap (vLLM's
+    max_tokens: no request generates more). Zero: unknown (for the cap: none)."""
 
     activation_peak_bytes: int = 0
     activation_reserve_bytes: int = 0  # the profile's activation reserve over the group: the most to borrow
@@ -228,6 +229,7 @@ class Deployment:
     activation_bytes_per_sequence: int = 0
     lora_bytes_per_rank: int = 0
     adapters: bool = False  # the workload names tenants, each with its LoRA adapter
+    max_new_tokens: int = 0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -3,7 +3,7 @@ from odmactl.allocator.extentlist cimport ExtentList
 
 
 cdef class FreeExtents:
-    cdef public object base, size_bytes, free_bytes, binned_bytes, consolidations
+    cdef public object base, size_bytes, free_bytes, binned_bytes, consolidations, gives
     cdef public dict _bins
     cdef public ExtentList _extents
     # the operations, C calls from compiled callers; the helper, a C call only

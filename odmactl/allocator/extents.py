@@ -23,16 +23,18 @@ class FreeExtents:
     block given back is the whole region). Invariants (checked by
     `check`): binned blocks and extents are disjoint, inside the region, and add up to
     `free_bytes`. `extents()` reports the free space with touching pieces merged, whichever form
-    they are in. Everything is deterministic: no hashing of objects, no clocks.
+    they are in. Everything is deterministic: no hashing of objects, no clocks. `gives` counts the
+    blocks given back: while it stands, no take can succeed that failed before.
     """
 
-    __slots__ = ("base", "size_bytes", "free_bytes", "binned_bytes", "consolidations", "_bins", "_extents")
+    __slots__ = ("base", "size_bytes", "free_bytes", "binned_bytes", "consolidations", "gives", "_bins", "_extents")
 
     def __init__(self, base: int, size_bytes: int) -> None:
         assert base >= 0 and size_bytes >= 0
         self.base = base
         self.size_bytes = size_bytes
         self.consolidations = 0
+        self.gives = 0
         self._reset()
 
     def _reset(self) -> None:
@@ -73,6 +75,7 @@ class FreeExtents:
         """Return [start, start + nbytes) to the free list of its size (bounds are the caller's
         invariant; `check` verifies them)."""
         self.free_bytes += nbytes
+        self.gives += 1
         if self.free_bytes == self.size_bytes and nbytes != self.size_bytes:
             self._reset()  # everything is free again, in pieces: make it one extent, empty lists
             return

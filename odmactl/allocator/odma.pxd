@@ -1,10 +1,15 @@
 # Cython declarations for odma.py (see setup.py).
 from odmactl.allocator.contiguous cimport ContiguousAllocator
-from odmactl.rules.odma cimport need_tokens as need_rule
+from odmactl.rules.odma cimport large_slot_tokens, need_tokens as need_rule
 
 cdef class OdmaAllocator(ContiguousAllocator):
     cdef public object large_block_bytes, _large, gamma, tau, refitter
     cdef public object hedge_edges, hedge_output_tokens
-    cdef public object _deferred, refit_due, routed_large
+    cdef public object _deferred, refit_due, routed_large, max_new_tokens, peak_large_bytes
     cpdef reserve(self, request_id, prompt_tokens, predicted_output_tokens=*, uncertainty=*)
     cpdef extend(self, allocation, total_tokens)
+    cpdef _route(self, prompt_tokens, predicted_output_tokens, uncertainty)
+    cpdef _large_peak(self)
+    cpdef tag_of(self, prompt_tokens, predicted_output_tokens, uncertainty)
+    cpdef overflow_waits(self, allocation, total_tokens)
+    cpdef room_version(self, tag)

@@ -15,8 +15,9 @@ from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings
 from odmactl.allocator.contiguous import ContiguousAllocator
 from odmactl.core.errors import ConfigError
 from odmactl.core.limits import MAX_BUCKETS, MAX_GAMMA, MAX_TOKENS, MAX_WINDOW_REQUESTS, whole_number_problem
-from odmactl.rules.buckets import LEVEL_SHAPES, SlidingWindowRefit, quantile_boundaries, shaped_levels
+from odmactl.rules.buckets import LEVEL_SHAPES, SlidingWindowRefit, bucket_levels, quantile_boundaries, shaped_levels
 from odmactl.rules.odma import equal_width_boundaries
+from odmactl.rules.odma import large_slot_tokens
 from odmactl.rules.odma import need_tokens as need_rule
 
 LARGE = "large"
@@ -36,11 +37,14 @@ class OdmaSettings(PolicySettings):
 
     Token counts are KV tokens (prompt + generated). `boundaries_tokens` are bucket upper bounds,
     strictly increasing; empty means B equal-width buckets over max_model_len until the first
-    refit (a replay fills them in: OdmaAllocator.complete_config). `quantile_levels` empty: i /
-    num_buckets (equal occupancy); a shape's name ("equal", "tail": rules/buckets.py) stands for
-    its levels at num_buckets and is replaced by them. The large pool is `large_pool_bytes`, or
-    `large_pool_fraction` of the pool when that is None; each large-pool block holds max_model_len
-    tokens so it never overflows. A hedge table (rules/hedge.py) in place of gamma: need = prompt +
+    refit (a replay fills them in: OdmaAllocator.complete_config). `quantile_levels` empty:
+    top_quantile * i / num_buckets (equal occupancy of the regular buckets below the top
+    quantile; the tail past it goes to the large pool); a shape's name ("equal", "tail":
+    rules/buckets.py) stands for its levels at num_buckets below top_quantile and is replaced by
+    them; levels given as numbers are used as they are. The large pool is `large_pool_bytes`, or
+    `large_pool_fraction` of the pool when that is None; each large-pool block holds what its
+    request can still need (rules/odma.large_slot_tokens: prompt + the output cap, or
+    max_model_len without one), so it never overflows. A hedge table (rules/hedge.py) in place of gamma: need = prompt +
     hedge_output_tokens[g], g the group of L_hat among hedge_edges; empty: the gamma rule.
     `refit_mode` "inline" refreshes the boundaries inside the release that completes a batch of
     `refit_every`; "deferred" only raises `refit_due` there and leaves `flush_refit()` to the
@@ -50,6 +54,7 @@ class OdmaSettings(PolicySettings):
     SEQUENCES = ("boundaries_tokens", "quantile_levels", "hedge_edges", "hedge_output_tokens")
 
     num_buckets: int = 4
+    top_quantile: float = 0.99
     quantile_levels: tuple[float, ...] | str = ()
     boundaries_tokens: tuple[int, ...] = ()
     gamma: float = 0.2
@@ -73,15 +78,18 @@ class OdmaSettings(PolicySettings):
             raise ConfigError(f"expected a number from 0 to {MAX_GAMMA:g}, got {self.gamma!r}", key="gamma")
         if not (self.tau >= 0):
             raise ConfigError(f"expected {TAU_EXPECTED}, got {self.tau!r}", key="tau")
+        if isinstance(self.top_quantile, bool) or not isinstance(self.top_quantile, (int, float)) \
+                or not 0 < self.top_quantile <= 1:
+            raise ConfigError(f"expected a quantile level in (0, 1], got {self.top_quantile!r}", key="top_quantile")
         if not (0 <= self.large_pool_fraction < 1):
             raise ConfigError(f"expected a fraction in [0, 1), got {self.large_pool_fraction!r}", key="large_pool_fraction")
         if self.large_pool_bytes is not None and not (isinstance(self.large_pool_bytes, int) and self.large_pool_bytes >= 0):
             raise ConfigError(f"expected a byte count >= 0, got {self.large_pool_bytes!r}", key="large_pool_bytes")
         q = self.quantile_levels
         if q and (len(q) != self.num_buckets or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in q)
-                  or list(q) != sorted(set(q)) or not 0 < q[0] or q[-1] != 1):
-            raise ConfigError(f"expected num_buckets ({self.num_buckets}) strictly increasing levels in (0, 1] "
-                              f"ending at 1, got {list(q)}", key="quantile_levels")
+                  or list(q) != sorted(set(q)) or not 0 < q[0] or q[-1] > 1):
+            raise ConfigError(f"expected num_buckets ({self.num_buckets}) strictly increasing levels in (0, 1], "
+                              f"got {list(q)}", key="quantile_levels")
         self._check_hedge()
         b = self.boundaries_tokens
         if any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in b) or list(b) != sorted(set(b)):
@@ -121,9 +129,16 @@ class OdmaSettings(PolicySettings):
             if not isinstance(value, (tuple, list)) and not named:
                 known = f" or one of {', '.join(LEVEL_SHAPES)}" if name == "quantile_levels" else ""
                 raise ConfigError(f"expected a list{known}, got {value!r}", key=name)
-        if isinstance(self.quantile_levels, str) and whole_number_problem(self.num_buckets, 1, MAX_BUCKETS) is None:
-            # a bad num_buckets: the check below says so
-            object.__setattr__(self, "quantile_levels", shaped_levels(self.num_buckets, self.quantile_levels))
+        top_ok = not isinstance(self.top_quantile, bool) and isinstance(self.top_quantile, (int, float)) \
+            and 0 < self.top_quantile <= 1
+        if isinstance(self.quantile_levels, str) and whole_number_problem(self.num_buckets, 1, MAX_BUCKETS) is None \
+                and top_ok:  # a bad num_buckets or top_quantile: the checks below say so
+            object.__setattr__(self, "quantile_levels",
+                               shaped_levels(self.num_buckets, self.quantile_levels, self.top_quantile))
+
+    def levels(self) -> tuple[float, ...]:
+        """The quantile levels the boundaries are fitted at (the class docstring)."""
+        return bucket_levels(self.num_buckets, self.quantile_levels, self.top_quantile)
 
     def settable(self) -> dict[str, object]:
         return {**super().settable(), "tau": tau_setting(self.tau)}
@@ -136,30 +151,48 @@ class OdmaSettings(PolicySettings):
         return out
 
 
-def large_pool_bytes(pool_bytes: int, block_bytes: int, config: AllocatorConfig) -> int:
-    """The large pool's size: whole blocks of max_model_len tokens, rounded down."""
+def levels_of(config: AllocatorConfig) -> tuple[float, ...]:
+    """The quantile levels odma fits its boundaries at (OdmaSettings' docstring)."""
+    return bucket_levels(config.num_buckets, config.quantile_levels, config.top_quantile)
+
+
+def large_pool_bytes(pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, max_new_tokens: int) -> int:
+    """The large pool's size in whole tokens. Without an output cap every large block holds
+    max_model_len tokens, so the pool is whole such blocks (rounded down), and one that holds none
+    is refused; with a cap, blocks are sized per request and placed best-fit, like the main pool's."""
     wanted = config.large_pool_bytes if config.large_pool_bytes is not None else int(pool_bytes * config.large_pool_fraction)
     if wanted > pool_bytes:
         raise ConfigError(f"large pool of {wanted:,} bytes exceeds the {pool_bytes:,}-byte pool", key="large_pool_bytes")
+    block_bytes = config.max_model_len_tokens * bytes_per_token
+    if max_new_tokens:
+        return wanted // bytes_per_token * bytes_per_token
     if 0 < wanted < block_bytes:
         raise ConfigError(
             f"large pool of {wanted:,} bytes holds no block of max_model_len_tokens = {config.max_model_len_tokens} "
-            f"({block_bytes:,} bytes); make it larger or 0", key="large_pool_bytes")
+            f"({block_bytes:,} bytes), and outputs are not capped (--max-new-tokens), so every large block is one; "
+            "make it larger or 0", key="large_pool_bytes")
     return wanted // block_bytes * block_bytes
 
 
 class OdmaAllocator(ContiguousAllocator):
-    """Regions "main" (bucket blocks) then "large" (the reserved large pool, blocks of
-    max_model_len tokens). A request needs prompt + ceil(L_hat * (1 + gamma * u)) KV tokens (or,
-    with a hedge table, prompt + the table's output count for L_hat's group) and gets
-    the smallest bucket boundary >= that in "main"; it goes to "large" when u > tau, when it has no
-    prediction, or when the need exceeds the last boundary. Growing past the block migrates into
-    "large" (allocate, contiguous copy, release) or fails. Boundaries change only through
+    """Regions "main" (bucket blocks) then "large" (the reserved large pool). A request needs
+    prompt + ceil(L_hat * (1 + gamma * u)) KV tokens (or, with a hedge table, prompt + the
+    table's output count for L_hat's group) and gets the smallest bucket boundary >= that in
+    "main" (at most its large block: no block holds more than the request can reach); it goes to
+    "large" when u > tau, when it has no prediction (a preempted request whose prediction is
+    spent), or when the need exceeds the last boundary (a large block the large pool is too small
+    to ever hold is placed in "main"). A large block holds what the request can
+    still need (rules/odma.large_slot_tokens: prompt + the output cap, else max_model_len; kept
+    in `Allocation.limit_tokens`). Growing past the block migrates into "large" (allocate,
+    contiguous copy, release, seeds/001 §3.4) or, the large pool full, fails; the replay then
+    stalls the request in place until a release (`overflow_waits`), as the papers migrate every
+    overflow and never preempt. Boundaries change only through
     `set_boundaries` (or the sliding-window refit on release) and apply to new reservations only:
     a live allocation keeps its block and its bucket index of the boundaries it was given.
     """
 
     name = "odma"
+    scheduler = "task_pool"  # the papers' Task Pool (seeds/001 §3.1; sim/schedulers/task_pool.py)
     settings = (OdmaSettings,)
     uses_predictions = True  # sizes reservations from predicted lengths: a replay without a predictor must say so
 
@@ -169,31 +202,36 @@ class OdmaAllocator(ContiguousAllocator):
         """What a replay leaves open, filled in (AllocatorBase.complete_config): without
         boundaries, quantile boundaries of the realized KV lengths of the first `refit_window`
         requests (a warm start, as if that window had been observed before), refitted online from
-        then on; without a large-pool size, `large_pool_fraction` of the pool, raised to one
-        max_model_len block when smaller (a request past the last boundary needs one)."""
+        then on; without a large-pool size, `large_pool_fraction` of the pool, raised to the
+        largest large block when smaller (a request past the last boundary needs one: max_model_len,
+        or with an output cap the window's longest KV + the cap, at most max_model_len)."""
         notes: dict = {}
         max_len = config.max_model_len_tokens
         if not config.boundaries_tokens:
             window = np.asarray(realized_kv_tokens)[: config.refit_window]
             bounds = quantile_boundaries(window, config.num_buckets, granularity_tokens=config.granularity_tokens,
-                                         max_tokens=max_len, levels=config.quantile_levels)
+                                         max_tokens=max_len, levels=levels_of(config))
             config = config.replace(boundaries_tokens=bounds)
             notes["initial_boundaries"] = f"quantiles of the first {window.size:,} requests' KV lengths"
-        block = max_len * bytes_per_token
+        cap = deployment.max_new_tokens if deployment is not None else 0
+        realized = np.asarray(realized_kv_tokens)[: config.refit_window]
+        largest = large_slot_tokens(int(realized.max()) if realized.size else max_len, cap, max_len)
+        block = largest * bytes_per_token
         if config.large_pool_bytes is None and pool_bytes * config.large_pool_fraction < block:
             if block > pool_bytes:
-                raise ConfigError(f"one max_model_len block ({max_len:,} tokens) does not fit the KV pool "
+                raise ConfigError(f"one large block ({largest:,} tokens) does not fit the KV pool "
                                   f"({pool_bytes // bytes_per_token:,} tokens): odma's large pool needs one",
                                   hint=f"a max_model_len up to {pool_bytes // bytes_per_token:,}")
             config = config.replace(large_pool_bytes=block)
-            notes["large_pool"] = "raised to one max_model_len block"
+            notes["large_pool"] = f"raised to one large block ({largest:,} tokens)"
         return config, notes
 
     def __init__(self, pool_bytes: int, bytes_per_token: int, config: AllocatorConfig, arena: Arena | None = None,
                  deployment: Deployment | None = None) -> None:
         super().__init__(pool_bytes, bytes_per_token, config, arena, deployment)
-        self.large_block_bytes = self.max_tokens * bytes_per_token
-        large = large_pool_bytes(pool_bytes, self.large_block_bytes, config)
+        self.max_new_tokens = self.deployment.max_new_tokens  # the output cap (0: none): large blocks' size
+        self.large_block_bytes = self.max_tokens * bytes_per_token  # the largest a large block may be
+        large = large_pool_bytes(pool_bytes, bytes_per_token, config, self.max_new_tokens)
         self._init_regions({"main": pool_bytes - large, LARGE: large})
         self._large = self.regions[LARGE]
         self.gamma = config.gamma
@@ -207,7 +245,7 @@ class OdmaAllocator(ContiguousAllocator):
         self.refitter = SlidingWindowRefit(
             window=config.refit_window, refresh_every=config.refit_every, num_buckets=config.num_buckets,
             granularity_tokens=config.granularity_tokens, max_tokens=self.max_tokens,
-            levels=config.quantile_levels) if config.refit else None
+            levels=levels_of(config)) if config.refit else None
         # realized KV lengths since the last refresh; array('q') appends as cheaply as a list and
         # hands numpy its buffer without a copy
         self._realized = array("q") if config.refit else None
@@ -215,6 +253,7 @@ class OdmaAllocator(ContiguousAllocator):
         self._deferred = config.refit_mode == "deferred"
         self.refit_due = False  # deferred mode: a batch is complete and flush_refit() should run
         self.routed_large = 0
+        self.peak_large_bytes = 0  # the most bytes large blocks held at once (plan sizes the large pool by it)
 
     def set_boundaries(self, boundaries_tokens: tuple[int, ...] | list[int]) -> None:
         """Replace the bucket upper bounds (KV tokens) for reservations from now on."""
@@ -229,27 +268,76 @@ class OdmaAllocator(ContiguousAllocator):
         return need_rule(prompt_tokens, predicted_output_tokens, uncertainty, self.gamma, self.hedge_edges,
                          self.hedge_output_tokens)
 
-    def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
-                uncertainty: float | None = None) -> Allocation | None:
-        if request_id in self._live or not 1 <= prompt_tokens <= self.max_tokens:
-            self._admit(request_id, prompt_tokens)
+    def _route(self, prompt_tokens: int, predicted_output_tokens, uncertainty) -> int:
+        """Where a request's block goes (the class docstring): its bucket index, or -1 for the
+        large pool."""
         if predicted_output_tokens is not None and (uncertainty is None or uncertainty <= self.tau):
             need = need_rule(prompt_tokens, predicted_output_tokens, uncertainty, self.gamma, self.hedge_edges,
                              self.hedge_output_tokens)
             boundaries = self.boundaries_tokens
             if need <= boundaries[-1]:
-                bucket = bisect_left(boundaries, need)
-                return self._reserve_in(self._main, "main", request_id, boundaries[bucket], prompt_tokens, bucket)
-        self.routed_large += 1
-        return self._reserve_in(self._large, LARGE, request_id, self.max_tokens, prompt_tokens, LARGE)
+                return bisect_left(boundaries, need)
+        return -1
+
+    def tag_of(self, prompt_tokens: int, predicted_output_tokens, uncertainty):
+        """The papers' bucket tag, with the pool its block comes from: ("main", bucket index), or
+        ("large", "large") (("main", "large") where the large pool could never hold the block)."""
+        bucket = self._route(prompt_tokens, predicted_output_tokens, uncertainty)
+        if bucket >= 0:
+            return ("main", bucket)
+        slot = large_slot_tokens(prompt_tokens, self.max_new_tokens, self.max_tokens)
+        return ("main", LARGE) if slot * self.bytes_per_token > self._large.size_bytes else (LARGE, LARGE)
+
+    def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
+                uncertainty: float | None = None) -> Allocation | None:
+        if request_id in self._live or not 1 <= prompt_tokens <= self.max_tokens:
+            self._admit(request_id, prompt_tokens)
+        slot = large_slot_tokens(prompt_tokens, self.max_new_tokens, self.max_tokens)
+        bucket = self._route(prompt_tokens, predicted_output_tokens, uncertainty)
+        if bucket >= 0:
+            capacity = self.boundaries_tokens[bucket]
+            a = self._reserve_in(self._main, "main", request_id, capacity if capacity < slot else slot,
+                                 prompt_tokens, bucket)
+        else:
+            if slot * self.bytes_per_token > self._large.size_bytes:  # a large pool that can never hold it:
+                a = self._reserve_in(self._main, "main", request_id, slot, prompt_tokens, LARGE)  # in main
+            else:
+                a = self._reserve_in(self._large, LARGE, request_id, slot, prompt_tokens, LARGE)
+                if a is not None:
+                    self._large_peak()
+            if a is not None:
+                self.routed_large += 1  # placed in a large block (an attempt that found no room is not counted)
+        if a is not None:
+            a.limit_tokens = slot
+        return a
+
+    def _large_peak(self) -> None:
+        held = self._large.size_bytes - self._large.free_bytes
+        if held > self.peak_large_bytes:
+            self.peak_large_bytes = held
 
     def extend(self, allocation: Allocation, total_tokens: int) -> bool:
         if self._grow_in_place(allocation, total_tokens):
             return True
-        if allocation.region == LARGE or total_tokens > self.max_tokens:
+        if allocation.bucket == LARGE or total_tokens > allocation.limit_tokens:
             self.failed_extends += 1
             return False
-        return self._migrate(allocation, LARGE, self.max_tokens, LARGE, total_tokens)
+        if self._migrate(allocation, LARGE, allocation.limit_tokens, LARGE, total_tokens):
+            self._large_peak()
+            return True
+        return False
+
+    def room_version(self, tag) -> tuple:
+        """Blocks given back to the tag's pool, with the boundary updates (a bucket's block may
+        shrink): a reservation that failed cannot succeed before this changes."""
+        return (self.regions[tag[0]].gives, self.boundary_updates)
+
+    def overflow_waits(self, allocation: Allocation, total_tokens: int) -> bool:
+        """A main-pool block refused growth waits for a large block (stalls in place) when the large
+        pool could ever hold it: the papers migrate every overflow into the large bucket and never
+        preempt."""
+        return (allocation.bucket != LARGE and total_tokens <= allocation.limit_tokens
+                and allocation.limit_tokens * self.bytes_per_token <= self._large.size_bytes)
 
     def _consume_realized(self) -> None:
         if self._deferred:
@@ -276,4 +364,4 @@ class OdmaAllocator(ContiguousAllocator):
 
     def policy_counters(self) -> dict[str, int]:
         return {"routed_large": self.routed_large, "boundary_updates": self.boundary_updates,
-                "refits": self.refitter.refits if self.refitter else 0}
+                "refits": self.refitter.refits if self.refitter else 0, "peak_large_bytes": self.peak_large_bytes}

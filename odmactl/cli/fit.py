@@ -29,6 +29,9 @@ def fit(
              "shuffling, validation prompts)")] = 1,
     gamma: Annotated[float, typer.Option(help="inflation: reserve L_hat * (1 + gamma * u)")] = 0.2,
     tau: Annotated[float, typer.Option(help="u above this goes to the large pool")] = 0.8,
+    uncertainty: Annotated[str, typer.Option(
+        help="u: entropy (the papers': the classification head's normalised entropy) or headroom "
+             "(the quantile head's headroom over L_hat)")] = "entropy",
     max_model_len: Annotated[int, typer.Option(help="max KV tokens per request: the large pool's block and S3's range")] = 4096,
     epochs: Annotated[int, typer.Option(help="most training epochs (early stopping usually ends sooner)")] = 30,
     force: Annotated[bool, typer.Option(help="replace --out if it exists")] = False,
@@ -43,14 +46,18 @@ def fit(
     from odmactl.core.atomic import atomic_output_dir
     from odmactl.predict.artifact import not_an_artifact, write_artifact
     from odmactl.predict.fitting import FitRequest, run_fits
-    from odmactl.predict.settings import PredictorSettings
+    from odmactl.predict.settings import UNCERTAINTIES, PredictorSettings
     from odmactl.render.console_trace import render_fit
     from odmactl.render.json import to_json
     from odmactl.trace.schema import read_trace
 
     check_outputs([out_dir], force, input_paths(trace_path, encoder), directory_owned=not_an_artifact)
+    if uncertainty not in UNCERTAINTIES:
+        raise typer.BadParameter(f"expected one of {', '.join(UNCERTAINTIES)}, got {uncertainty!r}",
+                                 param_hint="--uncertainty")
     settings = PredictorSettings(family="encoder" if encoder else "embedded", mode="s3" if s3 else "odma",
-                                 max_model_len_tokens=max_model_len, max_epochs=epochs)
+                                 max_model_len_tokens=max_model_len, max_epochs=epochs,
+                                 uncertainty=None if s3 else uncertainty)
     request = FitRequest(num_buckets=buckets, holdout=holdout, split_by=split_by, seed=seed, gamma=gamma, tau=tau,
                          seeds=seeds)
     frame = read_trace(trace_path)

@@ -12,7 +12,7 @@ import numpy as np
 
 from odmactl.plan.grid import Candidate, workload_lengths
 from odmactl.rules.buckets import rounded_quantiles
-from odmactl.rules.odma import need_tokens_array
+from odmactl.rules.odma import large_slots, need_tokens_array
 from odmactl.run.executors import run_jobs
 from odmactl.sim.workload import Workload
 
@@ -47,13 +47,18 @@ class _Periods:
 
 
 def estimate(candidates: list[Candidate], w: Workload, max_len: int, pool_tokens: int,
-             granularity: int = 16, progress=None, hedges: dict | None = None, label: str = "plan: bounds") -> list[dict]:
-    """Each candidate's cheap figures on workload `w` (see the module docstring). The boundaries
-    depend on (B, levels, refit), the reservations also on gamma (or the hedge table), the routing
-    also on tau, and the large pool only scales the capacity: each is computed once for the
-    candidates that share it. A hedge candidate reserves by `hedges[(groups, limit)]`."""
+             granularity: int = 16, progress=None, hedges: dict | None = None, label: str = "plan: bounds",
+             max_new_tokens: int | None = None) -> list[dict]:
+    """Each candidate's cheap figures on workload `w` (see the module docstring), outputs capped at
+    `max_new_tokens` (None: uncapped; a large block holds prompt + the cap, rules/odma.py). The
+    boundaries depend on (B, levels, top quantile, refit), the reservations also on gamma (or the
+    hedge table), the routing also on tau, and the large pool only scales the capacity: each is
+    computed once for the candidates that share it. A hedge candidate reserves by
+    `hedges[(groups, limit)]`."""
     assert w.uncertainty is not None, "plan needs predictions"
-    prompt, kv, output, l_hat = workload_lengths(w, max_len)
+    prompt, kv, output, l_hat = workload_lengths(w, max_len, max_new_tokens)
+    slot = large_slots(prompt, max_new_tokens, max_len)
+    largest_slot = int(slot.max()) if slot.size else max_len
     u = w.uncertainty
     total_output = float(output.sum())
     periods: dict[tuple, _Periods] = {}
@@ -68,36 +73,41 @@ def estimate(candidates: list[Candidate], w: Workload, max_len: int, pool_tokens
         if key + rule not in reserved_of:
             hedge = hedges[(c.hedge_groups, c.hedge_limit)] if c.hedge_groups else None
             need = need_tokens_array(prompt, l_hat, u, c.gamma, hedge)
-            reserved_of[key + rule] = _reserve_rows(need, periods[key], max_len)
+            bucket, fits = _reserve_rows(need, periods[key], max_len)
+            reserved_of[key + rule] = np.minimum(bucket, slot), fits  # a block holds at most what its request can reach
         if key + rule + (c.tau,) not in routed:
             reserved, fits = reserved_of[key + rule]
             large = (u > c.tau) | ~fits
             migrate = ~large & (kv > reserved)
-            final = np.where(large | migrate, max_len, reserved)
+            final = np.where(large | migrate, slot, reserved)
             routed[key + rule + (c.tau,)] = {
                 "overflow_rate": float(migrate.mean()) if kv.size else 0.0,
                 "kv_utilization": float(kv.sum() / final.sum()) if kv.size else 0.0,
                 "routed_large": float(large.mean()) if kv.size else 0.0,
                 "main_tt": float(np.sum(np.where(large, 0, reserved * np.where(migrate, np.maximum(reserved - prompt, 1), output)))),
-                "large_tt": float(np.sum(np.where(large, max_len * output, np.where(migrate, max_len * (kv - reserved), 0))))}
+                "large_tt": float(np.sum(np.where(large, slot * output, np.where(migrate, slot * (kv - reserved), 0))))}
         r = routed[key + rule + (c.tau,)]
-        large_tokens = max(int(pool_tokens * c.large_pool_fraction) // max_len, 1) * max_len  # >= one block
+        large_tokens = max(int(pool_tokens * c.large_pool_fraction), largest_slot)  # >= one block
         main_tokens = pool_tokens - large_tokens
         sustain = min(main_tokens / r["main_tt"] if r["main_tt"] else math.inf,
                       large_tokens / r["large_tt"] if r["large_tt"] else math.inf)
+        both = r["main_tt"] + r["large_tt"]
         out.append({"candidate": c, "overflow_rate": r["overflow_rate"], "kv_utilization": r["kv_utilization"],
-                    "capacity_index": sustain * total_output, "routed_large": r["routed_large"]})
+                    "capacity_index": sustain * total_output, "routed_large": r["routed_large"],
+                    "large_share": r["large_tt"] / both if both else 0.0})
         if progress is not None and (j + 1) % 16 == 0:
             progress(label, j + 1, len(candidates))
     return out
 
 
 def estimate_all(candidates: list[Candidate], w: Workload, max_len: int, pool_tokens: int, workers: int,
-                 progress=None, hedges: dict | None = None, label: str = "plan: bounds") -> list[dict]:
+                 progress=None, hedges: dict | None = None, label: str = "plan: bounds",
+                 max_new_tokens: int | None = None) -> list[dict]:
     """`estimate` of every candidate, in grid order, split over `workers` processes. Candidates that
     share boundaries (B, levels, refit) stay in one job, so each job computes them once."""
     if workers == 1 or not candidates:
-        return estimate(candidates, w, max_len, pool_tokens, progress=progress, hedges=hedges, label=label)
+        return estimate(candidates, w, max_len, pool_tokens, progress=progress, hedges=hedges, label=label,
+                        max_new_tokens=max_new_tokens)
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(candidates):
         groups.setdefault(c.boundary_key, []).append(i)
@@ -105,7 +115,8 @@ def estimate_all(candidates: list[Candidate], w: Workload, max_len: int, pool_to
     for k, members in enumerate(groups.values()):
         chunks[k % len(chunks)] += members
     jobs = [([candidates[i] for i in chunk], w, max_len, pool_tokens) for chunk in chunks]
-    results = run_jobs(jobs, workers, label, progress, fn=functools.partial(estimate, hedges=hedges))
+    results = run_jobs(jobs, workers, label, progress,
+                       fn=functools.partial(estimate, hedges=hedges, max_new_tokens=max_new_tokens))
     out: list = [None] * len(candidates)
     for chunk, rows in zip(chunks, results):
         for i, row in zip(chunk, rows):

@@ -74,11 +74,14 @@ def config_document(doc: dict, setup: Serving, command: str, predictor: str, tra
         "allocator": {**allocator_table(doc["chosen"]["allocator"], doc["max_model_len"]),
                       **({"block_size_tokens": doc["block_size_tokens"]} if doc["block_size_given"] else {})},
         "scheduler": scheduler_table(SchedulerSettings(doc["max_num_seqs"], doc["max_num_batched_tokens"],
-                                                       doc["max_new_tokens"]), doc["max_model_len"]),
+                                                       doc["max_new_tokens"], policy=doc["scheduler"]),
+                                     doc["max_model_len"], "odma"),
         "thresholds": {k: v for k, v in gate.items() if v is not None and k != "baseline"},
         "engine": {"vllm": vllm_settings(setup, doc["kv_dtype"], doc["max_model_len"], doc["max_num_seqs"],
                                          doc["max_num_batched_tokens"], doc["block_size_tokens"]),
-                   "odma": odma_settings(setup, odma_config)},
+                   "odma": odma_settings(setup, odma_config, doc["max_new_tokens"],
+                                         doc["pool_fit"]["longest_prompt_tokens"], doc["scheduler"],
+                                         SchedulerSettings().aging_s)},
     }
 
 

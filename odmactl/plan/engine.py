@@ -22,8 +22,13 @@ max_model_len, scheduler) and the recommended allocator settings, never copied f
 
 [engine.odma] (an engine with ODMA's allocator: one contiguous block per request):
   kv_pool_bytes, kv_bytes_per_token   the pool and a token's KV bytes over the tp group
-  large_pool_bytes, large_pool_blocks the large pool as the allocator sizes it (whole max_model_len
-                                      blocks), main_pool_bytes the rest
+  large_pool_bytes, main_pool_bytes    the large pool as the allocator sizes it, and the rest
+  large_block_tokens                  what one large-bucket block holds: "prompt + N" under an
+                                      output cap of N (max_tokens), else max_model_len
+  large_pool_blocks                   without a cap, the large pool in max_model_len blocks; with
+                                      one, in blocks of the longest prompt the plan saw + N
+  scheduler, aging_s                  the scheduler (the papers' task pool, or vLLM's fcfs) and the
+                                      task pool's starvation bound
   bucket_block_bytes                  the starting bucket table in bytes: each [allocator]
                                       boundary's block (the allocator refits it online)
 """
@@ -34,6 +39,7 @@ import shlex
 
 from odmactl.allocator import AllocatorConfig
 from odmactl.allocator.odma import large_pool_bytes
+from odmactl.rules.odma import large_slot_tokens
 from odmactl.run.serving import Serving
 
 VLLM_KV_CACHE_DTYPE = {"fp16": "auto", "bf16": "auto", "fp8": "fp8"}
@@ -60,11 +66,20 @@ def vllm_settings(setup: Serving, kv_dtype: str, max_len: int, max_num_seqs: int
     return out
 
 
-def odma_settings(setup: Serving, allocator: AllocatorConfig) -> dict:
-    """[engine.odma]: the pools and the starting bucket table in bytes (the module docstring)."""
-    block_bytes = allocator.max_model_len_tokens * setup.bytes_per_token
-    large = large_pool_bytes(setup.pool_bytes, block_bytes, allocator)
-    return {"kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token,
-            "main_pool_bytes": setup.pool_bytes - large, "large_pool_bytes": large,
-            "large_pool_blocks": large // block_bytes,
-            "bucket_block_bytes": [b * setup.bytes_per_token for b in allocator.boundaries_tokens]}
+def odma_settings(setup: Serving, allocator: AllocatorConfig, max_new_tokens: int | None = None,
+                  longest_prompt_tokens: int = 0, scheduler: str | None = None, aging_s: float | None = None) -> dict:
+    """[engine.odma]: the pools, the large block, the starting bucket table in bytes and the
+    scheduler (the module docstring)."""
+    max_len = allocator.max_model_len_tokens
+    large = large_pool_bytes(setup.pool_bytes, setup.bytes_per_token, allocator, max_new_tokens or 0)
+    block_tokens = large_slot_tokens(longest_prompt_tokens, max_new_tokens, max_len)
+    out = {"kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token,
+           "main_pool_bytes": setup.pool_bytes - large, "large_pool_bytes": large,
+           "large_block_tokens": f"prompt + {max_new_tokens}, at most {max_len}" if max_new_tokens else max_len,
+           "large_pool_blocks": large // (block_tokens * setup.bytes_per_token),
+           "bucket_block_bytes": [b * setup.bytes_per_token for b in allocator.boundaries_tokens]}
+    if scheduler is not None:
+        out["scheduler"] = scheduler
+        if scheduler == "task_pool" and aging_s is not None:
+            out["aging_s"] = aging_s
+    return out

@@ -21,7 +21,8 @@ TAUS = (0.5, 0.8, math.inf)
 HEDGE_GROUPS = (8, 16, 32)  # hedge tables (odmactl/rules/hedge.py): groups of L_hat
 HEDGE_LIMIT_FRACTIONS = (0.3, 0.5, 0.7, 1.0)  # of the migration-rate limit, the share a table may outgrow where fitted
 HEDGE_FIT_SHARE = 2 / 3  # a table is fitted on this earlier share of the search part, measured on the rest
-LARGE_FRACTIONS = (0.05, 0.1, 0.2, 0.3)
+LARGE_FRACTIONS = (0.05, 0.1, 0.2)  # the bounds' large pool; the config's is sized from the replay's peak
+TOP_QUANTILES = (0.95, 0.99, 1.0)  # the top regular bucket's level; the tail past it goes to the large pool
 REFITS = ((10_000, 1_000), (2_000, 200))
 
 
@@ -39,19 +40,21 @@ class Candidate:
     hedge_groups: int = 0  # > 0: a hedge table over this many groups of L_hat replaces gamma
     hedge_limit: float = 0.0  # the share of requests the table may outgrow where it is fitted
     max_model_len_tokens: int = 0  # > 0: a max_model_len cap below plan's default (`model_len_caps`); 0: the default
+    top_quantile: float = 1.0
 
     def quantile_levels(self) -> tuple[float, ...]:
-        return shaped_levels(self.num_buckets, self.levels)
+        return shaped_levels(self.num_buckets, self.levels, self.top_quantile)
 
     @property
-    def boundary_key(self) -> tuple[int, str, int, int, int]:
+    def boundary_key(self) -> tuple[int, str, float, int, int, int]:
         """What its boundaries over a workload depend on: candidates that share it share them."""
-        return (self.num_buckets, self.levels, self.refit_window, self.refit_every, self.max_model_len_tokens)
+        return (self.num_buckets, self.levels, self.top_quantile, self.refit_window, self.refit_every,
+                self.max_model_len_tokens)
 
     def allocator_table(self) -> dict:
         """Its [allocator] settings as a config writes them: the levels by their shape's name, tau
         "never" when infinite (AllocatorConfig reads both)."""
-        return {"num_buckets": self.num_buckets, "quantile_levels": self.levels,
+        return {"num_buckets": self.num_buckets, "top_quantile": self.top_quantile, "quantile_levels": self.levels,
                 "gamma": self.gamma, "tau": tau_setting(self.tau),
                 "large_pool_fraction": self.large_pool_fraction, "refit_window": self.refit_window,
                 "refit_every": self.refit_every}
@@ -62,7 +65,7 @@ class Candidate:
         large = f"{self.large_pool_fraction:.0%}"
         hedge = f"hedge={self.hedge_groups}@{self.hedge_limit:.2%}" if self.hedge_groups else f"gamma={self.gamma:g}"
         cap = f" max_len={self.max_model_len_tokens}" if self.max_model_len_tokens else ""
-        return (f"B={self.num_buckets} {self.levels} {hedge} tau={tau} "
+        return (f"B={self.num_buckets} {self.levels}@{self.top_quantile:g} {hedge} tau={tau} "
                 f"large={large} refit={self.refit_window}/{self.refit_every}{cap}")
 
 
@@ -72,12 +75,12 @@ def candidate_grid(coverage_gamma: float | None = None, max_overflow_rate: float
     gammas = list(GAMMAS)
     if coverage_gamma is not None and coverage_gamma > 0:
         gammas += [g for g in (round(f * coverage_gamma, 3) for f in COVERAGE_FRACTIONS) if g not in gammas]
-    grid = [Candidate(b, lv, g, t, f, w, e) for b in BUCKETS for lv in LEVEL_SHAPES for g in gammas for t in TAUS
-            for f in LARGE_FRACTIONS for w, e in REFITS]
+    grid = [Candidate(b, lv, g, t, f, w, e, top_quantile=q) for b in BUCKETS for lv in LEVEL_SHAPES
+            for q in TOP_QUANTILES for g in gammas for t in TAUS for f in LARGE_FRACTIONS for w, e in REFITS]
     if coverage_gamma is not None and max_overflow_rate:
-        grid += [Candidate(b, lv, 0.0, math.inf, f, w, e, k, round(share * max_overflow_rate, 6))
-                 for b in BUCKETS for lv in LEVEL_SHAPES for k in HEDGE_GROUPS for share in HEDGE_LIMIT_FRACTIONS
-                 for f in LARGE_FRACTIONS for w, e in REFITS]
+        grid += [Candidate(b, lv, 0.0, math.inf, f, w, e, k, round(share * max_overflow_rate, 6), top_quantile=q)
+                 for b in BUCKETS for lv in LEVEL_SHAPES for q in TOP_QUANTILES for k in HEDGE_GROUPS
+                 for share in HEDGE_LIMIT_FRACTIONS for f in LARGE_FRACTIONS for w, e in REFITS]
     return grid
 
 
@@ -117,19 +120,25 @@ def coverage_gamma(predictor: str) -> float | None:
     return float(manifest["state"]["coverage_gamma"])
 
 
-def workload_lengths(w: Workload, max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def workload_lengths(w: Workload, max_len: int,
+                     max_new_tokens: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """What the bounds and the hedge fits read of a workload: prompt tokens, realized KV tokens
-    (capped at max_len), the output tokens generated within max_len, and L_hat (at least 1)."""
+    (capped at max_len, outputs at `max_new_tokens`), the output tokens generated within both, and
+    L_hat (at least 1, at most the cap: the replay's prediction, sim/batch.py)."""
     assert w.predicted_output_tokens is not None, "plan needs predictions"
     prompt = w.prompt_tokens.astype(np.int64)
-    kv = w.kv_tokens(max_len)
-    return prompt, kv, kv - np.minimum(prompt, kv), np.maximum(w.predicted_output_tokens, 1.0)
+    kv = w.kv_tokens(max_len, max_new_tokens)
+    l_hat = np.maximum(w.predicted_output_tokens, 1.0)
+    if max_new_tokens is not None:
+        l_hat = np.minimum(l_hat, float(max_new_tokens))
+    return prompt, kv, kv - np.minimum(prompt, kv), l_hat
 
 
-def fit_hedges(w: Workload, max_len: int, candidates: list[Candidate]) -> dict[tuple[int, float], HedgeTable]:
+def fit_hedges(w: Workload, max_len: int, candidates: list[Candidate],
+               max_new_tokens: int | None = None) -> dict[tuple[int, float], HedgeTable]:
     """The hedge tables of the candidates' (groups, limit) pairs, fitted on workload `w`'s
     predictions and realized lengths (one fit per group count serves all its limits)."""
-    prompt, _, output, l_hat = workload_lengths(w, max_len)
+    prompt, _, output, l_hat = workload_lengths(w, max_len, max_new_tokens)
     limits: dict[int, dict[float, None]] = {}
     for c in candidates:
         if c.hedge_groups:

@@ -1,19 +1,24 @@
 """`odmactl plan`: choose ODMA's settings on the earlier part of a trace and validate the choice on
 the later part, against static, paged and s3.
 
-The search space (`candidate_grid`, 2,160 candidates; with a fitted predictor up to 4,320, and 1,728
+The search space (`candidate_grid`, 4,860 candidates; with a fitted predictor up to 9,720, and 3,888
 hedge-table candidates; all of them at each max_model_len searched):
   num_buckets B          4, 6, 8, 12, 16, 32, 64, 128, 256 (fine buckets round a well-hedged need up
                          the least)
   quantile levels        "equal": i/B (ODMA eq. 2, equal occupancy); "tail": 1 - (1 - i/B)^2, finer
-                         buckets in the long tail, where rounding a request up costs the most
+                         buckets in the long tail, where rounding a request up costs the most;
+                         both below a top quantile of 0.95, 0.99 or 1 (the tail past it takes the
+                         large pool)
   gamma                  0, 0.25, 0.5, 1, 2 (need = prompt + ceil(L_hat * (1 + gamma * u))), and with
                          a fitted predictor also 0.5, 0.7, 0.85, 1 and 1.2 x its coverage gamma (the
                          gamma at which its headroom u covers 99% of held-back lengths: predictor.py)
   tau                    0.5, 0.8, or never (u > tau sends a request to the large pool)
-  large_pool_fraction    0.05, 0.1, 0.2, 0.3 of the KV pool (at least one max_model_len block: without
-                         one, a request longer than the last boundary could never be served; never
-                         more than half the pool, as max_model_len is at most half of it)
+  large_pool_fraction    0.05, 0.1, 0.2 of the KV pool for the bounds and the replays (at least one
+                         largest large block: without one, a request longer than the last boundary
+                         could never be served; never more than half the pool, as max_model_len is
+                         at most half of it); the config's large pool is sized by `_tune` from the
+                         chosen candidate's share of block-token-time in large blocks
+  scheduler              the task pool or fcfs, whichever serves the objective better (`_tune`)
   max_model_len          --max-model-len; else plan's default (`plan_max_model_len`) and, with
                          --max-rejection-rate > 0, caps below it (grid.model_len_caps)
   refit window / every   10,000 / 1,000 (the papers) and 2,000 / 200 (faster drift)
@@ -85,9 +90,10 @@ from odmactl.plan.grid import (
 from odmactl.plan.spec import PlanSpec
 from odmactl.render.plan_text import tp_advice
 from odmactl.rules.buckets import quantile_boundaries
+from odmactl.rules.odma import large_slot_tokens
 from odmactl.run.config import config_tables, scheduler_table
 from odmactl.run.executors import run_jobs
-from odmactl.run.replay import prepare, run_policies
+from odmactl.run.replay import ReplayContext, prepare, replay_policy, run_policies
 from odmactl.run.serving import Serving, serving, static_baselines
 from odmactl.run.spec import LoadOptions, ReplaySpec
 from odmactl.sim.workload import Workload
@@ -135,6 +141,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> tuple[dict, Serv
     split = int(round(frame.height * (1.0 - spec.holdout)))
     search_w, hold_w = workload.take(0, split), workload.take(split, frame.height)
     pool_tokens = setup.pool_tokens
+    new_tokens = ctx.scheduler.max_new_tokens  # the output cap every policy runs under (None: none)
 
     base = candidate_grid(coverage_gamma(spec.predictor), spec.max_overflow_rate)
     caps = [max_len] if spec.max_model_len is not None else \
@@ -147,12 +154,13 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> tuple[dict, Serv
     for cap in caps:  # every candidate at every max_model_len searched
         part = [c if cap == max_len else dataclasses.replace(c, max_model_len_tokens=cap) for c in base]
         grid += part
-        hedges[cap] = fit_hedges(search_w.take(0, fit_rows), cap, part)
+        hedges[cap] = fit_hedges(search_w.take(0, fit_rows), cap, part, new_tokens)
         task = "plan: bounds" if len(caps) == 1 else f"plan: bounds at max_model_len {cap:,}"
         estimates += estimate_all([c for c in part if not c.hedge_groups], search_w, cap, pool_tokens,
-                                  spec.workers, progress=progress, label=task)
+                                  spec.workers, progress=progress, label=task, max_new_tokens=new_tokens)
         estimates += estimate_all([c for c in part if c.hedge_groups], later_w, cap, pool_tokens,
-                                  spec.workers, progress=progress, hedges=hedges[cap], label=task + " (hedge tables)")
+                                  spec.workers, progress=progress, hedges=hedges[cap], label=task + " (hedge tables)",
+                                  max_new_tokens=new_tokens)
     ranked, pruned = rank(estimates, spec.objective, spec.max_overflow_rate)
     if not ranked:  # nothing keeps migrations near the limit by the bounds: replay the closest ones
         ranked = sorted(estimates, key=lambda e: (e["overflow_rate"], -e["kv_utilization"]))
@@ -177,8 +185,13 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> tuple[dict, Serv
     max_len = chosen.max_model_len_tokens or max_len
     ctx = dataclasses.replace(ctx, max_len=max_len)
     fit = pool_fit(workload, setup, spec, max_len, capped=bool(chosen.max_model_len_tokens))
-    final_table = {**with_hedge(chosen, fit_hedges(search_w, max_len, [chosen])),
-                   "boundaries_tokens": _final_boundaries(search_w, chosen, max_len)}
+    final_table = {**with_hedge(chosen, fit_hedges(search_w, max_len, [chosen], new_tokens)),
+                   "boundaries_tokens": _final_boundaries(search_w, chosen, max_len, new_tokens)}
+    search_ctx, search_table = search_jobs[best]
+    tuned = _tune(search_ctx, search_table, spec, progress, shortlist[best]["large_share"])
+    final_table["large_pool_bytes"] = tuned["large_pool_bytes"]
+    final_table.pop("large_pool_fraction", None)
+    ctx = dataclasses.replace(ctx, scheduler=dataclasses.replace(ctx.scheduler, policy=tuned["scheduler"]))
     validation = _validate(frame, spec, dataclasses.replace(ctx, workload=hold_w), split, final_table, target, progress)
     gate = _gate(validation["odma"], spec)
     doc = {
@@ -196,10 +209,11 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> tuple[dict, Serv
         "slo": None if spec.slo is None else dict(spec.slo.limits_s),
         "pool_fit": fit, "max_model_lens_searched": caps,
         "candidates": len(grid), "pruned": pruned, "replayed": len(replayed),
-        "constraints_met_on_search": feasible,
+        "constraints_met_on_search": feasible, "tuning": tuned, "scheduler": tuned["scheduler"],
         "chosen": {"label": chosen.label, "allocator": final_table,
-                   **{k: v for k, v in odma_settings(setup, AllocatorConfig.from_mapping(validation["odma"]["config"])).items()
-                      if k in ("large_pool_bytes", "large_pool_blocks")}},
+                   **{k: v for k, v in odma_settings(setup, AllocatorConfig.from_mapping(validation["odma"]["config"]),
+                                                     new_tokens, int(workload.prompt_tokens.max())).items()
+                      if k in ("large_pool_bytes", "large_pool_blocks", "large_block_tokens")}},
         "gate": gate,
         # written only when the gate passes on the held-out part and the pick met every constraint on
         # the search part, but for the margin for sampling noise
@@ -262,6 +276,7 @@ def pool_fit(w: Workload, setup, spec: PlanSpec, max_len: int, capped: bool = Fa
         limit = "the trace's longest request, rounded up to a power of two"
     out = {"pool_tokens": setup.pool_tokens, "half_pool_tokens": half, "limit": limit,
            "max_model_len": max_len, "longest_tokens": int(kv.max()) if kv.size else 0,
+           "longest_prompt_tokens": int(w.prompt_tokens.max()) if w.size else 0,
            "over_max_model_len": float((kv > max_len).sum() / n),
            "rejected_prompt": float((w.prompt_tokens >= max_len).sum() / n),
            "over_pool": float((kv > setup.pool_tokens).sum() / n),
@@ -294,7 +309,7 @@ def _validate(frame: pl.DataFrame, spec: PlanSpec, hold_ctx, split: int, final_t
     objective every run gets its rate at the SLO."""
     tables = config_tables(tomllib.loads(config_text({
         "allocator": allocator_table(final_table, hold_ctx.max_len),
-        "scheduler": scheduler_table(hold_ctx.scheduler, hold_ctx.max_len)}, "")), None)
+        "scheduler": scheduler_table(hold_ctx.scheduler, hold_ctx.max_len, "odma")}, "")), None)
     check_spec = ReplaySpec(device=spec.device, model=spec.model, kv_dtype=spec.kv_dtype, predictor=spec.predictor,
                             kv_pool_bytes=spec.kv_pool_bytes, tp=spec.tp, load=LoadOptions(skip=split))
     held = run_policies(frame, ["odma"], check_spec, tables=tables, sustainable=sustainable_scale)["results"]["odma"]
@@ -377,10 +392,51 @@ def _histogram(w: Workload, max_len: int, bins: int = 80) -> dict:
     return {"edges_tokens": edges.tolist(), "counts": counts.tolist()}
 
 
-def _final_boundaries(w: Workload, c: Candidate, max_len: int) -> list[int]:
+SCHEDULERS_COMPARED = ("task_pool", "fcfs")  # the papers' Task Pool, and vLLM's scheduler unchanged (seeds/000)
+LARGE_HEADROOM_BLOCKS = 1  # the large pool plan writes holds at least this many largest blocks
+
+
+def _tune(ctx: ReplayContext, table: dict, spec: PlanSpec, progress, large_share: float) -> dict:
+    """The chosen candidate's large pool and scheduler. The large pool: `large_share` of the KV
+    pool (the share of the search part's block-token-time that large blocks hold, by the cheap
+    bounds: where both pools sustain the same rate, as Little's law sizes them), at least
+    LARGE_HEADROOM_BLOCKS of the largest block (prompt + the cap, or max_model_len) and at most half
+    the pool, in whole tokens: the concurrent large occupants the traffic keeps times their blocks.
+    (A peak measured in a replay would not do: under a backlog every pool fills, whatever its size.)
+    The scheduler: each of SCHEDULERS_COMPARED replayed on the search part (its hedge-table part,
+    for a hedge candidate) with that pool; the better by the objective (TTFT p99 for the capacity
+    objective) wins, the task pool on a tie."""
+    bpt = ctx.serving.bytes_per_token
+    pool_bytes = ctx.serving.pool_bytes
+    prompt = ctx.workload.prompt_tokens
+    largest = large_slot_tokens(int(prompt.max()) if prompt.size else ctx.max_len, ctx.scheduler.max_new_tokens,
+                                ctx.max_len)
+    size = min(max(int(pool_bytes * large_share), LARGE_HEADROOM_BLOCKS * largest * bpt), pool_bytes // 2) // bpt * bpt
+    sized = {**table, "large_pool_bytes": size}
+    sized.pop("large_pool_fraction", None)
+    runs, peaks = {}, {}
+    for k, name in enumerate(SCHEDULERS_COMPARED):
+        run_ctx = dataclasses.replace(ctx, scheduler=dataclasses.replace(ctx.scheduler, policy=name))
+        result = replay_policy(run_ctx, "odma", sized)[0]
+        runs[name], peaks[name] = result.metrics, result.allocator["policy_counters"]["peak_large_bytes"]
+        if progress is not None:
+            progress("plan: large pool and scheduler", k + 1, len(SCHEDULERS_COMPARED))
+    if spec.objective == "capacity":
+        best = min(SCHEDULERS_COMPARED, key=lambda name: runs[name]["ttft_p99"])
+    else:
+        key = OBJECTIVE_METRIC[spec.objective]
+        best = max(SCHEDULERS_COMPARED, key=lambda name: runs[name][key])
+    return {"large_pool_bytes": size, "large_share": large_share, "largest_large_block_tokens": largest,
+            "scheduler": best,
+            "schedulers": {name: {**{k: runs[name][k] for k in ("tps", "kv_utilization", "ttft_p99", "overflow_rate",
+                                                                 "stalls")}, "peak_large_bytes": peaks[name]}
+                           for name in SCHEDULERS_COMPARED}}
+
+
+def _final_boundaries(w: Workload, c: Candidate, max_len: int, max_new_tokens: int | None = None) -> list[int]:
     """The boundaries the refit would hold at the end of the search part (the start for serving)."""
-    return list(quantile_boundaries(w.kv_tokens(max_len)[-c.refit_window:], c.num_buckets, max_tokens=max_len,
-                                    levels=c.quantile_levels()))
+    kv = w.kv_tokens(max_len, max_new_tokens)
+    return list(quantile_boundaries(kv[-c.refit_window:], c.num_buckets, max_tokens=max_len, levels=c.quantile_levels()))
 
 
 def _estimate_row(e: dict) -> dict:

@@ -26,6 +26,10 @@ SEED_MARGINS = {"bucket_accuracy_over_constant": ("bucket_accuracy", "constant_b
                 "bucket_accuracy_s3_over_constant": ("bucket_accuracy_s3", "constant_bucket_accuracy_s3")}
 
 
+U_MEANING = {  # odma mode's u, by the `uncertainty` setting (predictor.py's docstring)
+    "entropy": "entropy: the classification head's softmax entropy over log(classes), in [0, 1] (the papers')",
+    "headroom": "headroom: (L_hi / L_hat - 1) / (headroom_scale - 1), clipped to [0, 1]"}
+
 @dataclass(frozen=True)
 class FitRequest:
     num_buckets: int = 4
@@ -82,7 +86,7 @@ def run_fit(frame: pl.DataFrame, trace_name: str, settings: PredictorSettings, r
                     "boundaries_tokens": [int(b) for b in boundaries],
                     "over": "KV tokens (prompt + output) of the training part"},
         "training": predictor.state.training,
-        "uncertainty": ({"u": "headroom: (L_hi / L_hat - 1) / (headroom_scale - 1), clipped to [0, 1]",
+        "uncertainty": ({"u": U_MEANING[predictor.uncertainty], "kind": predictor.uncertainty,
                          "upper_quantile": UPPER_QUANTILE, "headroom_scale": predictor.state.headroom_scale,
                          "coverage_gamma": predictor.state.coverage_gamma} if settings.mode == "odma"
                         else {"u": "normalised class entropy"}),

@@ -14,18 +14,26 @@ and two heads modes:
   - "s3": the S3 baseline (Jin et al., NeurIPS 2023, arXiv:2306.06000): a classifier over S3's
     equal-width buckets of the maximum length (rules/s3.py, the allocator's buckets); L_hat = the
     predicted bucket's capacity (what S3 reserves).
-u (odma mode) is the headroom the request needs over L_hat, on a scale set by the training rows:
-u = (L_hi / L_hat - 1) / (K - 1) clipped to [0, 1], with L_hi = max(quantile head, L_hat) and K
-the 99th percentile of L_hi / L_hat over the training rows (a maximum would let one outlier squash
-every other u). So ODMA's need, L_hat * (1 + gamma * u), is L_hi itself at gamma = K - 1 for all
-but the top 1% (u = 1: the ones tau routes first), and smaller gammas scale the headroom down.
-`coverage_gamma` is calibrated by split conformal prediction with a normalised score (Lei et al.
-2018, arXiv:1604.04173) on the held-back prompts: the smallest gamma under which the share
-UPPER_QUANTILE of them fits L_hat * (1 + gamma * u).
-Why not the class entropy the ODMA papers suggest: its rank says how unsure the classifier is, not
-by how much a request outgrows L_hat, so no gamma made it a working hedge (Azure conv, MLU370-X4:
-with gamma up to 16 and up to 64 buckets plan's cheap bounds found nothing above 47% KV
-utilization within a 0.5% overflow rate; with the headroom u plan's choice reached 78%).
+u (odma mode) is chosen by the `uncertainty` setting (`odmactl fit --uncertainty`):
+  - "entropy" (the default): the papers' u (seeds/001 §3.2, "the entropy or margin of a softmax
+    distribution over coarse length buckets"): the entropy of the classification head's softmax
+    over its C classes divided by log C, in [0, 1] (0: one class certain; 1: all equally likely).
+    The entropy, not the margin: it reads the whole distribution, the margin only its top two.
+    So tau keeps the papers' meaning (route the requests whose class is most in doubt), and
+    gamma * u inflates L_hat by at most gamma.
+  - "headroom" (odmactl's earlier u; an artifact from before the choice has it): the headroom the
+    request needs over L_hat, on a scale set by the training rows: u = (L_hi / L_hat - 1) /
+    (K - 1) clipped to [0, 1], with L_hi = max(quantile head, L_hat) and K the 99th percentile of
+    L_hi / L_hat over the training rows (a maximum would let one outlier squash every other u). So
+    ODMA's need, L_hat * (1 + gamma * u), is L_hi itself at gamma = K - 1 for all but the top 1%.
+    Its rank says by how much a request may outgrow L_hat, which the entropy's does not (Azure
+    conv, MLU370-X4: plan's cheap bounds found nothing above 47% KV utilization within a 0.5%
+    overflow rate with the entropy, 78% with the headroom, before the large block held prompt +
+    the output cap).
+Both are computed from one pass of the network; `evaluate` reports the calibration of both (the
+overflow rate by decile of u). `coverage_gamma` is calibrated for the chosen u by split conformal
+prediction with a normalised score (Lei et al. 2018, arXiv:1604.04173) on the held-back prompts:
+the smallest gamma under which the share UPPER_QUANTILE of them fits L_hat * (1 + gamma * u).
 In s3 mode u is the class distribution's normalised entropy (S3 itself has none; it is there for
 the evaluation table).
 """
@@ -49,6 +57,7 @@ from odmactl.predict.settings import (
     FAMILIES,
     MAX_GAMMA,
     MODES,
+    UNCERTAINTIES,
     UPPER_QUANTILE,
     FittedState,
     PredictorSettings,
@@ -105,11 +114,11 @@ class LengthPredictor:
             torch.manual_seed(seed)
             epochs = model._train(feats, target, classes, train_rows, val_rows, seed, progress)
         if settings.mode == "odma":
-            l_hat, spread = model._raw(feats, rows)  # one pass: K over every row, the score over the held-back
+            l_hat, spread, entropy = model._raw(feats, rows)  # one pass: K over every row, the score over the held-back
             model.state.headroom_scale = float(max(1.0, np.quantile(spread, 0.99)))
             calibration = val_rows if val_rows.size else rows
-            model.state.coverage_gamma = model._coverage_gamma(l_hat[calibration], spread[calibration],
-                                                               output[calibration])
+            u = model._uncertainty(spread, entropy)
+            model.state.coverage_gamma = model._coverage_gamma(l_hat[calibration], u[calibration], output[calibration])
         model.state.training = {"rows": int(frame.height), "epochs": epochs,
                                 "training_data_sha256": training_data_sha256(frame), "seed": seed}
         return model
@@ -129,14 +138,24 @@ class LengthPredictor:
             loss = loss + nn.functional.mse_loss(reg, target) + pinball
         return loss
 
-    def _coverage_gamma(self, l_hat: np.ndarray, spread: np.ndarray, output: np.ndarray) -> float:
+    def _coverage_gamma(self, l_hat: np.ndarray, u: np.ndarray, output: np.ndarray) -> float:
         """Split conformal: the finite-sample UPPER_QUANTILE of the score (output / L_hat - 1) / u
         over the calibration rows, so that L_hat * (1 + gamma * u) covers that share of them."""
-        u = self._headroom(spread)
         excess = output / l_hat - 1.0
         score = np.where(excess <= 0, 0.0, np.divide(excess, u, out=np.full(u.size, np.inf), where=u > 0))
         rank = min(math.ceil((output.size + 1) * UPPER_QUANTILE), output.size)
         return float(min(np.sort(score)[rank - 1], MAX_GAMMA))  # MAX_GAMMA: only the large pool covers
+
+    @property
+    def uncertainty(self) -> str:
+        """Which u `predict` gives in odma mode (the module docstring)."""
+        return self.settings.uncertainty or "headroom"
+
+    def _uncertainty(self, spread: np.ndarray, entropy: np.ndarray, kind: str | None = None) -> np.ndarray:
+        """u of kind `kind` (default: the setting's) from one pass's spread and entropy."""
+        kind = kind or self.uncertainty
+        assert kind in UNCERTAINTIES
+        return entropy if kind == "entropy" else self._headroom(spread)
 
     def _headroom(self, ratio: np.ndarray) -> np.ndarray:
         k = self.state.headroom_scale
@@ -190,24 +209,31 @@ class LengthPredictor:
 
     def predict(self, frame: pl.DataFrame, *, batch_rows: int = 16_384) -> tuple[np.ndarray, np.ndarray]:
         """(L_hat in output tokens, int64 >= 1; u in [0, 1], float64) for every row of `frame`."""
-        rows = np.arange(frame.height, dtype=np.int64)
-        l_hat, spread = self._raw(self.features(frame), rows, batch_rows)
-        return l_hat, (spread if self.settings.mode == "s3" else self._headroom(spread))
+        return self._predict_both(frame, batch_rows)[:2]
 
-    def _raw(self, feats: Features, rows: np.ndarray, batch_rows: int = 16_384) -> tuple[np.ndarray, np.ndarray]:
-        """(L_hat, spread) for `rows` of `feats`: spread is L_hi / L_hat >= 1 in odma mode, the
-        normalised class entropy in s3 mode."""
+    def _predict_both(self, frame: pl.DataFrame, batch_rows: int = 16_384) -> tuple[np.ndarray, np.ndarray, dict]:
+        """(L_hat, u, {kind: u} of every kind odma mode has) for every row of `frame`."""
+        rows = np.arange(frame.height, dtype=np.int64)
+        l_hat, spread, entropy = self._raw(self.features(frame), rows, batch_rows)
+        if self.settings.mode == "s3":
+            return l_hat, entropy, {}
+        both = {kind: self._uncertainty(spread, entropy, kind) for kind in UNCERTAINTIES}
+        return l_hat, both[self.uncertainty], both
+
+    def _raw(self, feats: Features, rows: np.ndarray,
+             batch_rows: int = 16_384) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(L_hat, spread, entropy) for `rows` of `feats`: spread is L_hi / L_hat >= 1 in odma mode
+        (1 in s3 mode), entropy the classification head's normalised entropy in [0, 1]."""
         s, st = self.settings, self.state
         l_hat = np.empty(rows.size, dtype=np.int64)
-        spread = np.empty(rows.size, dtype=np.float64)
+        spread = np.ones(rows.size, dtype=np.float64)
+        entropy = np.empty(rows.size, dtype=np.float64)
         with torch.inference_mode(), single_thread():
             for start in range(0, rows.size, batch_rows):
                 part = slice(start, start + batch_rows)
                 reg, upper, logits = self.net(feats.batch(rows[part]))
+                entropy[part] = normalised_entropy(logits)
                 if s.mode == "s3":
-                    p = torch.softmax(logits.double(), dim=1)
-                    h = -(p * torch.log(p.clamp_min(1e-300))).sum(1) / math.log(p.shape[1])
-                    spread[part] = h.clamp(0.0, 1.0).numpy()
                     capacities = np.asarray(s3_capacities(s.max_model_len_tokens, s.s3_num_buckets), dtype=np.int64)
                     l_hat[part] = capacities[logits.argmax(1).numpy()]  # the largest length in the bucket
                 else:
@@ -215,13 +241,29 @@ class LengthPredictor:
                     log_hi = np.minimum(upper.double().numpy() * st.target_std + st.target_mean, 30.0)
                     l_hat[part] = np.maximum(1, np.rint(np.exp(log_len))).astype(np.int64)
                     spread[part] = np.maximum(np.exp(log_hi) / l_hat[part], 1.0)
-        return l_hat, spread
+        return l_hat, spread, entropy
 
     def evaluate(self, frame: pl.DataFrame, settings: EvalSettings) -> dict:
-        l_hat, u = self.predict(frame)
+        """The held-out figures with the chosen u, and in odma mode "calibration": the u deciles
+        (overflow rate against u) of every kind of u, so the two can be compared."""
+        l_hat, u, both = self._predict_both(frame)
         coverage = (self.state.coverage_gamma,) if self.settings.mode == "odma" else ()
-        return evaluate_predictions(frame["prompt_tokens"].to_numpy(), frame["output_tokens"].to_numpy(),
-                                    l_hat, u, settings, extra_gammas=coverage)
+        prompt, output = frame["prompt_tokens"].to_numpy(), frame["output_tokens"].to_numpy()
+        out = evaluate_predictions(prompt, output, l_hat, u, settings, extra_gammas=coverage)
+        if both:
+            out["uncertainty"] = self.uncertainty
+            out["calibration"] = {kind: evaluate_predictions(prompt, output, l_hat, other, settings)["u_deciles"]
+                                  for kind, other in both.items()}
+        return out
+
+
+def normalised_entropy(logits: torch.Tensor) -> np.ndarray:
+    """The entropy of softmax(logits) per row over log C (C classes), in [0, 1]; 0 with one class."""
+    if logits.shape[1] < 2:
+        return np.zeros(logits.shape[0])
+    p = torch.softmax(logits.double(), dim=1)
+    h = -(p * torch.log(p.clamp_min(1e-300))).sum(1) / math.log(p.shape[1])
+    return h.clamp(0.0, 1.0).numpy()
 
 
 def _class_edges(output: np.ndarray, num_classes: int) -> list[int]:

@@ -11,6 +11,10 @@ from odmactl.core.limits import MAX_BUCKETS, MAX_EPOCHS, MAX_TOKENS, whole_numbe
 
 FAMILIES = ("embedded", "encoder")
 MODES = ("odma", "s3")
+# odma mode's u: "entropy", the papers' (seeds/001 §3.2: the normalised entropy of the bucket
+# classification head's softmax), or "headroom", odmactl's earlier one (predictor.py's docstring)
+UNCERTAINTIES = ("entropy", "headroom")
+DEFAULT_UNCERTAINTY = "entropy"
 ProgressFn = Callable[[str, int, int], None]
 UPPER_QUANTILE = 0.99
 MAX_GAMMA = 1.0e6
@@ -35,12 +39,16 @@ class PredictorSettings:
     max_model_len_tokens: int = 4096
     s3_num_buckets: int = 10
     encoder_max_length_tokens: int = 256
+    uncertainty: str | None = None  # one of UNCERTAINTIES; None: "headroom" (an artifact from before the choice)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise PredictorError(f"expected one of {', '.join(FAMILIES)}, got {self.family!r}", key="family")
         if self.mode not in MODES:
             raise PredictorError(f"expected one of {', '.join(MODES)}, got {self.mode!r}", key="mode")
+        if self.uncertainty is not None and self.uncertainty not in UNCERTAINTIES:
+            raise PredictorError(f"expected one of {', '.join(UNCERTAINTIES)}, got {self.uncertainty!r}",
+                                 key="uncertainty")
         for key, low, high, flag in (("max_model_len_tokens", 16, MAX_TOKENS, " (--max-model-len)"),
                                      ("max_epochs", 1, MAX_EPOCHS, " (--epochs)"),
                                      ("num_hash_buckets", 1, 1 << 24, ""), ("hidden", 1, 1 << 16, ""),

@@ -59,12 +59,22 @@ def _print_policies(console: Console, results: dict, keys: tuple[str, ...], titl
                                    [[r[0]] + [r[j + 1] for j in group] for r in rows], key="metric"))
 
 
+def schedulers(doc: dict) -> str:
+    """The scheduler the run named, else each policy's own ("odma: task_pool, paged: fcfs")."""
+    if doc["scheduler"].get("policy"):
+        return doc["scheduler"]["policy"]
+    ran = {p: r.get("scheduler") for p, r in doc["results"].items()}
+    if len(set(ran.values())) == 1:
+        return str(next(iter(ran.values())))
+    return ", ".join(f"{p}: {s}" for p, s in ran.items())
+
+
 def render_replay(console: Console, doc: dict) -> None:
     t = doc["trace"]
     console.print(f"[bold]{escape(t['path'])}[/]: {t['requests']:,} requests ({t['arrivals']}), "
                   f"{escape(deployment(doc))}; KV pool {format_bytes(doc['kv_pool_bytes'])} = "
                   f"{doc['kv_pool_bytes'] // doc['kv_bytes_per_token']:,} tokens; max_model_len {doc['max_model_len']:,}; "
-                  f"predictor {escape(doc['predictor'])}; scheduler {escape(doc['scheduler']['policy'])}; "
+                  f"predictor {escape(doc['predictor'])}; scheduler {escape(schedulers(doc))}; "
                   f"{doc['time_advance']}", highlight=False)
     new_tokens = doc["scheduler"].get("max_new_tokens")
     settings = []

@@ -151,6 +151,18 @@ def render_fit(console: Console, out_dir: str, summary: dict, seconds: float) ->
         dec.add_row(str(d["decile"]), f"{d['u_min']:.3f}-{d['u_max']:.3f}", f"{d['rows']:,}",
                     f"{d['under_rate_uniform']:.4f}", f"{d['under_rate_unhedged']:.4f}", f"{d['under_rate']:.4f}")
     console.print(dec)
+    if "calibration" in ev:  # both kinds of u: does a higher u mean a longer output than L_hat says?
+        kinds = list(ev["calibration"])
+        cal = Table(title="calibration: share of outputs past 2 x L_hat, by decile of each u (the one in use: "
+                          f"{ev['uncertainty']})", title_justify="left")
+        cal.add_column("decile", justify="right")
+        for kind in kinds:
+            cal.add_column(f"{kind} u", justify="right")
+            cal.add_column("past 2 L_hat", justify="right")
+        for row in zip(*(ev["calibration"][k] for k in kinds)):
+            cal.add_row(str(row[0]["decile"]), *(x for d in row for x in
+                                                  (f"{d['u_min']:.2f}-{d['u_max']:.2f}", f"{d['under_rate_uniform']:.4f}")))
+        console.print(cal)
 
 
 SEED_ROWS = (("kendall_tau", "kendall_tau", "constant_kendall_tau", None),

@@ -50,6 +50,7 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
     Metric("rejection_rate", "reject. rate", "%", RATE),
     Metric("migrations", "migrations", "", COUNT),
     Metric("preemptions", "preempt.", "", COUNT),
+    Metric("stalls", "stalls", "", COUNT),
     Metric("rejections", "rejected", "", COUNT),
     Metric("peak_concurrency", "peak conc.", "", COUNT),
     Metric("completed", "completed", "", COUNT),
@@ -76,7 +77,7 @@ REPLAY_KEYS = ("kv_utilization", "pool_occupancy", "tps", "ttft_p50", "ttft_p99"
                "migration_rate", "overflow_rate", "preemptions", "rejections", "peak_concurrency", "completed",
                "kv_runs_per_request")
 # shown beside REPLAY_KEYS when some policy of the run has them (eLLM's borrowing, the host link)
-REPLAY_IF_ANY = ("peak_borrowed_bytes", "host_link_bytes", "link_bottleneck_s")
+REPLAY_IF_ANY = ("stalls", "peak_borrowed_bytes", "host_link_bytes", "link_bottleneck_s")
 PLAN_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate", "rejections", "truncated", "preemptions",
              "ttft_p99", "tpot_p99", "peak_concurrency")
 CHECK_SUMMARY_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate", "rejections", "ttft_p99",

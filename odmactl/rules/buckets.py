@@ -10,23 +10,23 @@ import numpy as np
 LEVEL_SHAPES = ("equal", "tail")  # named quantile levels (`shaped_levels`)
 
 
-def bucket_levels(num_buckets: int, levels: tuple[float, ...] | None = None) -> tuple[float, ...]:
-    """The quantile levels of B buckets: `levels` when given (strictly increasing in (0, 1], the last
-    1.0), else i/B for i = 1..B, the levels that equalise occupancy (ODMA eq. 2)."""
+def bucket_levels(num_buckets: int, levels: tuple[float, ...] | None = None, top: float = 1.0) -> tuple[float, ...]:
+    """The quantile levels of B buckets: `levels` when given (strictly increasing in (0, 1]), else
+    top * i/B for i = 1..B, the levels that equalise the regular buckets' occupancy (ODMA eq. 2)
+    below the `top` quantile; requests past the top bucket go to ODMA's large bucket."""
     if levels:
         return tuple(float(x) for x in levels)
-    return tuple(i / num_buckets for i in range(1, num_buckets + 1))
+    return tuple(top * i / num_buckets for i in range(1, num_buckets + 1))
 
 
-def shaped_levels(num_buckets: int, shape: str) -> tuple[float, ...]:
-    """The levels a shape names: "equal" is i/B (ODMA eq. 2, equal occupancy); "tail" is
-    1 - (1 - i/B)^2, finer buckets in the long tail, where rounding a request up costs the most
-    (rounded to 6 places, as a config writes them)."""
-    equal = bucket_levels(num_buckets)
+def shaped_levels(num_buckets: int, shape: str, top: float = 1.0) -> tuple[float, ...]:
+    """The levels a shape names, below the `top` quantile: "equal" is top * i/B (ODMA eq. 2,
+    equal occupancy); "tail" is top * (1 - (1 - i/B)^2), finer buckets in the long tail, where
+    rounding a request up costs the most (rounded to 6 places)."""
     if shape == "equal":
-        return equal
+        return bucket_levels(num_buckets, top=top)
     if shape == "tail":
-        return tuple(round(1.0 - (1.0 - level) ** 2, 6) for level in equal)
+        return tuple(round(top * (1.0 - (1.0 - level) ** 2), 6) for level in bucket_levels(num_buckets))
     raise ValueError(f"unknown level shape {shape!r} (known: {', '.join(LEVEL_SHAPES)})")
 
 
@@ -35,8 +35,8 @@ def quantile_boundaries(kv_tokens: np.ndarray, num_buckets: int, *, granularity_
     """Bucket upper bounds b_i = Q_{l_i}(L) at `bucket_levels(num_buckets, levels)` (by default
     l_i = i/B, ODMA eq. 2), rounded up to `granularity_tokens`.
 
-    Quantiles use the "higher" rule, so every boundary is a length that occurred and the last one is
-    the window's maximum; rounding can merge neighbours, so fewer than B boundaries may come back.
+    Quantiles use the "higher" rule, so every boundary is a length that occurred (at level 1 the last
+    one is the window's maximum); rounding can merge neighbours, so fewer than B boundaries may come back.
     Clipped to `max_tokens` when given.
     """
     rounded = rounded_quantiles(kv_tokens, bucket_levels(num_buckets, levels), granularity_tokens, max_tokens)

@@ -6,7 +6,9 @@ need = prompt + ceil(L_hat * (1 + gamma * u)) (ODMA's inflation; no u: none), or
 table (rules/hedge.py) prompt + the output reservation of L_hat's group (`HedgeTable`: the group
 is bisect_right of L_hat over the edges); never below the prompt.
 A request whose u exceeds tau, or whose need exceeds the last bucket boundary, goes to the large
-pool (a block of max_model_len tokens); any other gets the smallest boundary >= need.
+pool; any other gets the smallest boundary >= need. A large-pool block holds what the request can
+still need (`large_slot_tokens`): its prompt + its output cap (vLLM's max_tokens) when outputs are
+capped, at most max_model_len; without a cap, max_model_len.
 
 Compiled with the allocator (setup.py, odma.pxd): the allocator calls `need_tokens` as a C function.
 """
@@ -19,6 +21,15 @@ from math import ceil
 import numpy as np
 
 from odmactl.rules.hedge import HedgeTable
+
+
+def large_slot_tokens(prompt_tokens, max_new_tokens, max_tokens):
+    """The KV tokens of a request's large-pool block (the module docstring): prompt + the output cap
+    `max_new_tokens` (0 or None: no cap), at most `max_tokens` (max_model_len)."""
+    if max_new_tokens:
+        slot = prompt_tokens + max_new_tokens
+        return slot if slot < max_tokens else max_tokens
+    return max_tokens
 
 
 def need_tokens(prompt_tokens, predicted_output_tokens, uncertainty, gamma, hedge_edges, hedge_output_tokens):
@@ -48,15 +59,23 @@ def need_tokens_array(prompt_tokens: np.ndarray, predicted_output_tokens: np.nda
 
 def reserved_kv_tokens(prompt_tokens: np.ndarray, predicted_output_tokens: np.ndarray, uncertainty: np.ndarray,
                        boundaries_tokens: tuple[int, ...], *, gamma: float, tau: float,
-                       max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """What the `odma` allocator reserves for each request with these boundaries (the gamma rule):
-    (reserved KV tokens, routed-to-large mask)."""
+                       max_tokens: int, max_new_tokens: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """What the `odma` allocator reserves for each request with these boundaries (the gamma rule),
+    outputs capped at `max_new_tokens` (None: uncapped): (reserved KV tokens, routed-to-large mask)."""
     u = np.asarray(uncertainty, dtype=np.float64)
     need = need_tokens_array(prompt_tokens, predicted_output_tokens, u, gamma)
     bounds = np.asarray(boundaries_tokens, dtype=np.int64)
     large = (u > tau) | (need > bounds[-1])
     slot = np.minimum(np.searchsorted(bounds, need, side="left"), bounds.size - 1)
-    return np.where(large, max_tokens, bounds[slot]), large
+    return np.where(large, large_slots(prompt_tokens, max_new_tokens, max_tokens), bounds[slot]), large
+
+
+def large_slots(prompt_tokens: np.ndarray, max_new_tokens: int | None, max_tokens: int) -> np.ndarray:
+    """`large_slot_tokens` of every request, vectorised (int64)."""
+    prompt = np.asarray(prompt_tokens, dtype=np.int64)
+    if max_new_tokens:
+        return np.minimum(prompt + max_new_tokens, max_tokens)
+    return np.full(prompt.shape, max_tokens, dtype=np.int64)
 
 
 def equal_width_boundaries(max_tokens: int, num_buckets: int, granularity_tokens: int) -> tuple[int, ...]:

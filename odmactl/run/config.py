@@ -52,19 +52,24 @@ def scheduler_settings(table: dict, source: Path | None = None, **overrides) -> 
     return dataclasses.replace(from_file, **overrides)
 
 
-def scheduler_table(settings: SchedulerSettings, max_len: int) -> dict[str, object]:
+def scheduler_table(settings: SchedulerSettings, max_len: int, kv_policy: str | None = None) -> dict[str, object]:
     """The [scheduler] table a config records for these settings at this max_model_len: the
-    scheduler by name and its caps."""
-    out = {"policy": settings.policy, "max_num_seqs": settings.max_num_seqs,
-           "max_num_batched_tokens": settings.batched_tokens(max_len)}
+    scheduler by name (the one `kv_policy` runs when the settings name none; left out when
+    neither names one), the task pool's aging bound and the caps."""
+    from odmactl.allocator import ALLOCATORS
+
+    policy = settings.policy_for(ALLOCATORS[kv_policy]) if kv_policy else settings.policy
+    out = {**({"policy": policy} if policy else {}), "aging_s": settings.aging_s,
+           "max_num_seqs": settings.max_num_seqs, "max_num_batched_tokens": settings.batched_tokens(max_len)}
     if settings.max_new_tokens is not None:
         out["max_new_tokens"] = settings.max_new_tokens
     return out
 
 
 def scheduler_record(settings: SchedulerSettings, max_len: int) -> dict[str, object]:
-    """The "scheduler" section of a command's JSON: the table, with max_new_tokens null when unset."""
-    return {**scheduler_table(settings, max_len), "max_new_tokens": settings.max_new_tokens}
+    """The "scheduler" section of a command's JSON: the table, with the policy and max_new_tokens
+    null when unset (each result names the scheduler it ran)."""
+    return {"policy": settings.policy, **scheduler_table(settings, max_len), "max_new_tokens": settings.max_new_tokens}
 
 
 def read_config(path: Path | None) -> dict[str, dict]:

@@ -67,14 +67,15 @@ def deployment(ctx: ReplayContext) -> Deployment:
     memory a static engine reserves, modelled at vLLM's profiling shape (the token budget over as
     many sequences as max_num_seqs allows) and at most the profile's activation reserve, and a
     rank-1 LoRA adapter's bytes (each device's shard of it, or the scaled model's on a device, times
-    tp)."""
+    tp), and the output cap (max_new_tokens)."""
     s = ctx.serving
     budget = ctx.scheduler.batched_tokens(ctx.max_len)
     peak = s.cost.activation_bytes(budget, min(ctx.scheduler.max_num_seqs, budget))
     reserve = int(s.device.activation_reserve_bytes * s.tp)
     return deployment_of(s.cost, activation_peak_bytes=int(min(peak, reserve)), activation_reserve_bytes=reserve,
                          lora_bytes_per_rank=s.model.lora_bytes_per_rank * s.tp,
-                         adapters=ctx.workload.adapters is not None)
+                         adapters=ctx.workload.adapters is not None,
+                         max_new_tokens=ctx.scheduler.max_new_tokens or 0)
 
 
 def policy_config(policy: str, table: dict, ctx: ReplayContext,
@@ -84,7 +85,8 @@ def policy_config(policy: str, table: dict, ctx: ReplayContext,
     config = AllocatorConfig.from_mapping({**table, "max_model_len_tokens": ctx.max_len})
     s = ctx.serving
     return ALLOCATORS[policy].complete_config(config, pool_bytes=s.pool_bytes, bytes_per_token=s.bytes_per_token,
-                                              realized_kv_tokens=ctx.workload.kv_tokens(ctx.max_len),
+                                              realized_kv_tokens=ctx.workload.kv_tokens(
+                                                  ctx.max_len, ctx.scheduler.max_new_tokens),
                                               deployment=facts or deployment(ctx))
 
 
@@ -228,7 +230,8 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
             queue["sustainable"] = sustainable(ctx, policy, table, result.metrics)
             if progress:
                 progress(label_, 1, 1)
-        results[policy] = {"metrics": result.metrics, "config": config.to_mapping(), "notes": notes,
+        results[policy] = {"metrics": result.metrics, "config": config.to_mapping(),
+                           "scheduler": ctx.scheduler.policy_for(ALLOCATORS[policy]), "notes": notes,
                            "allocator": result.allocator, "queue": queue, "series": result.series,
                            "latency_histograms": latency_histograms(result)}
         if section is not None:

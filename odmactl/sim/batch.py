@@ -44,7 +44,8 @@ def _doubled(values) -> array:
 class Batch:
     """The replay's requests, by index i in arrival order, and who is running.
 
-    Per request (int64 buffers): `prompt[i]`; `target[i]` the output tokens it is to generate (its
+    Per request (int64 buffers): `prompt[i]`; `pred[i]` its predicted output tokens (a list of
+    floats, at least 1 and at most max_new_tokens; None without predictions); `target[i]` the output tokens it is to generate (its
     output, capped by max_model_len and by max_new_tokens); `arrival[i]` (ps); `gen[i]` the tokens
     generated as of the last boundary it ran at; while it runs, its KV tokens at decode iteration
     `it` are `base[i] + it` and `seq_of[i]` is its admission number (-1 otherwise); `start_ps[i]`,
@@ -85,7 +86,10 @@ class Batch:
         self.output = int64s(w.output_tokens)
         self.arrival = int64s(w.arrival_ps)
         self.ids = w.request_ids if isinstance(w.request_ids, list) else list(w.request_ids)
-        self.pred = None if w.predicted_output_tokens is None else np.maximum(w.predicted_output_tokens, 1.0).tolist()
+        self.pred = None
+        if w.predicted_output_tokens is not None:  # at least 1, and never past the output cap (parity: every policy
+            pred_np = np.maximum(w.predicted_output_tokens, 1.0)  # runs under the cap, and a prediction knows it)
+            self.pred = (pred_np if max_new_tokens is None else np.minimum(pred_np, float(max_new_tokens))).tolist()
         self.unc = None if w.uncertainty is None else w.uncertainty.tolist()
         self.adapters = None if w.adapters is None else int64s(w.adapters)
         self.gen = _filled(num, 0)

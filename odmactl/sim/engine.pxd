@@ -25,7 +25,9 @@ cdef class Replay:
     cdef public Growth growth
     cdef object block_bytes
     cdef bint ff
-    cdef long long num, next_arrival, t
+    cdef long long num, next_arrival, t, resumed_at
+
+    cdef void _unstall(self) except *
 
     cdef void _start(self) except *
     cdef object _finish(self)

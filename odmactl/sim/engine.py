@@ -46,7 +46,7 @@ class Replay:
 
     __slots__ = ("w", "alloc", "settings", "max_len", "coeff", "cost", "progress", "probe", "batch", "sched", "link",
                  "tier", "cache", "segment", "prefill_clock", "runs", "tally", "growth", "ff", "num", "next_arrival",
-                 "block_bytes", "t")
+                 "block_bytes", "t", "resumed_at")
 
     def __init__(self, workload: Workload, allocator: AllocatorBase, cost, max_model_len: int,
                  settings: SchedulerSettings = SchedulerSettings(), progress=None, probe=None) -> None:
@@ -71,12 +71,19 @@ class Replay:
             if sched.parked:
                 sched.swap_in()
                 self.link.pending_ps += self.link.moved_ps()
+            if sched.stalled:
+                self._unstall()
+            sched.now = self.t
             admitted = sched.schedule()
             if admitted:
                 self._prefill(admitted)
                 continue
             if not b.running:
                 assert not sched.parked, "an offloaded request could not be fetched into an empty pool"
+                if sched.stalled:  # nothing runs and no stalled request fits: nothing else can progress
+                    self.growth.preempt_stalled()
+                    sched.released()
+                    continue
                 if sched.idle():
                     continue
                 if self.next_arrival < self.num:
@@ -109,15 +116,22 @@ class Replay:
         self.tier = alloc.host_tier() if block_growth else None
         self.cache = alloc.adapter_cache() if w.adapters is not None else None
         self.link = HostLink(self.cost, [self.tier, self.cache])
-        self.sched = make_scheduler(settings.policy)
+        self.sched = make_scheduler(settings.policy_for(alloc))
         self.sched.start(self.batch, alloc, self.tier, self.cache, settings.max_num_seqs,
-                         settings.batched_tokens(self.max_len))
+                         settings.batched_tokens(self.max_len), settings)
         self.segment = Segment(self.coeff, alloc.block_size_tokens)  # the batch between two events
         self.prefill_clock = PrefillClock(self.cost.prefill)
         self.runs = self.segment.runs  # its run counts at offsets 0..B, written at each event
-        self.t = self.next_arrival = 0
+        self.t = self.next_arrival = self.resumed_at = 0
         self.tally = Tally(settings.series_points, len(alloc.boundaries_tokens) > 0)
         self.growth = Growth(self.batch, alloc, self.sched, self.tally, self.cost, self.cache)
+
+    def _unstall(self) -> None:
+        """Stalled requests (sim/growth.py) are extended again once a release happened since the
+        last try, or when nothing runs."""
+        if self.alloc.releases != self.resumed_at or not self.batch.running:
+            self.resumed_at = self.alloc.releases
+            self.t += self.growth.resume()
 
     def _finish(self) -> ReplayResult:
         b: Batch = self.batch
@@ -229,7 +243,7 @@ class Replay:
         """Decode iterations of the fixed batch, summed in closed form up to the next event that
         changes it; a boundary where only contiguous growth is due (nothing completes, no arrival
         or retry for the scheduler) is handled here, as the main loop would, and the decode goes
-        on. False: a preemption there emptied the batch."""
+        on. False: a preemption or a stall there emptied the batch."""
         b: Batch = self.batch
         while True:
             self._decode_segment()
@@ -251,8 +265,7 @@ class Replay:
         self.t += self.growth.fast() if self.ff else self.growth.stepping()
         if self.tally.preemptions != preempted:
             self.sched.preempted()
-            return len(b.running) > 0
-        return True
+        return len(b.running) > 0
 
     def _decode_segment(self) -> None:
         """k decode iterations of the fixed batch, to the next event, summed in closed form."""
@@ -260,17 +273,20 @@ class Replay:
         n: cython.longlong = len(b.running)
         k: cython.longlong = self.sched.decode_limit() or b.next_event()
         dt: cython.longlong
+        j: cython.longlong
         segment: Segment = self.segment
         runs: cython.longlong[:] = self.runs
         if b.block_growth:
             b.fill_runs(runs)
         else:
-            runs[0] = runs[1] = self.alloc.kv_runs
+            runs[0] = runs[1] = self.alloc.kv_runs - len(self.sched.stalled)  # a stalled block is not read
         segment.reset(n, b.kv_sum)
         if b.block_growth:
             k = segment.first_over(self.alloc.block_limit(n, n), k)
-        if self.next_arrival < self.num and self.sched.wakes_on_arrival(n):
-            k = segment.iterations_until(b.arrival[self.next_arrival] - self.t, k)
+        if self.next_arrival < self.num:
+            j = self.sched.first_waking(n, self.next_arrival)
+            if j >= 0:
+                k = segment.iterations_until(b.arrival[j] - self.t, k)
         dt, held = segment.advance(k, b.block_growth)
         if self.link.pending_ps:
             stall = self.link.overlap_pending(segment.elapsed_ps(1))

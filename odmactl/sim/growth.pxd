@@ -14,6 +14,9 @@ cdef class Growth:
     cdef public object cost, cache
     cpdef void unpin(self, long long i) except *
     cpdef void preempt(self, long long i) except *
+    cpdef void stall(self, long long i) except *
+    cpdef long long resume(self) except? -1
+    cpdef void preempt_stalled(self) except *
     cpdef long long contiguous(self, long long i) except? -1
     cpdef void until_fits(self, long long need_at, long long limit) except *
     cpdef long long fast(self) except? -1

@@ -1,8 +1,10 @@
 """What happens when running requests outgrow their memory: the engine's growth step.
 
 A contiguous block that one more token does not fit is extended by the policy (grown in place,
-given more page ranges, or moved: the copy's time is charged) or, refused, its request is
-preempted; block growth takes a block at a time, and when the blocks run out (or the
+given more page ranges, or moved: the copy's time is charged) or, refused, its request stalls in
+place when the policy says a release can make room (`overflow_waits`: ODMA's large pool; the
+request keeps its block, leaves the batch and waits in the scheduler's `stalled` queue until a
+release lets `resume` move it) and is preempted otherwise; block growth takes a block at a time, and when the blocks run out (or the
 iteration's block limit, where the pool is shared) the scheduler's victims are preempted:
 released, queued first, recomputed at their next prefill (vLLM's recompute preemption).
 
@@ -54,8 +56,53 @@ class Growth:
         self.sched.requeue(i)
         self.tally.preemptions += 1
 
+    def stall(self, i: cython.longlong) -> None:
+        """Request i, refused growth, keeps its block and leaves the batch to wait for room."""
+        b: Batch = self.batch
+        b.gen[i] = b.leave(i) - b.prompt[i]
+        self.sched.stalled.append(i)
+        self.tally.stalls += 1
+
+    def resume(self) -> cython.longlong:
+        """The stalled requests, oldest first, extended again (a release may have made room): each
+        that fits rejoins the batch; returns the copies' time."""
+        b: Batch = self.batch
+        a: Allocation
+        i: cython.longlong
+        v: cython.longlong
+        dt: cython.longlong = 0
+        step: cython.longlong
+        for i in list(self.sched.stalled):
+            a = b.allocs[i]
+            v = b.prompt[i] + b.gen[i]
+            before = self.alloc.migrated_bytes
+            if not self.alloc.extend(a, v + 1):
+                continue
+            copied = self.alloc.migrated_bytes - before
+            if copied:
+                step = to_ps(self.cost.migration_s(copied))
+                dt += step
+                self.tally.migrated(copied, step, self.alloc.reserved_bytes)
+            self.sched.stalled.remove(i)
+            b.join(i, v)
+            b.push_finish(i, b.seq_of[i])
+            if b.ff:
+                b.push_overflow(i, b.seq_of[i], a.capacity_tokens)
+        return dt
+
+    def preempt_stalled(self) -> None:
+        """Nothing runs and no stalled request fits: the oldest is preempted (its block released;
+        recomputed when it is admitted again)."""
+        b: Batch = self.batch
+        i: cython.longlong = self.sched.stalled.popleft()
+        self.unpin(i)
+        self.alloc.release(b.allocs[i])
+        b.allocs[i] = None
+        self.sched.requeue(i)
+        self.tally.preemptions += 1
+
     def contiguous(self, i: cython.longlong) -> cython.longlong:
-        """Request i needs one more token than its block holds: extend (move) or preempt it;
+        """Request i needs one more token than its block holds: extend (move), stall or preempt it;
         returns the copy's time. Growth inside the block reached the allocator lazily when
         fast-forwarding: it is caught up first."""
         b: Batch = self.batch
@@ -66,7 +113,10 @@ class Growth:
             self.alloc.extend(a, v)
         before = self.alloc.migrated_bytes
         if not self.alloc.extend(a, v + 1):
-            self.preempt(i)
+            if self.alloc.overflow_waits(a, v + 1):
+                self.stall(i)
+            else:
+                self.preempt(i)
             return 0
         copied = self.alloc.migrated_bytes - before
         if copied:  # moved; a policy that grows a request by more page ranges copies nothing

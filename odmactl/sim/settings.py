@@ -8,6 +8,7 @@ from odmactl.core.errors import ConfigError
 from odmactl.core.limits import MAX_NUM_SEQS, MAX_TOKENS, whole_number_problem
 from odmactl.sim.schedulers import DEFAULT_SCHEDULER, SCHEDULERS
 
+MAX_AGING_S = 86_400 * 365  # a year: longer is no bound at all
 VLLM_MIN_BATCHED_TOKENS = 2048  # vLLM's default budget is max(max_model_len, this) without chunked prefill
 
 
@@ -15,7 +16,10 @@ VLLM_MIN_BATCHED_TOKENS = 2048  # vLLM's default budget is max(max_model_len, th
 class SchedulerSettings:
     """The batch caps, in vLLM's terms, the scheduler that applies them, and how time advances.
 
-    `policy` names the scheduler (sim/schedulers: "fcfs", vLLM 0.6's first come, first served).
+    `policy` names the scheduler (sim/schedulers: "fcfs", vLLM 0.6's first come, first served;
+    "task_pool", the ODMA papers' Task Pool); None: each KV policy's own (its `scheduler`: odma's
+    is "task_pool", the others' "fcfs"). `aging_s` is the task pool's starvation bound: a request
+    that has waited longer and does not fit stops admission of anyone younger.
     `max_num_seqs` is the most requests in a batch, `max_num_batched_tokens` the prefill token
     budget of one iteration, defaulting as vLLM's does without chunked prefill (vllm/config.py,
     SchedulerConfig): max(max_model_len, 2048). `max_new_tokens` is vLLM's per-request
@@ -31,9 +35,14 @@ class SchedulerSettings:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None  # None: max(max_model_len, VLLM_MIN_BATCHED_TOKENS)
     max_new_tokens: int | None = None
-    policy: str = DEFAULT_SCHEDULER
+    policy: str | None = None
+    aging_s: float = 2.0
     fast_forward: bool = True
     series_points: int = 512
+
+    def policy_for(self, allocator_cls) -> str:
+        """The scheduler a replay of this KV policy (its class) runs: `policy`, else the policy's own."""
+        return self.policy or getattr(allocator_cls, "scheduler", DEFAULT_SCHEDULER)
 
     def batched_tokens(self, max_model_len: int) -> int:
         """The prefill token budget of one iteration."""
@@ -46,5 +55,8 @@ class SchedulerSettings:
             problem = None if value is None else whole_number_problem(value, low, high)
             if problem is not None:
                 raise ConfigError(problem, key=key)
-        if self.policy not in SCHEDULERS:
+        if isinstance(self.aging_s, bool) or not isinstance(self.aging_s, (int, float)) \
+                or not 0 <= self.aging_s <= MAX_AGING_S:
+            raise ConfigError(f"expected seconds from 0 to {MAX_AGING_S:,}, got {self.aging_s!r}", key="aging_s")
+        if self.policy is not None and self.policy not in SCHEDULERS:
             raise ConfigError(f"unknown scheduler {self.policy!r} (choose from: {', '.join(SCHEDULERS)})", key="policy")

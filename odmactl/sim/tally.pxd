@@ -1,7 +1,7 @@
 # Cython declarations for tally.py (pure Python source; see setup.py): Tally as an extension type
 # whose counters are C fields and whose methods the engine calls as C functions.
 cdef class Tally:
-    cdef public long long preemptions, too_long, truncated, recomputed, migrations, peak, prefills, decodes, completed
+    cdef public long long preemptions, stalls, too_long, truncated, recomputed, migrations, peak, prefills, decodes, completed
     cdef public long long occupancy_acc, series_next_ps, updates_seen
     cdef public object migrated_bytes, migration_ps, occupancy_byte_ps, series, boundaries
     cdef public bint track_boundaries

@@ -32,12 +32,12 @@ class Tally:
     Invariant: every counter only grows; occupancy_byte_ps + occupancy_acc is the time integral
     of reserved bytes over the iterations run so far."""
 
-    __slots__ = ("preemptions", "too_long", "truncated", "recomputed", "migrations", "peak", "prefills", "decodes",
+    __slots__ = ("preemptions", "stalls", "too_long", "truncated", "recomputed", "migrations", "peak", "prefills", "decodes",
                  "completed", "migrated_bytes", "migration_ps", "occupancy_byte_ps", "occupancy_acc", "series",
                  "series_next_ps", "boundaries", "track_boundaries", "updates_seen")
 
     def __init__(self, series_points: int, track_boundaries: bool) -> None:
-        self.preemptions = self.too_long = self.truncated = self.recomputed = 0
+        self.preemptions = self.stalls = self.too_long = self.truncated = self.recomputed = 0
         self.migrations = self.peak = self.prefills = self.decodes = self.completed = 0
         self.migrated_bytes = self.occupancy_byte_ps = self.occupancy_acc = self.migration_ps = 0
         self.series = Series(series_points)
@@ -80,7 +80,7 @@ class Tally:
         """The counters sim/metrics.replay_result reads, at the end of the run."""
         self.occupancy_byte_ps += self.occupancy_acc
         self.occupancy_acc = 0
-        return {"preemptions": self.preemptions, "rejections": rejections,
+        return {"preemptions": self.preemptions, "stalls": self.stalls, "rejections": rejections,
                 "rejected_prompt_too_long": self.too_long, "truncated": self.truncated,
                 "recomputed_tokens": self.recomputed, "migrations": self.migrations,
                 "migrated_bytes": self.migrated_bytes, "peak_concurrency": self.peak,

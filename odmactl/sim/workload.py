@@ -29,9 +29,13 @@ class Workload:
     def size(self) -> int:
         return len(self.request_ids)
 
-    def kv_tokens(self, max_len: int) -> np.ndarray:
-        """Each request's realized KV tokens (prompt + output), capped at max_len."""
-        return np.minimum(self.prompt_tokens.astype(np.int64) + self.output_tokens.astype(np.int64), max_len)
+    def kv_tokens(self, max_len: int, max_new_tokens: int | None = None) -> np.ndarray:
+        """Each request's realized KV tokens (prompt + output, the output at most `max_new_tokens`
+        when given), capped at max_len."""
+        output = self.output_tokens.astype(np.int64)
+        if max_new_tokens is not None:
+            output = np.minimum(output, max_new_tokens)
+        return np.minimum(self.prompt_tokens.astype(np.int64) + output, max_len)
 
     def take(self, start: int, stop: int) -> Workload:
         """Requests start..stop-1, arrival times unchanged (a replay starts at its first arrival)."""

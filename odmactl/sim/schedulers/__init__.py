@@ -7,9 +7,10 @@ from __future__ import annotations
 from odmactl.core.errors import ConfigError
 from odmactl.sim.schedulers.base import Scheduler
 from odmactl.sim.schedulers.fcfs import FcfsScheduler
+from odmactl.sim.schedulers.task_pool import TaskPoolScheduler
 
 SCHEDULERS: dict[str, type] = {}
-DEFAULT_SCHEDULER = "fcfs"
+DEFAULT_SCHEDULER = "fcfs"  # where neither [scheduler] policy nor the KV policy (its `scheduler`) names one
 
 
 def register_scheduler(cls: type) -> type:
@@ -39,5 +40,6 @@ def make_scheduler(name: str) -> Scheduler:
 
 
 register_scheduler(FcfsScheduler)
+register_scheduler(TaskPoolScheduler)
 
 __all__ = ["DEFAULT_SCHEDULER", "SCHEDULERS", "Scheduler", "make_scheduler", "register_scheduler", "unregister_scheduler"]

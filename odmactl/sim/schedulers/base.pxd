@@ -6,12 +6,12 @@ from odmactl.sim.batch cimport Batch
 
 
 cdef class Scheduler:
-    cdef public object waiting, parked, tier, cache
+    cdef public object waiting, parked, stalled, tier, cache
     cdef public Batch batch
     cdef public AllocatorBase alloc
-    cdef public long long max_num_seqs, max_prefill_tokens, free_blocks
+    cdef public long long max_num_seqs, max_prefill_tokens, free_blocks, now
     cpdef void start(self, Batch batch, AllocatorBase alloc, object tier, object cache, long long max_num_seqs,
-                     long long max_prefill_tokens) except *
+                     long long max_prefill_tokens, object settings=*) except *
     cpdef void arrive(self, long long i) except *
     cpdef void requeue(self, long long i) except *
     cpdef void released(self) except *
@@ -20,9 +20,10 @@ cdef class Scheduler:
     cpdef bint idle(self) except *
     cpdef bint quiet(self) except *
     cpdef list schedule(self)
+    cpdef long long seats(self) except? -1
     cpdef long long victim(self) except? -1
     cpdef long long decode_limit(self) except? -1
-    cpdef bint wakes_on_arrival(self, long long n) except *
+    cpdef long long first_waking(self, long long n, long long j) except? -2
     cpdef void begin_round(self) except *
     cpdef long long _take(self, long long i, long long tokens, long long admitted) except? -1
     cpdef bint never_fits(self, long long admitted) except *

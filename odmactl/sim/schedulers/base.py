@@ -35,26 +35,32 @@ class Scheduler:
     `parked` holds any; `schedule()` returns the requests to prefill now (None or empty: decode);
     when the running requests outgrow the pool, `victim()` names the one to preempt, `requeue(i)`
     takes it back and `preempted()` follows; `decode_limit()` caps the next decode's iterations
-    (0: until the next event); `wakes_on_arrival(n)` whether the next arrival can change a batch of
-    n (else arrivals do not stop a fast-forward); `quiet()` whether `schedule()` would change
+    (0: until the next event); `first_waking(n, j)` the first arrival from request j on that
+    can change a batch of n (-1: none, arrivals do not stop a fast-forward until the next event;
+    an earlier answer is always safe, a later one is not); `quiet()` whether `schedule()` would change
     nothing now (the engine may then run on through a boundary where only growth is due);
     `decoded()` after each decode, `released()` after a completion, `idle()` when nothing runs
     (True: retry at once). A scheduler of one's own subclasses this (or FcfsScheduler), overrides
     what its rule changes, and registers its class (sim/schedulers/__init__.py).
 
     State: `waiting` (requests in the order they are considered), `parked` (offloaded by their
-    prefill, waiting to be fetched back: vLLM's swapped queue), and the batch caps. Invariant: a
-    request is in at most one of `waiting`, `parked` and the batch's `running`."""
+    prefill, waiting to be fetched back: vLLM's swapped queue), `stalled` (refused growth, holding
+    their blocks until a release makes room: sim/growth.py), and the batch caps; a stalled request
+    keeps its seat (`seats()` counts it against max_num_seqs). Invariant: a request is in at most
+    one of `waiting`, `parked`, `stalled` and the batch's `running`."""
 
     name = "base"
 
     def __init__(self) -> None:
         self.waiting = deque()
         self.parked = deque()
+        self.stalled = deque()
 
     def start(self, batch: Batch, alloc: AllocatorBase, tier, cache, max_num_seqs: cython.longlong,
-              max_prefill_tokens: cython.longlong) -> None:
-        """Bind to a replay: its batch, the KV manager and its collaborators (None when absent), the caps."""
+              max_prefill_tokens: cython.longlong, settings=None) -> None:
+        """Bind to a replay: its batch, the KV manager and its collaborators (None when absent), the
+        caps, and the replay's SchedulerSettings (for a scheduler's own settings). `now` is the
+        replay's clock (ps), which the engine writes before each `schedule()`."""
         self.batch = batch
         self.alloc = alloc
         self.tier = tier
@@ -62,6 +68,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_prefill_tokens = max_prefill_tokens
         self.free_blocks = 0
+        self.now = 0
 
     # -- what the engine tells a scheduler (FCFS decides what to do with it) -----------------------
 
@@ -97,6 +104,10 @@ class Scheduler:
         empty: none, the batch decodes."""
         raise NotImplementedError
 
+    def seats(self) -> cython.longlong:
+        """The batch seats taken: the running requests and the stalled ones."""
+        return len(self.batch.running) + len(self.stalled)
+
     def victim(self) -> cython.longlong:
         """The running request to preempt: the newest (vLLM preempts the lowest priority, the last
         admitted under FCFS: vllm/core/scheduler.py `_schedule_running`)."""
@@ -105,8 +116,8 @@ class Scheduler:
     def decode_limit(self) -> cython.longlong:
         return 0
 
-    def wakes_on_arrival(self, n: cython.longlong) -> cython.bint:
-        return n < self.max_num_seqs
+    def first_waking(self, n: cython.longlong, j: cython.longlong) -> cython.longlong:
+        return j if n + len(self.stalled) < self.max_num_seqs else -1
 
     # -- the shared mechanism -----------------------------------------------------------------------
 
@@ -126,6 +137,7 @@ class Scheduler:
         b: Batch = self.batch
         g: cython.longlong = b.gen[i]
         kv: cython.longlong = b.prompt[i] + g
+        left: cython.double
         adapter: cython.longlong = b.adapters[i] if self.cache is not None else -1
         need: cython.longlong
         room: cython.longlong
@@ -145,7 +157,10 @@ class Scheduler:
             else:
                 a = None
         else:
-            a = self.alloc.reserve(b.ids[i], kv, None if b.pred is None else max(b.pred[i] - g, 1.0),
+            # what the prediction leaves to generate; once a preempted request has generated it all,
+            # none (the policy's fallback: ODMA's large block, never a block sized by the spent rest)
+            left = b.pred[i] - g if b.pred is not None else 0.0
+            a = self.alloc.reserve(b.ids[i], kv, left if left >= 1.0 else None,
                                    None if b.unc is None else b.unc[i])
         if a is None:
             if adapter >= 0:
@@ -158,8 +173,8 @@ class Scheduler:
 
     def never_fits(self, admitted: cython.longlong) -> cython.bint:
         """Whether a request that does not fit now never will: nothing runs, nothing was admitted
-        this round and nothing waits in the host tier (then it is rejected)."""
-        return not self.batch.running and not admitted and not self.parked
+        this round, nothing waits in the host tier and nothing is stalled (then it is rejected)."""
+        return not self.batch.running and not admitted and not self.parked and not self.stalled
 
     def swap_in(self) -> None:
         """Offloaded requests back from the host tier, oldest first, while their blocks fit beside
@@ -170,7 +185,7 @@ class Scheduler:
         v: cython.longlong
         n: cython.longlong
         need: cython.longlong
-        while self.parked and len(b.running) < self.max_num_seqs:
+        while self.parked and self.seats() < self.max_num_seqs:
             i = self.parked[0]
             v = b.prompt[i] + b.gen[i]
             need = -(-(v + 1) // b.B)

@@ -70,9 +70,9 @@ class FcfsScheduler(Scheduler):
     def decode_limit(self) -> cython.longlong:
         return 1 if self.retry else 0
 
-    def wakes_on_arrival(self, n: cython.longlong) -> cython.bint:
+    def first_waking(self, n: cython.longlong, j: cython.longlong) -> cython.longlong:
         """An arrival can join the batch only when no one waits before it and the batch has room."""
-        return not self.waiting and n < self.max_num_seqs
+        return j if not self.waiting and n + len(self.stalled) < self.max_num_seqs else -1
 
     def schedule(self) -> list:
         """Admit from the head while it fits (KV space, max_num_seqs, the token budget); returns the
@@ -88,7 +88,7 @@ class FcfsScheduler(Scheduler):
         self.dirty = False
         admitted = []
         self.begin_round()
-        while self.waiting and len(b.running) + len(admitted) < self.max_num_seqs:
+        while self.waiting and self.seats() + len(admitted) < self.max_num_seqs:
             i = self.waiting[0]
             kv = b.prompt[i] + b.gen[i]
             if admitted and tokens + kv > self.max_prefill_tokens:

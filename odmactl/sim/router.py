@@ -1,0 +1,21 @@
+"""Routing rules for replicas replayed together: which engine a request goes to.
+
+`cluster_manager` is ODMA's (seeds/001 §3.5: the Cluster Manager "assigns incoming batches to
+devices by jointly considering compute load and memory pressure", tracking "device-local free
+capacity and bucket occupancy"). odmactl replays replicas apart today (capacity multiplies one
+engine's rate); the rule is here, tested, for the router that replays them together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def cluster_manager(free_bytes_for_tag: Sequence[int], load: Sequence[int]) -> int:
+    """The engine for a request: the most free memory for its bucket tag (the block its tag takes,
+    in the pool that tag draws from), then the least load (running + waiting requests), then the
+    lowest index. Where the papers are silent on how the two combine, memory comes first: an engine
+    without room for the block would queue the request however idle it is."""
+    if not free_bytes_for_tag or len(free_bytes_for_tag) != len(load):
+        raise ValueError("one free-memory figure and one load per engine, for at least one engine")
+    return min(range(len(load)), key=lambda e: (-free_bytes_for_tag[e], load[e], e))

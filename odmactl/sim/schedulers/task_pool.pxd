@@ -1,0 +1,15 @@
+# Cython declarations for task_pool.py (pure Python source; see setup.py).
+from odmactl.sim.schedulers.fcfs cimport FcfsScheduler
+
+
+cdef class TaskPoolScheduler(FcfsScheduler):
+    cdef public dict queues, tags, failed, pools
+    cdef public list records, tagged_at
+    cdef public long long aging_ps, tags_at, shape
+    cdef public tuple wake
+    cdef object _upcoming_tag(self, long long i)
+    cdef object _queue(self, object tag)
+    cdef object _tag(self, long long i)
+    cdef void _pop(self, object queue) except *
+    cdef bint _stale(self, long long i, object tag) except *
+    cdef long long _tried(self, object tag, long long i, long long tokens, long long admitted) except? -1

@@ -1,0 +1,260 @@
+"""`task_pool`: the ODMA papers' Task Pool (seeds/001 §3.1, Figure 1), the default for `odma`.
+
+The papers: the predictor gives each request a bucket tag, tagged requests wait in a central Task
+Pool "that exposes bucket tags as first-class scheduling signals", and the scheduler forms batches
+from it, "preferentially co-batching requests with compatible bucket tags". The short paper (seeds/
+000 §IV.A) says the vLLM scheduler was unchanged: that reading is `fcfs`.
+
+The rule here, where the papers are silent:
+- A request's tag is the KV manager's `tag_of` at its arrival (odma: its bucket index, or "large",
+  with its pool), with the boundaries then in force; a preempted request is tagged again when it is
+  requeued, and a head whose tag the boundaries have since changed is moved to the front of its
+  current tag's queue before it is tried. The pool keeps one queue per tag, oldest first.
+- Each round considers the queues' heads, oldest first, and admits each that fits (KV space,
+  `max_num_seqs`, the iteration's token budget, as `fcfs` does). A head that does not fit closes
+  its tag for the round: the younger requests of that tag wait behind it (first come, first served
+  within a tag), but a request of another tag with room is admitted. So a waiting large-tag
+  request never blocks small ones with room (the head-of-line blocking of `fcfs`).
+- Aging bounds starvation: a head that has waited longer than `[scheduler] aging_s` and does not
+  fit closes every tag that draws on the same pool (a tag is a (pool, bucket) pair: odma's buckets
+  share the main pool, its large tag has the large pool to itself), so no younger request is
+  admitted to the memory it waits for; it takes the next room a release makes there. (Closing its
+  own tag alone would let younger requests of other buckets take that room; closing every tag
+  would hold small requests behind one waiting for a large block.)
+- "Co-batching": the engine batches continuously (every running request decodes every iteration),
+  so batch composition is the running set, and a tag changes only who is admitted when.
+
+When admission is retried: as `fcfs` (a release, a preemption, a budget stop), and on an arrival
+whose tag's queue is empty (one behind a head of its tag cannot pass it).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
+    import cython
+except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
+    cython = None
+
+from odmactl.allocator.base import AllocatorBase
+from odmactl.hw.cost import to_ps
+from odmactl.sim.batch import Batch
+from odmactl.sim.schedulers.base import NO_ROOM
+from odmactl.sim.schedulers.fcfs import FcfsScheduler
+
+
+def _pool(tag):
+    """The pool a tag's blocks come from: a (pool, bucket) tag's first part; any other tag is its own."""
+    return tag[0] if isinstance(tag, tuple) else tag
+
+
+def _room_for(closed, n: cython.longlong) -> bytearray:
+    """The round's closed flags with room for n tags (a re-tagged head may have added one)."""
+    if closed is None:
+        return bytearray(n)
+    if len(closed) < n:
+        closed.extend(bytes(n - len(closed)))
+    return closed
+
+
+WAKE_SCAN = 256  # arrivals `first_waking` looks through before it answers early
+
+
+class TaskPoolScheduler(FcfsScheduler):
+    """The Task Pool (the module docstring). State: `queues` maps a tag to its waiting requests,
+    oldest first; `waiting` maps each waiting request to its tag (so `len(waiting)` is the queue
+    length the engine samples). What keeps `first_waking` cheap under overload: `tags` caches the
+    tags of requests not yet arrived, valid while the KV manager's boundaries are those of
+    `tags_at` (its `boundary_updates`); `shape` counts the times a queue became empty or non-empty,
+    and `wake` is the last answer (from, answer, shape, tags_at), which stands while neither
+    changed and the next arrival has not passed it. `failed` maps a tag to the head whose
+    reservation last failed there and the KV manager's `room_version` then: while both stand, the
+    head is not tried again (it would fail again). `records` holds [queue, pool number, tag] per
+    tag in the order tags appeared (`pools` numbers the pools), what a round scans; `tagged_at[i]`
+    the KV manager's `boundary_updates` when request i was last tagged.
+    Invariant: a request is in `waiting` exactly when it is in `queues[waiting[i]]`."""
+
+    name = "task_pool"
+
+    def __init__(self) -> None:
+        FcfsScheduler.__init__(self)
+        self.waiting = {}
+        self.queues = {}
+        self.aging_ps = 0
+        self.tags = {}
+        self.tags_at = -1
+        self.shape = 0
+        self.wake = (-1, -1, -1, -1)
+        self.failed = {}
+        self.records = []
+        self.pools = {}
+        self.tagged_at = []
+
+    def start(self, batch: Batch, alloc: AllocatorBase, tier, cache, max_num_seqs: cython.longlong,
+              max_prefill_tokens: cython.longlong, settings=None) -> None:
+        FcfsScheduler.start(self, batch, alloc, tier, cache, max_num_seqs, max_prefill_tokens, settings)
+        self.tagged_at = [-1] * batch.num
+        self.aging_ps = to_ps(settings.aging_s) if settings is not None else 0
+
+    def _tag(self, i: cython.longlong):
+        """Request i's tag now (the KV manager's `tag_of`), noting the boundaries it was read under."""
+        b: Batch = self.batch
+        self.tagged_at[i] = self.alloc.boundary_updates
+        g: cython.longlong = b.gen[i]
+        left: cython.double = b.pred[i] - g if b.pred is not None else 0.0
+        return self.alloc.tag_of(b.prompt[i] + g, left if left >= 1.0 else None, None if b.unc is None else b.unc[i])
+
+    def _upcoming_tag(self, i: cython.longlong):
+        """`_tag(i)` of a request not yet arrived, cached while the boundaries stand."""
+        if self.tags_at != self.alloc.boundary_updates:
+            self.tags.clear()
+            self.tags_at = self.alloc.boundary_updates
+        tag = self.tags.get(i)
+        if tag is None:
+            tag = self.tags[i] = self._tag(i)
+        return tag
+
+    def _queue(self, tag):
+        """The queue of `tag` (created empty, with its record); a queue about to become non-empty
+        changes the shape."""
+        queue = self.queues.get(tag)
+        if queue is None:
+            queue = self.queues[tag] = deque()
+            pool = _pool(tag)
+            self.records.append([queue, self.pools.setdefault(pool, len(self.pools)), tag])
+        if not queue:
+            self.shape += 1
+        return queue
+
+    def arrive(self, i: cython.longlong) -> None:
+        tag = None
+        if self.tags:  # tagged already by a scan of the upcoming arrivals, when the boundaries still stand
+            if self.tags_at != self.alloc.boundary_updates:
+                self.tags.clear()
+            else:
+                tag = self.tags.pop(i, None)
+        if tag is None:
+            tag = self._tag(i)
+        queue = self._queue(tag)
+        if not queue:
+            self.dirty = True
+        queue.append(i)
+        self.waiting[i] = tag
+
+    def requeue(self, i: cython.longlong) -> None:
+        """Preempted: tagged again (its prediction may be spent), first in its tag's queue."""
+        tag = self._tag(i)
+        self._queue(tag).appendleft(i)
+        self.waiting[i] = tag
+
+    def first_waking(self, n: cython.longlong, j: cython.longlong) -> cython.longlong:
+        """The first arrival from j on that no request of its tag waits before (it may join a batch
+        with room); past WAKE_SCAN arrivals, the next one (an early answer is safe)."""
+        b: Batch = self.batch
+        k: cython.longlong = j
+        end: cython.longlong = min(b.num, j + WAKE_SCAN)
+        if n + len(self.stalled) >= self.max_num_seqs:
+            return -1
+        if not self.waiting:
+            return j
+        start, found, shape, tags_at = self.wake
+        if shape == self.shape and tags_at == self.alloc.boundary_updates and start <= j and (found < 0 or j <= found):
+            return found
+        while k < end:
+            if not self.queues.get(self._upcoming_tag(k)):
+                break
+            k += 1
+        found = k if k < b.num else -1  # k == end < num: no waking one among them, answer early
+        self.wake = (j, found, self.shape, self.alloc.boundary_updates)
+        return found
+
+    def schedule(self) -> list:
+        """Admit the oldest fitting heads of the tags' queues (the module docstring); returns the
+        admitted, their KV reserved, not yet prefilled (None: no admission was tried)."""
+        b: Batch = self.batch
+        i: cython.longlong
+        kv: cython.longlong
+        t: cython.longlong
+        best: cython.longlong
+        tokens: cython.longlong = 0
+        admitted: list
+        closed: bytearray
+        if not (self.dirty and self.waiting):
+            return None
+        self.dirty = False
+        admitted = []
+        self.begin_round()
+        closed = None  # the tags closed for this round (made at the first)
+        seats: cython.longlong = self.seats()
+        while seats + len(admitted) < self.max_num_seqs:
+            best = -1
+            oldest: cython.longlong = 0
+            for t in range(len(self.records)):  # the oldest open head (request numbers are in arrival order)
+                queue = self.records[t][0]
+                if not queue or (closed is not None and t < len(closed) and closed[t]):
+                    continue
+                i = queue[0]
+                if best < 0 or i < oldest:
+                    oldest = i
+                    best = t
+            if best < 0:
+                break
+            record = self.records[best]
+            queue, tag = record[0], record[2]
+            i = oldest
+            if self._stale(i, tag):  # tagged with boundaries since refitted: moved to its queue now
+                continue
+            kv = b.prompt[i] + b.gen[i]
+            if admitted and tokens + kv > self.max_prefill_tokens:
+                self.dirty = True  # stopped by the budget alone: retried at the next boundary
+                break
+            if self._tried(tag, i, tokens, len(admitted)) == NO_ROOM:
+                if self.never_fits(len(admitted)):
+                    self._pop(queue)
+                    b.reject(i)
+                elif self.now - b.arrival[i] > self.aging_ps:  # aged: nothing younger takes its pool's room
+                    closed = _room_for(closed, len(self.records))
+                    for t in range(len(self.records)):
+                        if self.records[t][1] == record[1]:
+                            closed[t] = 1
+                else:
+                    closed = _room_for(closed, len(self.records))
+                    closed[best] = 1
+                continue
+            self._pop(queue)
+            admitted.append(i)
+            tokens += kv
+        return admitted
+
+    def _tried(self, tag, i: cython.longlong, tokens: cython.longlong, admitted: cython.longlong) -> cython.longlong:
+        """`_take(i, ...)`, or NO_ROOM at once where it failed for this head and no room came since."""
+        status: cython.longlong
+        memo = self.failed.get(tag)
+        if memo is not None and memo[0] == i and memo[1] == self.alloc.room_version(tag):
+            return NO_ROOM
+        status = self._take(i, tokens, admitted)
+        if status == NO_ROOM:  # a failed reservation gives nothing back: the version after it is the one before
+            version = self.alloc.room_version(tag)
+            if version != -1:
+                self.failed[tag] = (i, version)
+        return status
+
+    def _stale(self, i: cython.longlong, tag) -> cython.bint:
+        """Whether head i's tag changed since it was queued (the boundaries were refitted); then it
+        is moved to the front of its current tag's queue (it has waited longest of its own, and
+        an insertion in arrival order would cost the queue's length), and True."""
+        if self.tagged_at[i] == self.alloc.boundary_updates:
+            return False
+        now = self._tag(i)
+        if now == tag:
+            return False
+        self._pop(self.queues[tag])
+        self._queue(now).appendleft(i)
+        self.waiting[i] = now
+        return True
+
+    def _pop(self, queue) -> None:
+        del self.waiting[queue.popleft()]
+        if not queue:
+            self.shape += 1
