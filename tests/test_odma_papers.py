@@ -210,3 +210,13 @@ def test_the_cluster_manager_prefers_memory_for_the_tag_then_load():
     assert cluster_manager([7], [9]) == 0
     with pytest.raises(ValueError):
         cluster_manager([1, 2], [0])
+
+
+def test_a_bucket_the_main_pool_can_never_hold_goes_to_the_large_pool(cost):
+    """A main pool of 1,000 tokens and a bucket of 1,024: a request of that bucket would wait
+    forever in main; it takes a large block instead (prompt + the cap)."""
+    bpt = _bpt(cost)
+    alloc = _odma(cost, 3_000, {"boundaries_tokens": [256, 1024], "refit": False, "large_pool_bytes": 2_000 * bpt}, 900)
+    a = alloc.reserve("r", 100, 600, 0.0)
+    assert (a.region, a.capacity_tokens) == (LARGE, 100 + 900)
+    assert alloc.tag_of(100, 600, 0.0) == (LARGE, LARGE) and alloc.tag_of(100, 100, 0.0) == ("main", 0)

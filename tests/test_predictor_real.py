@@ -36,8 +36,8 @@ def test_split_by_instruction_and_u_is_informative(alpaca_eval_fit, cli):
     assert 0 < ev["mae_tokens"] < 200
     # the headroom u means what it says: one reservation for all (2 x L_hat) fails more often as u
     # rises, decile by decile (a dip is allowed only within two standard errors of the binomial
-    # noise between neighbours); the papers' u (the class entropy, the default) separates far less
-    assert ev["uncertainty"] == "entropy" and set(ev["calibration"]) == {"entropy", "headroom"}
+    # noise between neighbours); the papers' u (the class entropy) separates far less
+    assert ev["uncertainty"] == "headroom" and set(ev["calibration"]) == {"entropy", "headroom"}
     deciles = ev["calibration"]["headroom"]
     rates = [d["under_rate_uniform"] for d in deciles]
     for lo, hi, d in zip(rates, rates[1:], deciles[1:]):
@@ -45,7 +45,7 @@ def test_split_by_instruction_and_u_is_informative(alpaca_eval_fit, cli):
         assert hi >= lo - 2 * se, rates
     assert rates[-1] > 3 * rates[0]
     entropy = [d["under_rate_uniform"] for d in ev["calibration"]["entropy"]]
-    assert entropy[-1] < 2 * entropy[0] and ev["calibration"]["entropy"] == ev["u_deciles"]
+    assert entropy[-1] < 2 * entropy[0] and ev["calibration"]["headroom"] == ev["u_deciles"]
     assert all(0 <= d["u_min"] <= d["u_max"] <= 1 for d in ev["u_deciles"])
     # more inflation, fewer under-reservations: the gamma trade-off curve is monotone
     unders = [c["under_rate"] for c in ev["gamma_curve"]]

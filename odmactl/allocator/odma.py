@@ -180,8 +180,9 @@ class OdmaAllocator(ContiguousAllocator):
     table's output count for L_hat's group) and gets the smallest bucket boundary >= that in
     "main" (at most its large block: no block holds more than the request can reach); it goes to
     "large" when u > tau, when it has no prediction (a preempted request whose prediction is
-    spent), or when the need exceeds the last boundary (a large block the large pool is too small
-    to ever hold is placed in "main"). A large block holds what the request can
+    spent), when the need exceeds the last boundary, or when its bucket's block is more than the
+    main pool could ever hold (and a large block the large pool is too small to ever hold is placed
+    in "main"). A large block holds what the request can
     still need (rules/odma.large_slot_tokens: prompt + the output cap, else max_model_len; kept
     in `Allocation.limit_tokens`). Growing past the block migrates into "large" (allocate,
     contiguous copy, release, seeds/001 §3.4) or, the large pool full, fails; the replay then
@@ -270,13 +271,15 @@ class OdmaAllocator(ContiguousAllocator):
 
     def _route(self, prompt_tokens: int, predicted_output_tokens, uncertainty) -> int:
         """Where a request's block goes (the class docstring): its bucket index, or -1 for the
-        large pool."""
+        large pool (also for a bucket whose block the main pool is too small to ever hold)."""
         if predicted_output_tokens is not None and (uncertainty is None or uncertainty <= self.tau):
             need = need_rule(prompt_tokens, predicted_output_tokens, uncertainty, self.gamma, self.hedge_edges,
                              self.hedge_output_tokens)
             boundaries = self.boundaries_tokens
             if need <= boundaries[-1]:
-                return bisect_left(boundaries, need)
+                bucket = bisect_left(boundaries, need)
+                if boundaries[bucket] * self.bytes_per_token <= self._main.size_bytes:
+                    return bucket
         return -1
 
     def tag_of(self, prompt_tokens: int, predicted_output_tokens, uncertainty):
@@ -306,7 +309,8 @@ class OdmaAllocator(ContiguousAllocator):
                 if a is not None:
                     self._large_peak()
             if a is not None:
-                self.routed_large += 1  # placed in a large block (an attempt that found no room is not counted)
+                self.routed_large += 1  # given a large block (in the large pool, or in main where that pool
+                # can never hold it); an attempt that found no room is not counted
         if a is not None:
             a.limit_tokens = slot
         return a

@@ -9,6 +9,7 @@ import typer
 
 from odmactl.cli.app import app, out, progress_for
 from odmactl.cli.inputs import check_outputs, input_paths
+from odmactl.predict.settings import DEFAULT_UNCERTAINTY
 
 
 @app.command()
@@ -30,8 +31,8 @@ def fit(
     gamma: Annotated[float, typer.Option(help="inflation: reserve L_hat * (1 + gamma * u)")] = 0.2,
     tau: Annotated[float, typer.Option(help="u above this goes to the large pool")] = 0.8,
     uncertainty: Annotated[str, typer.Option(
-        help="u: entropy (the papers': the classification head's normalised entropy) or headroom "
-             "(the quantile head's headroom over L_hat)")] = "entropy",
+        help="u: headroom (the quantile head's headroom over L_hat) or entropy (the papers': the "
+             "classification head's normalised entropy)")] = DEFAULT_UNCERTAINTY,
     max_model_len: Annotated[int, typer.Option(help="max KV tokens per request: the large pool's block and S3's range")] = 4096,
     epochs: Annotated[int, typer.Option(help="most training epochs (early stopping usually ends sooner)")] = 30,
     force: Annotated[bool, typer.Option(help="replace --out if it exists")] = False,

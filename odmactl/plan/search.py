@@ -16,8 +16,9 @@ hedge-table candidates; all of them at each max_model_len searched):
   large_pool_fraction    0.05, 0.1, 0.2 of the KV pool for the bounds and the replays (at least one
                          largest large block: without one, a request longer than the last boundary
                          could never be served; never more than half the pool, as max_model_len is
-                         at most half of it); the config's large pool is sized by `_tune` from the
-                         chosen candidate's share of block-token-time in large blocks
+                         at most half of it); the config's large pool is sized by `_tune` from a replay
+                         of the chosen candidate (its peak, or under a backlog its share of
+                         block-token-time in large blocks)
   scheduler              the task pool or fcfs, whichever serves the objective better (`_tune`)
   max_model_len          --max-model-len; else plan's default (`plan_max_model_len`) and, with
                          --max-rejection-rate > 0, caps below it (grid.model_len_caps)
@@ -397,21 +398,32 @@ LARGE_HEADROOM_BLOCKS = 1  # the large pool plan writes holds at least this many
 
 
 def _tune(ctx: ReplayContext, table: dict, spec: PlanSpec, progress, large_share: float) -> dict:
-    """The chosen candidate's large pool and scheduler. The large pool: `large_share` of the KV
-    pool (the share of the search part's block-token-time that large blocks hold, by the cheap
-    bounds: where both pools sustain the same rate, as Little's law sizes them), at least
-    LARGE_HEADROOM_BLOCKS of the largest block (prompt + the cap, or max_model_len) and at most half
-    the pool, in whole tokens: the concurrent large occupants the traffic keeps times their blocks.
-    (A peak measured in a replay would not do: under a backlog every pool fills, whatever its size.)
-    The scheduler: each of SCHEDULERS_COMPARED replayed on the search part (its hedge-table part,
-    for a hedge candidate) with that pool; the better by the objective (TTFT p99 for the capacity
-    objective) wins, the task pool on a tie."""
+    """The chosen candidate's large pool and scheduler, from replays on the search part (its
+    hedge-table part, for a hedge candidate).
+
+    The large pool holds the large blocks the traffic keeps at once. A replay with a large pool of
+    half the pool (the most plan allows, so that it does not cap what it measures) shows them:
+    where that pool kept room for one more largest block (prompt + the cap, or max_model_len) at
+    its peak (`peak_large_bytes`), the pool is that peak plus LARGE_HEADROOM_BLOCKS of them. Where
+    it filled, large blocks are backlogged and would fill any pool, so it is `large_share` of the
+    KV pool instead: the share of the block-token-time that large blocks hold by the cheap bounds,
+    where both pools sustain the same rate (Little's law), at least one largest block. Either way
+    at most half the pool, in whole tokens.
+
+    The scheduler: each of SCHEDULERS_COMPARED replayed with that pool; the better by the objective
+    (TTFT p99 for the capacity objective) wins, the task pool on a tie."""
     bpt = ctx.serving.bytes_per_token
     pool_bytes = ctx.serving.pool_bytes
     prompt = ctx.workload.prompt_tokens
     largest = large_slot_tokens(int(prompt.max()) if prompt.size else ctx.max_len, ctx.scheduler.max_new_tokens,
-                                ctx.max_len)
-    size = min(max(int(pool_bytes * large_share), LARGE_HEADROOM_BLOCKS * largest * bpt), pool_bytes // 2) // bpt * bpt
+                                ctx.max_len) * bpt
+    roomy = {**table, "large_pool_bytes": pool_bytes // 2 // bpt * bpt}
+    roomy.pop("large_pool_fraction", None)
+    measured = replay_policy(ctx, "odma", roomy)[0]
+    peak = measured.allocator["policy_counters"]["peak_large_bytes"]
+    backlog = peak + largest > roomy["large_pool_bytes"]  # large blocks waited for room even there
+    wanted = int(pool_bytes * large_share) if backlog else peak + LARGE_HEADROOM_BLOCKS * largest
+    size = min(max(wanted, LARGE_HEADROOM_BLOCKS * largest), pool_bytes // 2) // bpt * bpt
     sized = {**table, "large_pool_bytes": size}
     sized.pop("large_pool_fraction", None)
     runs, peaks = {}, {}
@@ -426,7 +438,8 @@ def _tune(ctx: ReplayContext, table: dict, spec: PlanSpec, progress, large_share
     else:
         key = OBJECTIVE_METRIC[spec.objective]
         best = max(SCHEDULERS_COMPARED, key=lambda name: runs[name][key])
-    return {"large_pool_bytes": size, "large_share": large_share, "largest_large_block_tokens": largest,
+    return {"large_pool_bytes": size, "sized_by": "large_share (the large pool filled)" if backlog else "peak",
+            "large_share": large_share, "peak_large_bytes": peak, "largest_large_block_tokens": largest // bpt,
             "scheduler": best,
             "schedulers": {name: {**{k: runs[name][k] for k in ("tps", "kv_utilization", "ttft_p99", "overflow_rate",
                                                                  "stalls")}, "peak_large_bytes": peaks[name]}

@@ -15,13 +15,13 @@ and two heads modes:
     equal-width buckets of the maximum length (rules/s3.py, the allocator's buckets); L_hat = the
     predicted bucket's capacity (what S3 reserves).
 u (odma mode) is chosen by the `uncertainty` setting (`odmactl fit --uncertainty`):
-  - "entropy" (the default): the papers' u (seeds/001 §3.2, "the entropy or margin of a softmax
+  - "entropy": the papers' u (seeds/001 §3.2, "the entropy or margin of a softmax
     distribution over coarse length buckets"): the entropy of the classification head's softmax
     over its C classes divided by log C, in [0, 1] (0: one class certain; 1: all equally likely).
     The entropy, not the margin: it reads the whole distribution, the margin only its top two.
     So tau keeps the papers' meaning (route the requests whose class is most in doubt), and
     gamma * u inflates L_hat by at most gamma.
-  - "headroom" (odmactl's earlier u; an artifact from before the choice has it): the headroom the
+  - "headroom" (the default, measured to serve better; an artifact from before the choice has it): the headroom the
     request needs over L_hat, on a scale set by the training rows: u = (L_hi / L_hat - 1) /
     (K - 1) clipped to [0, 1], with L_hi = max(quantile head, L_hat) and K the 99th percentile of
     L_hi / L_hat over the training rows (a maximum would let one outlier squash every other u). So

@@ -14,7 +14,7 @@ MODES = ("odma", "s3")
 # odma mode's u: "entropy", the papers' (seeds/001 §3.2: the normalised entropy of the bucket
 # classification head's softmax), or "headroom", odmactl's earlier one (predictor.py's docstring)
 UNCERTAINTIES = ("entropy", "headroom")
-DEFAULT_UNCERTAINTY = "entropy"
+DEFAULT_UNCERTAINTY = "headroom"  # measured to serve better (README, "ODMA as its papers describe it")
 ProgressFn = Callable[[str, int, int], None]
 UPPER_QUANTILE = 0.99
 MAX_GAMMA = 1.0e6

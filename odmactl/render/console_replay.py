@@ -69,6 +69,11 @@ def schedulers(doc: dict) -> str:
     return ", ".join(f"{p}: {s}" for p, s in ran.items())
 
 
+def _block(tokens) -> str:
+    """A large block's size as [engine.odma] says it: a token count, or "prompt + N, at most M"."""
+    return f"{tokens:,}" if isinstance(tokens, int) else str(tokens)
+
+
 def render_replay(console: Console, doc: dict) -> None:
     t = doc["trace"]
     console.print(f"[bold]{escape(t['path'])}[/]: {t['requests']:,} requests ({t['arrivals']}), "
@@ -176,7 +181,10 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
     what = "recommended" if doc["holds"] else "closest candidate (no config written)"
     _wrapped(console, f"{what}: {doc['chosen']['label']}; {shown}; max_model_len "
                       f"{doc['max_model_len']:,}; large pool {large / doc['kv_pool_bytes']:.1%} of the KV pool "
-                      f"({blocks} max_model_len block{'s' if blocks != 1 else ''})", "bold")
+                      f"({blocks:,} block{'s' if blocks != 1 else ''} of {_block(doc['chosen']['large_block_tokens'])} "
+                      f"tokens); scheduler {doc['scheduler']} (better than "
+                      f"{' and '.join(n for n in doc['tuning']['schedulers'] if n != doc['scheduler'])} on the search part)",
+             "bold")
     if doc["objective"] == "capacity":
         chosen = next(r for r in doc["search"]["replays"] if r["label"] == doc["chosen"]["label"])
         limits = ", ".join(f"{m} <= {format_seconds(v)}" for m, v in doc["slo"].items())
