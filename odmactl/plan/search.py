@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import tomllib
 
 import numpy as np
@@ -190,8 +191,10 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> tuple[dict, Serv
                    "boundaries_tokens": _final_boundaries(search_w, chosen, max_len, new_tokens)}
     search_ctx, search_table = search_jobs[best]
     tuned = _tune(search_ctx, search_table, spec, progress, shortlist[best]["large_share"])
-    final_table["large_pool_bytes"] = tuned["large_pool_bytes"]
-    final_table.pop("large_pool_fraction", None)
+    # written as a share of the pool, so that a config applied to another pool (--allow-mismatch, or
+    # capacity's other tensor-parallel sizes) keeps the proportion it was planned with; at least one
+    # largest block, as the allocator raises it (allocator/odma.py complete_config)
+    final_table["large_pool_fraction"] = math.ceil(tuned["large_pool_bytes"] / ctx.serving.pool_bytes * 1e6) / 1e6
     ctx = dataclasses.replace(ctx, scheduler=dataclasses.replace(ctx.scheduler, policy=tuned["scheduler"]))
     validation = _validate(frame, spec, dataclasses.replace(ctx, workload=hold_w), split, final_table, target, progress)
     gate = _gate(validation["odma"], spec)
