@@ -10,6 +10,7 @@ cdef class OdmaAllocator(ContiguousAllocator):
     cpdef extend(self, allocation, total_tokens)
     cpdef _route(self, prompt_tokens, predicted_output_tokens, uncertainty)
     cpdef _large_peak(self)
+    cpdef _large_home(self, slot_tokens)
     cpdef tag_of(self, prompt_tokens, predicted_output_tokens, uncertainty)
     cpdef overflow_waits(self, allocation, total_tokens)
     cpdef room_version(self, tag)

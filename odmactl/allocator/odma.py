@@ -288,8 +288,12 @@ class OdmaAllocator(ContiguousAllocator):
         bucket = self._route(prompt_tokens, predicted_output_tokens, uncertainty)
         if bucket >= 0:
             return ("main", bucket)
-        slot = large_slot_tokens(prompt_tokens, self.max_new_tokens, self.max_tokens)
-        return ("main", LARGE) if slot * self.bytes_per_token > self._large.size_bytes else (LARGE, LARGE)
+        return (self._large_home(large_slot_tokens(prompt_tokens, self.max_new_tokens, self.max_tokens)), LARGE)
+
+    def _large_home(self, slot_tokens: int) -> str:
+        """The region a large block of `slot_tokens` goes to: the large pool, or "main" where the
+        large pool is too small to ever hold it."""
+        return "main" if slot_tokens * self.bytes_per_token > self._large.size_bytes else LARGE
 
     def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
                 uncertainty: float | None = None) -> Allocation | None:
@@ -302,12 +306,10 @@ class OdmaAllocator(ContiguousAllocator):
             a = self._reserve_in(self._main, "main", request_id, capacity if capacity < slot else slot,
                                  prompt_tokens, bucket)
         else:
-            if slot * self.bytes_per_token > self._large.size_bytes:  # a large pool that can never hold it:
-                a = self._reserve_in(self._main, "main", request_id, slot, prompt_tokens, LARGE)  # in main
-            else:
-                a = self._reserve_in(self._large, LARGE, request_id, slot, prompt_tokens, LARGE)
-                if a is not None:
-                    self._large_peak()
+            region = self._large_home(slot)
+            a = self._reserve_in(self.regions[region], region, request_id, slot, prompt_tokens, LARGE)
+            if a is not None and region == LARGE:
+                self._large_peak()
             if a is not None:
                 self.routed_large += 1  # given a large block (in the large pool, or in main where that pool
                 # can never hold it); an attempt that found no room is not counted
@@ -341,7 +343,7 @@ class OdmaAllocator(ContiguousAllocator):
         pool could ever hold it: the papers migrate every overflow into the large bucket and never
         preempt."""
         return (allocation.bucket != LARGE and total_tokens <= allocation.limit_tokens
-                and allocation.limit_tokens * self.bytes_per_token <= self._large.size_bytes)
+                and self._large_home(allocation.limit_tokens) == LARGE)
 
     def _consume_realized(self) -> None:
         if self._deferred:

@@ -1,6 +1,6 @@
 # Cython declarations for growth.py (pure Python source; see setup.py): Growth as an extension type
 # whose methods the engine calls as C functions.
-from odmactl.allocator.base cimport AllocatorBase
+from odmactl.allocator.base cimport Allocation, AllocatorBase
 from odmactl.sim.batch cimport Batch
 from odmactl.sim.schedulers.base cimport Scheduler
 from odmactl.sim.tally cimport Tally
@@ -14,6 +14,8 @@ cdef class Growth:
     cdef public object cost, cache
     cpdef void unpin(self, long long i) except *
     cpdef void preempt(self, long long i) except *
+    cdef void _evict(self, long long i) except *
+    cdef long long _extend(self, Allocation a, long long total) except? -2
     cpdef void stall(self, long long i) except *
     cpdef long long resume(self) except? -1
     cpdef void preempt_stalled(self) except *

@@ -48,8 +48,15 @@ class Growth:
             self.cache.release_adapter(self.batch.adapters[i])
 
     def preempt(self, i: cython.longlong) -> None:
+        """Running request i is preempted."""
         b: Batch = self.batch
         b.gen[i] = b.leave(i) - b.prompt[i]
+        self._evict(i)
+
+    def _evict(self, i: cython.longlong) -> None:
+        """Request i, out of the batch, gives its memory back and waits again, first (recomputed
+        at its next prefill)."""
+        b: Batch = self.batch
         self.unpin(i)
         self.alloc.release(b.allocs[i])
         b.allocs[i] = None
@@ -75,14 +82,10 @@ class Growth:
         for i in list(self.sched.stalled):
             a = b.allocs[i]
             v = b.prompt[i] + b.gen[i]
-            before = self.alloc.migrated_bytes
-            if not self.alloc.extend(a, v + 1):
+            step = self._extend(a, v + 1)
+            if step < 0:
                 continue
-            copied = self.alloc.migrated_bytes - before
-            if copied:
-                step = to_ps(self.cost.migration_s(copied))
-                dt += step
-                self.tally.migrated(copied, step, self.alloc.reserved_bytes)
+            dt += step
             self.sched.stalled.remove(i)
             b.join(i, v)
             b.push_finish(i, b.seq_of[i])
@@ -93,13 +96,7 @@ class Growth:
     def preempt_stalled(self) -> None:
         """Nothing runs and no stalled request fits: the oldest is preempted (its block released;
         recomputed when it is admitted again)."""
-        b: Batch = self.batch
-        i: cython.longlong = self.sched.stalled.popleft()
-        self.unpin(i)
-        self.alloc.release(b.allocs[i])
-        b.allocs[i] = None
-        self.sched.requeue(i)
-        self.tally.preemptions += 1
+        self._evict(self.sched.stalled.popleft())
 
     def contiguous(self, i: cython.longlong) -> cython.longlong:
         """Request i needs one more token than its block holds: extend (move), stall or preempt it;
@@ -107,23 +104,32 @@ class Growth:
         fast-forwarding: it is caught up first."""
         b: Batch = self.batch
         a: Allocation = b.allocs[i]
-        dt: cython.longlong = 0
+        dt: cython.longlong
         v: cython.longlong = b.kv(i)
         if a.used_tokens != v:
             self.alloc.extend(a, v)
-        before = self.alloc.migrated_bytes
-        if not self.alloc.extend(a, v + 1):
+        dt = self._extend(a, v + 1)
+        if dt < 0:
             if self.alloc.overflow_waits(a, v + 1):
                 self.stall(i)
             else:
                 self.preempt(i)
             return 0
-        copied = self.alloc.migrated_bytes - before
-        if copied:  # moved; a policy that grows a request by more page ranges copies nothing
-            dt = to_ps(self.cost.migration_s(copied))
-            self.tally.migrated(copied, dt, self.alloc.reserved_bytes)
         if b.ff:
             b.push_overflow(i, b.seq_of[i], a.capacity_tokens)
+        return dt
+
+    def _extend(self, a: Allocation, total: cython.longlong) -> cython.longlong:
+        """Extend `a` to `total` tokens, charging a move's copy: its time, 0 when nothing was copied
+        (grown in place, or by more page ranges), -1 when the policy refused."""
+        dt: cython.longlong = 0
+        before = self.alloc.migrated_bytes
+        if not self.alloc.extend(a, total):
+            return -1
+        copied = self.alloc.migrated_bytes - before
+        if copied:
+            dt = to_ps(self.cost.migration_s(copied))
+            self.tally.migrated(copied, dt, self.alloc.reserved_bytes)
         return dt
 
     def until_fits(self, need_at: cython.longlong, limit: cython.longlong) -> None:

@@ -26,5 +26,6 @@ cdef class Scheduler:
     cpdef long long first_waking(self, long long n, long long j) except? -2
     cpdef void begin_round(self) except *
     cpdef long long _take(self, long long i, long long tokens, long long admitted) except? -1
+    cpdef object left(self, long long i)
     cpdef bint never_fits(self, long long admitted) except *
     cpdef void swap_in(self) except *

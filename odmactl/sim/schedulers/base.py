@@ -137,7 +137,6 @@ class Scheduler:
         b: Batch = self.batch
         g: cython.longlong = b.gen[i]
         kv: cython.longlong = b.prompt[i] + g
-        left: cython.double
         adapter: cython.longlong = b.adapters[i] if self.cache is not None else -1
         need: cython.longlong
         room: cython.longlong
@@ -157,11 +156,7 @@ class Scheduler:
             else:
                 a = None
         else:
-            # what the prediction leaves to generate; once a preempted request has generated it all,
-            # none (the policy's fallback: ODMA's large block, never a block sized by the spent rest)
-            left = b.pred[i] - g if b.pred is not None else 0.0
-            a = self.alloc.reserve(b.ids[i], kv, left if left >= 1.0 else None,
-                                   None if b.unc is None else b.unc[i])
+            a = self.alloc.reserve(b.ids[i], kv, self.left(i), None if b.unc is None else b.unc[i])
         if a is None:
             if adapter >= 0:
                 self.cache.release_adapter(adapter, False)
@@ -170,6 +165,17 @@ class Scheduler:
         if status == OFFLOADED:
             b.offloaded[i] = True
         return status
+
+    def left(self, i: cython.longlong):
+        """What request i's prediction leaves to generate, None without predictions; once a
+        preempted request has generated it all, None too (the policy's fallback: ODMA's large
+        block, never a block sized by the spent rest)."""
+        b: Batch = self.batch
+        rest: cython.double
+        if b.pred is None:
+            return None
+        rest = b.pred[i] - b.gen[i]
+        return rest if rest >= 1.0 else None
 
     def never_fits(self, admitted: cython.longlong) -> cython.bint:
         """Whether a request that does not fit now never will: nothing runs, nothing was admitted

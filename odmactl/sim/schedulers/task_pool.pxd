@@ -5,7 +5,7 @@ from odmactl.sim.schedulers.fcfs cimport FcfsScheduler
 cdef class TaskPoolScheduler(FcfsScheduler):
     cdef public dict queues, tags, failed, pools
     cdef public list records, tagged_at
-    cdef public long long aging_ps, tags_at, shape
+    cdef public long long aging_ps, shape
     cdef public tuple wake
     cdef object _upcoming_tag(self, long long i)
     cdef object _queue(self, object tag)

@@ -65,9 +65,9 @@ class TaskPoolScheduler(FcfsScheduler):
     """The Task Pool (the module docstring). State: `queues` maps a tag to its waiting requests,
     oldest first; `waiting` maps each waiting request to its tag (so `len(waiting)` is the queue
     length the engine samples). What keeps `first_waking` cheap under overload: `tags` caches the
-    tags of requests not yet arrived, valid while the KV manager's boundaries are those of
-    `tags_at` (its `boundary_updates`); `shape` counts the times a queue became empty or non-empty,
-    and `wake` is the last answer (from, answer, shape, tags_at), which stands while neither
+    tags of requests not yet arrived, each valid while `tagged_at[i]` is the KV manager's
+    `boundary_updates` (an entry leaves the cache when its request arrives); `shape` counts the
+    times a queue became empty or non-empty, and `wake` is the last answer (from, answer, shape, boundary_updates), which stands while neither
     changed and the next arrival has not passed it. `failed` maps a tag to the head whose
     reservation last failed there and the KV manager's `room_version` then: while both stand, the
     head is not tried again (it would fail again). `records` holds [queue, pool number, tag] per
@@ -83,7 +83,6 @@ class TaskPoolScheduler(FcfsScheduler):
         self.queues = {}
         self.aging_ps = 0
         self.tags = {}
-        self.tags_at = -1
         self.shape = 0
         self.wake = (-1, -1, -1, -1)
         self.failed = {}
@@ -101,17 +100,12 @@ class TaskPoolScheduler(FcfsScheduler):
         """Request i's tag now (the KV manager's `tag_of`), noting the boundaries it was read under."""
         b: Batch = self.batch
         self.tagged_at[i] = self.alloc.boundary_updates
-        g: cython.longlong = b.gen[i]
-        left: cython.double = b.pred[i] - g if b.pred is not None else 0.0
-        return self.alloc.tag_of(b.prompt[i] + g, left if left >= 1.0 else None, None if b.unc is None else b.unc[i])
+        return self.alloc.tag_of(b.prompt[i] + b.gen[i], self.left(i), None if b.unc is None else b.unc[i])
 
     def _upcoming_tag(self, i: cython.longlong):
         """`_tag(i)` of a request not yet arrived, cached while the boundaries stand."""
-        if self.tags_at != self.alloc.boundary_updates:
-            self.tags.clear()
-            self.tags_at = self.alloc.boundary_updates
         tag = self.tags.get(i)
-        if tag is None:
+        if tag is None or self.tagged_at[i] != self.alloc.boundary_updates:
             tag = self.tags[i] = self._tag(i)
         return tag
 
@@ -128,13 +122,8 @@ class TaskPoolScheduler(FcfsScheduler):
         return queue
 
     def arrive(self, i: cython.longlong) -> None:
-        tag = None
-        if self.tags:  # tagged already by a scan of the upcoming arrivals, when the boundaries still stand
-            if self.tags_at != self.alloc.boundary_updates:
-                self.tags.clear()
-            else:
-                tag = self.tags.pop(i, None)
-        if tag is None:
+        tag = self.tags.pop(i, None)  # tagged already by a scan of the upcoming arrivals
+        if tag is None or self.tagged_at[i] != self.alloc.boundary_updates:
             tag = self._tag(i)
         queue = self._queue(tag)
         if not queue:
@@ -158,8 +147,8 @@ class TaskPoolScheduler(FcfsScheduler):
             return -1
         if not self.waiting:
             return j
-        start, found, shape, tags_at = self.wake
-        if shape == self.shape and tags_at == self.alloc.boundary_updates and start <= j and (found < 0 or j <= found):
+        start, found, shape, updates = self.wake
+        if shape == self.shape and updates == self.alloc.boundary_updates and start <= j and (found < 0 or j <= found):
             return found
         while k < end:
             if not self.queues.get(self._upcoming_tag(k)):
