@@ -79,6 +79,12 @@ def test_the_result_is_byte_identical_and_independent_of_workers(cli, small, tmp
     papers = next(r["policy"] for r in doc["rows"] if r["policy"].startswith("static+"))  # prompt + max_new_tokens
     assert {(r["policy"], r["tp"]) for r in doc["rows"]} == {(p, t) for p in ("static", papers, "paged", "s3", "odma")
                                                               for t in (1, 2)}
+    for r in doc["rows"]:  # tok/s per device is its req/s times the output tokens a request yields, not a makespan's
+        if r["max_rate_per_device"] is None:
+            continue
+        m = r["metrics_at_capacity"]
+        assert r["output_tps_per_device"] == pytest.approx(r["max_rate_per_device"] * m["generated_tokens"]
+                                                           / m["requests"], rel=1e-12)
 
 
 def test_the_console_table_and_the_plot(cli, small, tmp_path):

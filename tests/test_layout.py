@@ -143,9 +143,11 @@ def test_sim_functions_fit_on_a_screen():
     assert not long, long
 
 
-def test_the_engine_fits_in_400_lines():
+def test_the_engine_fits_in_430_lines():
+    """400 for one schedule; the second (vllm-v1's chunked steps, whose budget bookkeeping lives in
+    sim/chunked.py) shares the loop, the segment and the growth step, and took 30 more."""
     lines = len((PACKAGE / "sim" / "engine.py").read_text().splitlines())
-    assert lines <= 400, f"sim/engine.py has {lines} lines"
+    assert lines <= 430, f"sim/engine.py has {lines} lines"
 
 
 # How sim/ holds the KV manager and its collaborators (a local or an attribute of that name), and

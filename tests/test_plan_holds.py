@@ -243,13 +243,24 @@ def test_engine_settings_are_derived_from_the_profiles(planned):
     # tp 2 on an A100 with a smaller pool: the blocks are the group's tokens, the share per device
     a100, llama = load_device("a100-80gb-sxm"), load_model("llama-3-8b")
     setup = serving("a100-80gb-sxm", "llama-3-8b", kv_pool_bytes=20 * 2 ** 30, tp=2)
-    got = vllm_settings(setup, "fp8", 8192, 128, 8192, 16)
+    got = vllm_settings(setup, "fp8", 8192, 128, 8192, 16, "vllm-v1")
     per_token = 2 * llama.num_layers * llama.num_kv_heads * llama.head_dim * 2
     assert got["num_gpu_blocks_override"] == 20 * 2 ** 30 // per_token // 16
     share = (llama.weight_bytes / 2 + a100.activation_reserve_bytes + 10 * 2 ** 30) / a100.capacity_bytes
     assert got["gpu_memory_utilization"] == math.floor(share * 10_000) / 10_000 and got["kv_cache_dtype"] == "fp8"
-    int4 = vllm_settings(setup, "int4", 8192, 128, 8192, 16)
+    int4 = vllm_settings(setup, "int4", 8192, 128, 8192, 16, "vllm-v1")
     assert "note" in int4 and "serve_args" not in int4 and "num_gpu_blocks_override" not in int4
+    # the engine's flags as replayed: v1 chunks prompts and, unmodelled, caches no prefix
+    assert got["engine"] == "vllm-v1" and got["enable_chunked_prefill"] and not got["enable_prefix_caching"]
+    assert got["serve_args"].endswith("--enable-chunked-prefill --no-enable-prefix-caching")
+    v0 = vllm_settings(setup, "fp16", 8192, 128, 8192, 16, "vllm-v0")
+    assert not v0["enable_chunked_prefill"] and v0["serve_args"].endswith("--enable-chunked-prefill False")
+    # what vLLM refuses, refused with vLLM's reason
+    with pytest.raises(ConfigError, match="must be greater than or equal to max_num_seqs"):
+        vllm_settings(setup, "fp16", 2048, 4096, 2048, 16, "vllm-v0")
+    with pytest.raises(ConfigError, match="multiples of 16"):
+        vllm_settings(setup, "fp16", 8192, 256, 8192, 8, "vllm-v1")
+    assert vllm_settings(setup, "fp16", 8192, 256, 8192, 8, "vllm-v0")["block_size"] == 8
 
 
 def test_the_config_is_readable(planned):

@@ -113,8 +113,10 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
             "unbounded": scale is not None and result["next_rate_scale"] is None,
             "max_rate_per_replica": None if scale is None else scale * mean_rate,
             "max_rate_per_device": None if scale is None else scale * mean_rate / tp,
-            "output_tps_per_replica": None if scale is None else m["tps"],
-            "output_tps_per_device": None if scale is None else m["tps"] / tp,
+            # completed output tokens per second of offered load: the rate times the tokens a request
+            # yields on average (m["tps"] divides by the makespan, ramp-up and drain included)
+            "output_tps_per_replica": None if scale is None else scale * mean_rate * m["generated_tokens"] / m["requests"],
+            "output_tps_per_device": None if scale is None else scale * mean_rate * m["generated_tokens"] / m["requests"] / tp,
             "rejected_never_fit": m["rejections"], "metrics_at_capacity": m,
             "monotone": result["monotone"], "failed_below_at_scale": result["failed_below_at_scale"],
             "replicas_for_target": replicas, "devices_for_target": None if replicas is None else replicas * tp,

@@ -12,6 +12,7 @@ from odmactl.allocator import ALLOCATORS
 from odmactl.cli.app import app, out, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
+    EngineOption,
     MaxNewTokensOption,
     MetricsOutOption,
     check_outputs,
@@ -47,10 +48,11 @@ def capacity(
     max_replicas: Annotated[int, typer.Option(help="most engines tried for the target rate")] = 256,
     executor: Annotated[str, typer.Option(help="process (local workers) or ray (a Ray cluster; the ray extra)")] = "process",
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's longest)")] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,
-    max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="prefill token budget of one iteration (default max(max_model_len, 2048))")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default: the engine's on the device: 256; 1,024 under vllm-v1 on a device of 70 GiB or more but an A100)")] = None,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="token budget of one iteration (default: the engine's: vllm-v0 max(max_model_len, 2048), vllm-v1 8,192 on a device of 70 GiB or more but an A100, else 2,048)")] = None,
     kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
     block_size: BlockSizeOption = None,
+    engine: EngineOption = None,
     max_new_tokens: MaxNewTokensOption = None,
     allow_mismatch: Annotated[bool, typer.Option(help="apply a --config planned for another device, model, kv_dtype, tp "
                                                      "or KV pool (a warning instead of an error)")] = False,
@@ -78,7 +80,7 @@ def capacity(
     if plot is not None and plot.suffix.lower() != ".png":
         raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
     check_outputs([metrics_out, out_path, plot, report], force, input_paths(trace_path, config, predictor, device, model))
-    spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size,
+    spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                       max_new_tokens=max_new_tokens, predictor=predictor,
                         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens, kv_pool_bytes=parse_kv_pool(kv_pool),

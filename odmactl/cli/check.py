@@ -10,6 +10,7 @@ import typer
 from odmactl.cli.app import app, out, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
+    EngineOption,
     MaxNewTokensOption,
     MetricsOutOption,
     check_outputs,
@@ -42,6 +43,7 @@ def check(
     tp: Annotated[int, typer.Option(help="tensor parallelism: split the model over this many devices of the profile, as vLLM does")] = 1,
     kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
     block_size: BlockSizeOption = None,
+    engine: EngineOption = None,
     max_new_tokens: MaxNewTokensOption = None,
     allow_mismatch: Annotated[bool, typer.Option(help="apply a --config planned for another device, model, kv_dtype, tp "
                                                      "or KV pool (a warning instead of an error)")] = False,
@@ -74,7 +76,7 @@ def check(
     setup = prepare_check(config, policy, flags)
     check_policy_names(setup.policies)
     check_outputs([metrics_out, junit, markdown_path, out_path], force, input_paths(trace_path, config, predictor, device, model))
-    spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size,
+    spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                       max_new_tokens=max_new_tokens, predictor=predictor, config=config,
                       load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit, skip=skip), max_model_len=max_model_len,
                       kv_pool_bytes=parse_kv_pool(kv_pool), tp=tp, allow_mismatch=allow_mismatch)

@@ -139,6 +139,10 @@ def check_outputs(outputs: list[Path | None], force: bool, inputs: list[Path | N
 BlockSizeOption = Annotated[Optional[int], typer.Option(
     "--block-size", help="the block in tokens of paged (vLLM's --block-size), ellm's chunks and unified's pages: 8, 16 "
     "or 32 (default: the config's, else 16)")]
+EngineOption = Annotated[Optional[str], typer.Option(
+    "--engine", help="the engine version whose schedule is replayed: vllm-v0 (whole-prompt prefills; Cambricon-vLLM "
+    "0.6.2) or vllm-v1 (decodes first, prompts chunked into each step's token budget); default: the config's, else "
+    "the device profile's")]
 MaxNewTokensOption = Annotated[Optional[int], typer.Option(
     "--max-new-tokens", help="vLLM's max_tokens: every request stops after this many output tokens (counted as "
     "truncated), and static reserves prompt + this, the ODMA papers' Cambricon-vLLM baseline (default: no cap, and "

@@ -9,7 +9,7 @@ import typer
 
 from odmactl.allocator import ALLOCATORS
 from odmactl.cli.app import app, out, progress_for
-from odmactl.cli.inputs import BlockSizeOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool
+from odmactl.cli.inputs import BlockSizeOption, EngineOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool
 
 
 @app.command()
@@ -30,12 +30,13 @@ def plan(
     workers: Annotated[int, typer.Option(help="worker processes for the cheap bounds and the replays")] = 1,
     executor: Annotated[str, typer.Option(help="process (local workers) or ray (a Ray cluster; the ray extra)")] = "process",
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the trace's longest, within model and pool)")] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,
-    max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="prefill token budget of one iteration, as vLLM's "
-                                                                    "(default max(max_model_len, 2048))")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default: the engine's on the device: 256; 1,024 under vllm-v1 on a device of 70 GiB or more but an A100)")] = None,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="token budget of one iteration, as vLLM's "
+                                                                    "(default: the engine's: vllm-v0 max(max_model_len, 2048), vllm-v1 8,192 on a device of 70 GiB or more but an A100, else 2,048)")] = None,
     tp: Annotated[int, typer.Option(help="tensor parallelism: split the model over this many devices of the profile, as vLLM does")] = 1,
     kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
     block_size: BlockSizeOption = None,
+    engine: EngineOption = None,
     max_new_tokens: MaxNewTokensOption = None,
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: the profile's)")] = None,
     baselines: Annotated[str, typer.Option(help="comma-separated policies validated beside the recommendation, besides "
@@ -65,7 +66,7 @@ def plan(
     check_outputs([out_path, report], force, input_paths(trace_path, predictor, device, model))
     from odmactl.capacity.slo import Slo
 
-    spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size,
+    spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                       max_new_tokens=max_new_tokens, predictor=predictor, objective=objective,
                     slo=None if slo is None else Slo.parse(slo),
                     max_overflow_rate=max_migration_rate, max_rejection_rate=max_rejection_rate, ttft_p99_s=ttft_p99, holdout=holdout, replays=replays,

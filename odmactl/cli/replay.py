@@ -11,6 +11,7 @@ from odmactl.allocator import ALLOCATORS
 from odmactl.cli.app import app, out, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
+    EngineOption,
     MaxNewTokensOption,
     MetricsOutOption,
     check_outputs,
@@ -36,12 +37,13 @@ def replay(
     skip: Annotated[int, typer.Option(help="leave out the first N requests (e.g. the part plan searched on)")] = 0,
     limit: Annotated[Optional[int], typer.Option(help="replay only the first N requests (after --skip)")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the trace's longest, within model and pool)")] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default 256)")] = None,
-    max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="prefill token budget of one iteration, as vLLM's "
-                                                                    "(default max(max_model_len, 2048))")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default: the engine's on the device: 256; 1,024 under vllm-v1 on a device of 70 GiB or more but an A100)")] = None,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="token budget of one iteration, as vLLM's "
+                                                                    "(default: the engine's: vllm-v0 max(max_model_len, 2048), vllm-v1 8,192 on a device of 70 GiB or more but an A100, else 2,048)")] = None,
     tp: Annotated[int, typer.Option(help="tensor parallelism: split the model over this many devices of the profile, as vLLM does")] = 1,
     kv_dtype: Annotated[str, typer.Option(help="KV precision: fp16, bf16, fp8, int8, int4, oaken")] = "fp16",
     block_size: BlockSizeOption = None,
+    engine: EngineOption = None,
     max_new_tokens: MaxNewTokensOption = None,
     stepping: Annotated[bool, typer.Option(help="advance token by token instead of in closed form (slow; a check)")] = False,
     seed: Annotated[int, typer.Option(help="seed for generated arrivals (--rate on a trace without timestamps)")] = 0,
@@ -84,7 +86,7 @@ def replay(
         device = profile if profile is not None else str(measured_profile(torch_device).path)
     elif profile is not None or scale != 1.0:
         raise OdmaError("--profile and --scale apply to --on-device replays only")
-    spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size,
+    spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                       max_new_tokens=max_new_tokens, predictor=predictor, config=config,
                       load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit, seed=seed, skip=skip),
                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,

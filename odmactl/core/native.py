@@ -28,6 +28,7 @@ from pathlib import Path
 # classes made extension types by the .pxd files beside them.
 TYPED = ("odmactl.allocator.int64buffer", "odmactl.allocator.extentlist", "odmactl.sim.keyheap", "odmactl.sim.prefill",
          "odmactl.sim.segment", "odmactl.sim.batch", "odmactl.sim.link", "odmactl.sim.tally", "odmactl.sim.growth",
+         "odmactl.sim.chunked",
          "odmactl.sim.schedulers.base", "odmactl.sim.schedulers.fcfs", "odmactl.sim.schedulers.task_pool",
          "odmactl.sim.engine")
 UNTYPED = ("odmactl.rules.odma", "odmactl.allocator.base", "odmactl.allocator.extents", "odmactl.allocator.contiguous",

@@ -10,6 +10,15 @@ decode:  t = gemm(n) + L * (attn_fixed + elem_fixed) + n * (L * (attn_per_reques
 prefill: t = gemm_layers(P) + gemm_head(N) + L * (pre_fixed + elem_fixed) + P * (L * (pre_per_token + elem_per_token) + row)
              + 2 L H d * sum_p p^2 / (peak_flops * pre_efficiency) + step_overhead + comm(P)
          over N prompts of p tokens, P = sum_p p
+mixed:   a chunked step (vLLM v1) of n decodes beside prompt chunks of c_j new tokens after x_j
+         computed ones, C = sum_j c_j:
+         t = gemm_layers(n + C) + gemm_head(n + J) + decode's terms but its GEMMs + L * pre_fixed
+             + C * (L * (pre_per_token + elem_per_token) + row) + comm_per_token * C
+             + 2 L H d * sum_j ((x_j + c_j)^2 - x_j^2) / (peak_flops * pre_efficiency)
+         over the J chunks: the GEMMs run once on all the step's tokens, the decodes read their KV
+         as a decode does, and each chunk's queries attend to its context and to themselves (the
+         squares' difference counts that lower-triangle band, so a prompt's chunks add up to its
+         whole prefill's attention). Without decodes it is the prefill formula over the chunks.
 migration: t = 2 * bytes / sequential_bw   (read the old block, write the new one)
 
 - gemm(m) = gemm_layers(m) + gemm_head(m), each a roofline over its weights W and flops per token F
@@ -169,11 +178,21 @@ class PrefillCoefficients:
     attention_efficiency: float
     fixed_s: float
     per_token_s: float
+    attention_fixed_s: float = 0.0  # the prefill attention kernel's own fixed part of fixed_s (L * pre_fixed)
 
     def seconds(self, total_tokens: int, squared_tokens: int, prompts: int) -> float:
         total, squares = float(total_tokens), float(squared_tokens)
         attention_s = self.attention_flops_per_square * squares / (self.gemms.peak_flops * self.attention_efficiency)
         return self.gemms.seconds(total, float(prompts)) + attention_s + self.fixed_s + self.per_token_s * total
+
+    def beside_decodes_s(self, decodes: int, total_tokens: int, squared_tokens: int, chunks: int) -> float:
+        """What `chunks` prompt chunks of `total_tokens` new tokens (attention squares
+        `squared_tokens`) add to a decode step of `decodes` requests, the GEMMs of both included:
+        the mixed step is this plus the decode step's time less its own GEMMs (module docstring)."""
+        total, squares = float(total_tokens), float(squared_tokens)
+        attention_s = self.attention_flops_per_square * squares / (self.gemms.peak_flops * self.attention_efficiency)
+        return self.gemms.seconds(float(decodes) + total, float(decodes + chunks)) + attention_s + \
+            self.attention_fixed_s + self.per_token_s * total
 
 
 def to_ps(seconds: float) -> int:
@@ -224,7 +243,8 @@ class CostModel:
             fixed_s=layers * (kernels.prefill_layer_fixed_s + kernels.elementwise_layer_fixed_s) + overhead
             + self.comm_fixed_s,
             per_token_s=layers * (kernels.prefill_per_token_s + kernels.elementwise_per_token_s) + self.row_s
-            + self.comm_per_token_s)
+            + self.comm_per_token_s,
+            attention_fixed_s=layers * kernels.prefill_layer_fixed_s)
 
     # ------------------------------------------------------------------------------ KV reads
 
@@ -297,6 +317,20 @@ class CostModel:
         """One prefill iteration over the given prompts (batched: the weights are read once)."""
         p = [int(x) for x in prompt_tokens]
         return self.prefill.seconds(sum(p), sum(x * x for x in p), len(p))
+
+    def mixed_step_s(self, kv_tokens, layout: KvLayout, chunks) -> float:
+        """One chunked step (vLLM v1): decodes of requests holding `kv_tokens` each, beside prompt
+        `chunks` given as (tokens computed before, new tokens) pairs (module docstring, "mixed")."""
+        pairs = [(int(x), int(c)) for x, c in chunks]
+        total = sum(c for _, c in pairs)
+        squares = sum((x + c) * (x + c) - x * x for x, c in pairs)
+        tokens = np.asarray(kv_tokens)
+        if tokens.size == 0:
+            return self.prefill.seconds(total, squares, len(pairs))
+        step = self.decode_step(tokens, layout)
+        if not pairs:
+            return step.total_s
+        return step.total_s - step.gemm_s + self.prefill.beside_decodes_s(int(tokens.size), total, squares, len(pairs))
 
     def migration_s(self, num_bytes: float) -> float:
         """Copy a contiguous KV block into the large pool: read it and write it once each, each

@@ -18,6 +18,7 @@ import numpy as np
 
 from odmactl.core.errors import ProfileError
 from odmactl.core.tomltable import TomlTable, load_toml
+from odmactl.rules.engines import DEFAULT_ENGINE, ENGINES
 
 DEVICE_FORMAT = "odmactl-device/1"
 MEMORY_TYPES = ("LPDDR4X", "LPDDR5", "LPDDR5X", "HBM2", "HBM2e", "HBM3", "HBM3e",
@@ -202,6 +203,7 @@ class DeviceProfile:
     interconnect: Interconnect | None = None  # None: the profile knows no link, so tp is 1
     kernels: Kernels | None = None  # None: no [kernels] table; see `kernel_figures`
     host_link: HostLink | None = None  # None: the profile knows no host link (a host is its own memory)
+    engine: str = DEFAULT_ENGINE  # the serving engine this device runs by default ([engine] default, rules/engines.py)
 
     @property
     def kernel_figures(self) -> Kernels:
@@ -314,6 +316,17 @@ def _host_link(table: TomlTable | None, sources: dict[str, str]) -> HostLink | N
     return HostLink(kind, bandwidth)
 
 
+def _engine(table: TomlTable | None, sources: dict[str, str]) -> str:
+    """[engine] default: the engine version the device serves with (rules/engines.py), with its source."""
+    if table is None:
+        return DEFAULT_ENGINE
+    name = _figure(table, "default", "text", sources)
+    if name not in ENGINES:
+        raise table.error("default", f"expected one of {', '.join(ENGINES)}, got {name!r}")
+    table.finish()
+    return name
+
+
 def _kernel_time(table: TomlTable, name: str) -> float:
     value = table.quantity(name, "seconds")
     if value < 0 or value > 1e-3:  # a kernel's fixed or per-token cost takes microseconds at most
@@ -410,13 +423,14 @@ def parse_device(data: dict, path: Path) -> DeviceProfile:
     interconnect = _interconnect(top.table("interconnect", required=False), sources)
     kernels = _kernels(top.table("kernels", required=False), sources)
     host_link = _host_link(top.table("host_link", required=False), sources)
+    engine = _engine(top.table("engine", required=False), sources)
     top.finish()
     return DeviceProfile(name=name, description=description, path=path, measured=measured, memory_type=memory_type,
                          capacity_bytes=capacity, peak_bandwidth_bytes_per_s=peak_bw, peak_fp16_flops=fp16,
                          peak_bf16_flops=bf16, memory_fraction=fraction, activation_reserve_bytes=reserve,
                          step_overhead_s=overhead or 0.0, bandwidth=bandwidth, sources=sources,
                          measurement=measurement, calibration=calibration, interconnect=interconnect,
-                         kernels=kernels, host_link=host_link)
+                         kernels=kernels, host_link=host_link, engine=engine)
 
 
 def device_paths() -> list[Path]:

@@ -74,11 +74,12 @@ def config_document(doc: dict, setup: Serving, command: str, predictor: str, tra
         "allocator": {**allocator_table(doc["chosen"]["allocator"], doc["max_model_len"]),
                       **({"block_size_tokens": doc["block_size_tokens"]} if doc["block_size_given"] else {})},
         "scheduler": scheduler_table(SchedulerSettings(doc["max_num_seqs"], doc["max_num_batched_tokens"],
-                                                       doc["max_new_tokens"], policy=doc["scheduler"]),
+                                                       doc["max_new_tokens"], policy=doc["scheduler"],
+                                                       engine=doc["engine"]),
                                      doc["max_model_len"], "odma"),
         "thresholds": {k: v for k, v in gate.items() if v is not None and k != "baseline"},
         "engine": {"vllm": vllm_settings(setup, doc["kv_dtype"], doc["max_model_len"], doc["max_num_seqs"],
-                                         doc["max_num_batched_tokens"], doc["block_size_tokens"]),
+                                         doc["max_num_batched_tokens"], doc["block_size_tokens"], doc["engine"]),
                    "odma": odma_settings(setup, odma_config, doc["max_new_tokens"],
                                          doc["pool_fit"]["longest_prompt_tokens"], doc["scheduler"],
                                          SchedulerSettings().aging_s)},
@@ -106,7 +107,7 @@ def plan_command(trace_path: Path, spec: PlanSpec, out_path: Path) -> str:
                                  ("--max-num-seqs", spec.max_num_seqs, None),
                                  ("--max-num-batched-tokens", spec.max_num_batched_tokens, None),
                                  ("--kv-dtype", spec.kv_dtype, "fp16"), ("--kv-pool", spec.kv_pool_bytes, None),
-                                 ("--block-size", spec.block_size_tokens, None),
+                                 ("--block-size", spec.block_size_tokens, None), ("--engine", spec.engine, None),
                                  ("--max-new-tokens", spec.max_new_tokens, None),
                                  ("--baselines", ",".join(spec.baselines), ",".join(DEFAULT_BASELINES))):
         if value != default:

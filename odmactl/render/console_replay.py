@@ -79,7 +79,8 @@ def render_replay(console: Console, doc: dict) -> None:
     console.print(f"[bold]{escape(t['path'])}[/]: {t['requests']:,} requests ({t['arrivals']}), "
                   f"{escape(deployment(doc))}; KV pool {format_bytes(doc['kv_pool_bytes'])} = "
                   f"{doc['kv_pool_bytes'] // doc['kv_bytes_per_token']:,} tokens; max_model_len {doc['max_model_len']:,}; "
-                  f"predictor {escape(doc['predictor'])}; scheduler {escape(schedulers(doc))}; "
+                  f"predictor {escape(doc['predictor'])}; engine {escape(str(doc['scheduler'].get('engine')))}, "
+                  f"scheduler {escape(schedulers(doc))}; "
                   f"{doc['time_advance']}", highlight=False)
     new_tokens = doc["scheduler"].get("max_new_tokens")
     settings = []

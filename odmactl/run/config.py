@@ -47,19 +47,20 @@ def predictor_from_config(named: str, config_path: Path) -> str:
 
 def scheduler_settings(table: dict, source: Path | None = None, **overrides) -> SchedulerSettings:
     """SchedulerSettings from a config's [scheduler] table (the keys a file may set:
-    max_num_seqs, max_num_batched_tokens), then `overrides` (a flag's value, fast_forward)."""
+    engine, policy, aging_s, max_num_seqs, max_num_batched_tokens, max_new_tokens), then `overrides`
+    (a flag's value, fast_forward)."""
     from_file = TomlTable(dict(table), source, "scheduler").to_dataclass(SchedulerSettings, skip=RUN_ONLY)
     return dataclasses.replace(from_file, **overrides)
 
 
 def scheduler_table(settings: SchedulerSettings, max_len: int, kv_policy: str | None = None) -> dict[str, object]:
     """The [scheduler] table a config records for these settings at this max_model_len: the
-    scheduler by name (the one `kv_policy` runs when the settings name none; left out when
+    engine version, the scheduler by name (the one `kv_policy` runs when the settings name none; left out when
     neither names one), the task pool's aging bound and the caps."""
     from odmactl.allocator import ALLOCATORS
 
     policy = settings.policy_for(ALLOCATORS[kv_policy]) if kv_policy else settings.policy
-    out = {**({"policy": policy} if policy else {}), "aging_s": settings.aging_s,
+    out = {"engine": settings.engine, **({"policy": policy} if policy else {}), "aging_s": settings.aging_s,
            "max_num_seqs": settings.max_num_seqs, "max_num_batched_tokens": settings.batched_tokens(max_len)}
     if settings.max_new_tokens is not None:
         out["max_new_tokens"] = settings.max_new_tokens

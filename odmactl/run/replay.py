@@ -19,6 +19,7 @@ import polars as pl
 from odmactl.allocator import ALLOCATORS, AllocatorConfig, make_allocator
 from odmactl.allocator.config import Deployment
 from odmactl.core.errors import ConfigError
+from odmactl.rules.engines import ENGINES, seqs_problem
 from odmactl.run.config import mismatches, predictor_from_config, read_config, scheduler_record, scheduler_settings
 from odmactl.run.serving import Serving, default_max_model_len, serving
 from odmactl.run.spec import LoadOptions, ReplaySpec, ServingSpec, papers_static
@@ -165,20 +166,53 @@ def prepare(frame: pl.DataFrame, spec: ServingSpec, setup: Serving, *, load: Loa
                           "refuses at start-up too", hint=f"a max_model_len up to {setup.pool_tokens:,}, or a larger "
                           "--kv-pool, --tp or device")
     max_len = given or default_max_model_len(workload, setup.model, setup.pool_tokens)
+    scheduler = engine_scheduler(spec, setup, tables, config, max_len, fast_forward)
+    return ReplayContext(setup, workload, max_len, scheduler, tuple(found)), label
+
+
+def engine_scheduler(spec: ServingSpec, setup: Serving, tables: dict[str, dict], config: Path | None, max_len: int,
+                     fast_forward: bool = True) -> SchedulerSettings:
+    """The scheduler settings a command replays: the engine (--engine, else the config's [scheduler]
+    engine, else the device profile's), the batch caps from the flags, else the config, else that
+    engine's defaults on the device (rules/engines.py), checked as the engine checks them: vLLM
+    refuses max_num_seqs above max_num_batched_tokens, a block size its attention kernels do not
+    take, and without chunked prefill a budget below max_model_len."""
+    table = tables["scheduler"]
+    name = spec.engine or table.get("engine") or setup.device.engine
+    engine = ENGINES.get(name) if isinstance(name, str) else None  # else scheduler_settings names the bad key
     overrides = {"fast_forward": fast_forward}
+    if engine is not None:
+        overrides["engine"] = engine.name
+        seqs, budget = engine.batch_defaults(setup.device.capacity_bytes, setup.device.name, max_len)
+        if "max_num_seqs" not in table:
+            overrides["max_num_seqs"] = seqs
+        if engine.chunked and "max_num_batched_tokens" not in table:
+            overrides["max_num_batched_tokens"] = budget
     if spec.max_num_seqs is not None:
         overrides["max_num_seqs"] = spec.max_num_seqs
     if spec.max_num_batched_tokens is not None:
         overrides["max_num_batched_tokens"] = spec.max_num_batched_tokens
     if spec.max_new_tokens is not None:
         overrides["max_new_tokens"] = spec.max_new_tokens
-    scheduler = scheduler_settings(tables["scheduler"], config, **overrides)
-    if scheduler.batched_tokens(max_len) < max_len:
+    scheduler = scheduler_settings(table, config, **overrides)  # an unknown engine is refused here, naming its key
+    engine = ENGINES[scheduler.engine]
+    where = "--max-num-batched-tokens" if spec.max_num_batched_tokens is not None else \
+        f"{config}: scheduler.max_num_batched_tokens" if "max_num_batched_tokens" in table else \
+        f"{engine.name}'s default max_num_batched_tokens"
+    if not engine.chunked and scheduler.batched_tokens(max_len) < max_len:
         raise ConfigError(f"max_num_batched_tokens ({scheduler.max_num_batched_tokens:,}) is smaller than max_model_len "
                           f"({max_len:,}): a prompt of max_model_len could never be scheduled (vLLM refuses it too "
                           "without chunked prefill)", hint="raise --max-num-batched-tokens (or [scheduler] max_num_batched_tokens "
-                          "in the config) or lower --max-model-len")
-    return ReplayContext(setup, workload, max_len, scheduler, tuple(found)), label
+                          "in the config), lower --max-model-len, or replay with --engine vllm-v1 (chunked prefill)")
+    problem = seqs_problem(scheduler.max_num_seqs, scheduler.batched_tokens(max_len))
+    if problem is not None:
+        raise ConfigError(f"{problem} ({where})", hint="lower --max-num-seqs or raise --max-num-batched-tokens")
+    block = spec.block_size_tokens or tables["allocator"].get("block_size_tokens")
+    if isinstance(block, int) and not isinstance(block, bool) and engine.block_problem(block) is not None:
+        where = "--block-size" if spec.block_size_tokens else f"{config}: allocator.block_size_tokens"
+        raise ConfigError(f"{where} {block}: {engine.block_problem(block)}",
+                          hint=f"a block size of {' or '.join(map(str, engine.block_sizes))} tokens")
+    return scheduler
 
 
 def _arrivals_label(load: LoadOptions, workload: Workload) -> str:

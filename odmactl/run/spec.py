@@ -11,6 +11,7 @@ from pathlib import Path
 from odmactl.core.errors import ConfigError
 from odmactl.core.limits import MAX_NUM_SEQS, MAX_REQUESTS, MAX_TOKENS, MAX_TP, check_seed, check_whole
 from odmactl.hw.cost import PAGED_BLOCK_TOKENS
+from odmactl.rules.engines import ENGINES
 
 
 def _positive_int(value: object, flag: str, high: int | None) -> None:
@@ -68,6 +69,7 @@ class ServingSpec:
     allow_mismatch: bool = False  # run a config's settings on another deployment than its [plan] (a warning)
     block_size_tokens: int | None = None  # --block-size: the paged policy's block (None: the config's, else 16)
     max_new_tokens: int | None = None  # --max-new-tokens: vLLM's max_tokens; static then reserves prompt + this
+    engine: str | None = None  # --engine: the engine version replayed (None: the config's, else the device's)
 
     def allocator_overrides(self) -> dict[str, object]:
         """The [allocator] settings the command line sets over a config's: paged's block size.
@@ -82,6 +84,8 @@ class ServingSpec:
         check_whole(self.tp, 1, MAX_TP, "--tp")
         _positive_int(self.kv_pool_bytes, "--kv-pool (in bytes)", None)  # the profile bounds it
         _positive_int(self.max_new_tokens, "--max-new-tokens", MAX_TOKENS)
+        if self.engine is not None and self.engine not in ENGINES:
+            raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.block_size_tokens is not None and self.block_size_tokens not in PAGED_BLOCK_TOKENS:
             raise ConfigError(f"--block-size must be one of {', '.join(map(str, PAGED_BLOCK_TOKENS))} (the block sizes "
                               f"vLLM's attention kernels take), got {self.block_size_tokens!r}")

@@ -52,7 +52,10 @@ class Batch:
     `first_ps[i]`, `done_ps[i]` the start of its first prefill, its first token and its completion
     (-1 until then; done_ps -2: rejected); `reserved_tokens[i]` the KV tokens it held at the end;
     `allocs[i]` its Allocation while it holds one. `offloaded` the requests of the prefill being
-    scheduled whose KV goes to a host tier.
+    scheduled whose KV goes to a host tier. `prefilling` (chunked schedules, vLLM v1) maps each
+    admitted request whose prompt is still being computed, chunk by chunk, to the tokens computed
+    so far, in admission order; its KV is reserved (for the prompt and its first token) and it is
+    not running yet. `prefilling_blocks` counts their blocks (block growth, fast-forwarding).
 
     `running` maps request -> admission number, in admission order (the last is the newest);
     `finish` and `overflow` are heaps of iteration * SEQ_SPAN + admission number, the iteration
@@ -65,11 +68,13 @@ class Batch:
     = r mod B, `peak_blocks` the most held at once. Contiguous growth has B = 1.
 
     Invariants: `kv_sum` = sum of base[i] + it over `running`; `runs_now` = sum of ceil((base[i] +
-    it) / B) over `running` (block growth, fast-forwarding); `request_of_seq[seq_of[i]] == i`.
+    it) / B) over `running` and `prefilling_blocks` = sum of ceil((prompt[i] + gen[i] + 1) / B) over
+    `prefilling` (block growth, fast-forwarding); `request_of_seq[seq_of[i]] == i`; a request is in
+    at most one of `running` and `prefilling`.
     """
 
     __slots__ = ("prompt", "target", "output", "arrival", "gen", "base", "seq_of", "start_ps", "first_ps", "done_ps",
-                 "reserved_tokens", "allocs", "offloaded", "running", "request_of_seq", "next_seq", "span", "it",
+                 "reserved_tokens", "allocs", "offloaded", "running", "prefilling", "prefilling_blocks", "request_of_seq", "next_seq", "span", "it",
                  "kv_sum", "B", "block_growth", "ff", "num_blocks", "runs_now", "phase", "peak_blocks", "finish", "overflow",
                  "num", "rejections", "ids", "pred", "unc", "adapters")
 
@@ -102,6 +107,8 @@ class Batch:
         self.allocs = [None] * num
         self.offloaded = {}
         self.running = {}
+        self.prefilling = {}
+        self.prefilling_blocks = 0
         self.request_of_seq = _filled(num + 1, 0)  # admission number -> request; doubles when full
         self.next_seq = 0
         self.span = SEQ_SPAN
@@ -168,12 +175,12 @@ class Batch:
     def held_blocks(self, alloc) -> cython.longlong:
         """Block growth: the blocks the running requests hold (the replay's count when
         fast-forwarding: the allocator's lags, as growth reaches it lazily)."""
-        return self.runs_now if self.ff else self.num_blocks - alloc.free_blocks
+        return self.runs_now + self.prefilling_blocks if self.ff else self.num_blocks - alloc.free_blocks
 
     def blocks_next(self) -> cython.longlong:
-        """Block growth: the blocks the running requests hold after the next iteration, as eager
-        growth takes them."""
-        return self.runs_now + self.phase[(-self.it) % self.B]
+        """Block growth: the blocks held after the next iteration, as eager growth takes them (the
+        running requests' and the prefilling ones')."""
+        return self.runs_now + self.prefilling_blocks + self.phase[(-self.it) % self.B]
 
     def fill_runs(self, runs: cython.longlong[:]) -> None:
         """Block growth: runs[rho] = the blocks the running requests hold after the next rho

@@ -3,6 +3,7 @@
 # methods the engine calls as C functions. Locals are typed by engine.py's own `cython.*` annotations.
 from odmactl.allocator.base cimport Allocation, AllocatorBase
 from odmactl.sim.batch cimport Batch
+from odmactl.sim.chunked cimport Chunker
 from odmactl.sim.growth cimport Growth
 from odmactl.sim.link cimport HostLink
 from odmactl.sim.prefill cimport PrefillClock
@@ -23,8 +24,9 @@ cdef class Replay:
     cdef long long[:] runs
     cdef public Tally tally
     cdef public Growth growth
+    cdef Chunker chunker
     cdef object block_bytes
-    cdef bint ff
+    cdef bint ff, chunked
     cdef long long num, next_arrival, t, resumed_at
 
     cdef void _unstall(self) except *
@@ -35,11 +37,15 @@ cdef class Replay:
     cdef void _arrive(self) except *
     cdef void _finish_request(self, long long i) except *
     cdef void _done(self, long long i) except *
+    cdef void _first_token(self, long long i) except *
+    cdef bint _step_chunked(self) except *
     cdef void _prefill(self, list admitted) except *
     cdef void _finish_offloaded(self, long long i) except *
     cdef bint _decode_fast(self) except *
     cdef bint _grow(self) except *
     cdef void _decode_segment(self) except *
-    cdef void _decode_stepping(self) except *
+    cdef void _load_segment(self, long long n) except *
+    cdef long long _run_segment(self, long long n, long long k, long long extra, bint mixed) except? -1
+    cdef long long _decode_stepping(self, long long extra=*, bint mixed=*) except? -1
     cdef void _advance(self, long long n, long long k, long long dt) except *
     cdef void _complete(self) except *

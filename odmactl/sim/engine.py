@@ -9,6 +9,12 @@ policy: a contiguous block is extended (a move's copy is charged) or its request
 growth takes a block at a time and, past the pool or the iteration's block limit, the scheduler's
 victims are preempted (released, queued first, recomputed later).
 
+Under a chunked engine (vLLM v1, SchedulerSettings.engine) a step first grows the running
+requests (preempting as vLLM does), then spends the rest of its token budget on prompt chunks
+(sim/chunked.py) and runs the decodes and chunks together (hw/cost.py, "mixed"); a prompt's first
+token comes at the end of the step that computes its last chunk; a step without prompt work is a
+decode iteration like any other. v1 has no swap space: a policy with a host tier is refused.
+
 Time is integer picoseconds. Between events that change the batch the batch is fixed, so
 `Segment` sums the next decode iterations in closed form, whatever the queue holds;
 `fast_forward=False` steps token by token, the reference (README, "Replay"). Compiled (setup.py,
@@ -25,6 +31,7 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
 from odmactl.allocator.base import Allocation, AllocatorBase
 from odmactl.hw.cost import KvLayout
 from odmactl.sim.batch import Batch
+from odmactl.sim.chunked import Chunker
 from odmactl.sim.growth import Growth
 from odmactl.sim.link import HostLink
 from odmactl.sim.metrics import ReplayResult, replay_result
@@ -46,7 +53,7 @@ class Replay:
 
     __slots__ = ("w", "alloc", "settings", "max_len", "coeff", "cost", "progress", "probe", "batch", "sched", "link",
                  "tier", "cache", "segment", "prefill_clock", "runs", "tally", "growth", "ff", "num", "next_arrival",
-                 "block_bytes", "t", "resumed_at")
+                 "block_bytes", "t", "resumed_at", "chunked", "chunker")
 
     def __init__(self, workload: Workload, allocator: AllocatorBase, cost, max_model_len: int,
                  settings: SchedulerSettings = SchedulerSettings(), progress=None, probe=None) -> None:
@@ -74,10 +81,16 @@ class Replay:
             if sched.stalled:
                 self._unstall()
             sched.now = self.t
-            admitted = sched.schedule()
-            if admitted:
-                self._prefill(admitted)
-                continue
+            if self.chunked:
+                if self._step_chunked():  # a step with prompt work; else the growth for a decode is done
+                    self._complete()
+                    sched.decoded()
+                    continue
+            else:
+                admitted = sched.schedule()
+                if admitted:
+                    self._prefill(admitted)
+                    continue
             if not b.running:
                 assert not sched.parked, "an offloaded request could not be fetched into an empty pool"
                 if sched.stalled:  # nothing runs and no stalled request fits: nothing else can progress
@@ -90,7 +103,7 @@ class Replay:
                     self.t = max(self.t, b.arrival[self.next_arrival])
                     continue
                 break
-            if not self._grow():
+            if not self.chunked and not self._grow():
                 continue
             if self.ff:
                 if not self._decode_fast():
@@ -108,6 +121,7 @@ class Replay:
         """Fresh per-run state (see the class docstring)."""
         w, alloc, settings = self.w, self.alloc, self.settings
         self.ff = settings.fast_forward
+        self.chunked = settings.chunked
         block_growth: cython.bint = alloc.block_size_tokens is not None  # else one contiguous block a request
         self.batch = Batch(w, self.max_len, settings.max_new_tokens, alloc.block_size_tokens,
                            alloc.num_blocks if block_growth else 0, self.ff)
@@ -125,6 +139,8 @@ class Replay:
         self.t = self.next_arrival = self.resumed_at = 0
         self.tally = Tally(settings.series_points, len(alloc.boundaries_tokens) > 0)
         self.growth = Growth(self.batch, alloc, self.sched, self.tally, self.cost, self.cache)
+        self.chunker = Chunker(self.batch, self.sched, self.growth, self.tally, settings.batched_tokens(self.max_len),
+                               settings.engine, self.tier) if self.chunked else None
 
     def _unstall(self) -> None:
         """Stalled requests (sim/growth.py) are extended again once a release happened since the
@@ -143,7 +159,8 @@ class Replay:
 
     def _reserved_bytes(self):
         b: Batch = self.batch
-        return b.runs_now * self.block_bytes if b.block_growth and self.ff else self.alloc.reserved_bytes
+        return (b.runs_now + b.prefilling_blocks) * self.block_bytes if b.block_growth and self.ff \
+            else self.alloc.reserved_bytes
 
     def _arrive(self) -> None:
         """Queue the arrivals up to now (rejecting prompts no policy could serve)."""
@@ -178,6 +195,56 @@ class Replay:
         self.tally.completed += 1
         self.sched.released()
 
+    def _first_token(self, i: cython.longlong) -> None:
+        """Request i, in the batch, has its first token (or, recomputed, its next) now: it
+        completes, or runs until its completion or overflow (the events its heaps hold)."""
+        b: Batch = self.batch
+        if b.first_ps[i] < 0:
+            b.first_ps[i] = self.t
+        if b.gen[i] >= b.target[i]:
+            self._finish_request(i)
+            return
+        b.push_finish(i, b.seq_of[i])
+        if self.ff and not b.block_growth:
+            b.push_overflow(i, b.seq_of[i], b.allocs[i].capacity_tokens)
+
+    def _step_chunked(self) -> cython.bint:
+        """One step of a chunked engine (the module docstring): the running requests' growth,
+        then the prompts' chunks (sim/chunked.py); runs the step when it has prompt work (False:
+        it has none, and the batch decodes, its growth done)."""
+        b: Batch = self.batch
+        i: cython.longlong
+        dt: cython.longlong
+        chunker: Chunker = self.chunker
+        preempted: cython.longlong = self.tally.preemptions
+        if b.running:
+            self._grow()
+        n: cython.longlong = len(b.running)
+        chunks: list = chunker.plan(n, self.tally.preemptions == preempted)
+        if not chunks:
+            return False
+        if n:  # the decodes beside the chunks, whose GEMMs run with theirs (hw/cost.py, "mixed")
+            dt = self.prefill_clock.beside_decodes_ps(n, chunker.tokens, chunker.squares, chunker.count) \
+                - self.segment.gemm_ps[n]
+            if self.ff:
+                self._load_segment(n)
+                self._run_segment(n, 1, dt, True)
+            else:
+                self._decode_stepping(dt, True)
+        else:  # a prefill iteration over the chunks
+            dt = self.prefill_clock.ps(chunker.tokens, chunker.squares, chunker.count)
+            dt += self.link.beyond(self.link.moved_ps(), dt)
+            self.tally.occupancy_byte_ps += self._reserved_bytes() * dt
+            self.t += dt
+            if b.block_growth and b.prefilling_blocks > b.peak_blocks:
+                b.peak_blocks = b.prefilling_blocks
+        self.tally.prefills += 1
+        for i in chunker.computed(chunks):
+            b.gen[i] += 1
+            b.join(i, b.prompt[i] + b.gen[i])
+            self._first_token(i)
+        return True
+
     def _prefill(self, admitted: list) -> None:
         """One prefill iteration over the admitted requests: their prompts (and recomputed tokens),
         yielding each its first token."""
@@ -197,12 +264,7 @@ class Replay:
             b.gen[i] += 1
             if self.tier is not None and i in b.offloaded:
                 continue  # its KV goes to the host tier as the prefill writes it
-            a = b.allocs[i]
-            # the first token needs room: the reservation was for the prompt. Block growth takes the
-            # block now; a contiguous block that already holds it is told lazily (growth.contiguous
-            # at an overflow, release(a, final_tokens) at completion)
-            if (b.block_growth or not self.ff or k + 1 > a.capacity_tokens) and not self.alloc.extend(a, k + 1):
-                raise AssertionError(f"admission of {b.ids[i]} left no room for its first token")
+            self.growth.first_token_room(i, k)
             b.join(i, k + 1)
         dt = self.prefill_clock.ps(prompt_sum, prompt_squares, len(admitted))
         dt += self.link.beyond(self.link.moved_ps(), dt)  # adapters loaded and KV offloaded for it
@@ -216,18 +278,14 @@ class Replay:
                 b.first_ps[i] = self.t
                 if self.t - b.arrival[i] > ttft:
                     ttft = self.t - b.arrival[i]
-            if self.tier is not None and i in b.offloaded:
-                del b.offloaded[i]
-                if b.gen[i] >= b.target[i]:
-                    self._finish_offloaded(i)
-                else:
-                    self.sched.parked.append(i)
-            elif b.gen[i] >= b.target[i]:
-                self._finish_request(i)
+            if self.tier is None or i not in b.offloaded:
+                self._first_token(i)
+                continue
+            del b.offloaded[i]
+            if b.gen[i] >= b.target[i]:
+                self._finish_offloaded(i)
             else:
-                b.push_finish(i, b.seq_of[i])
-                if self.ff and not b.block_growth:
-                    b.push_overflow(i, b.seq_of[i], b.allocs[i].capacity_tokens)
+                self.sched.parked.append(i)
         if self.tier is not None and ttft >= 0:
             self.tier.latency_feedback(seconds(ttft), None)
 
@@ -272,46 +330,77 @@ class Replay:
         b: Batch = self.batch
         n: cython.longlong = len(b.running)
         k: cython.longlong = self.sched.decode_limit() or b.next_event()
-        dt: cython.longlong
         j: cython.longlong
         segment: Segment = self.segment
-        runs: cython.longlong[:] = self.runs
-        if b.block_growth:
-            b.fill_runs(runs)
-        else:
-            runs[0] = runs[1] = self.alloc.kv_runs - len(self.sched.stalled)  # a stalled block is not read
-        segment.reset(n, b.kv_sum)
+        self._load_segment(n)
         if b.block_growth:
             k = segment.first_over(self.alloc.block_limit(n, n), k)
         if self.next_arrival < self.num:
             j = self.sched.first_waking(n, self.next_arrival)
             if j >= 0:
                 k = segment.iterations_until(b.arrival[j] - self.t, k)
-        dt, held = segment.advance(k, b.block_growth)
+        self._run_segment(n, k, 0, False)
+
+    def _load_segment(self, n: cython.longlong) -> None:
+        """The segment describes the running batch at this boundary."""
+        b: Batch = self.batch
+        runs: cython.longlong[:] = self.runs
+        r: cython.longlong
+        i: cython.longlong
+        if b.block_growth:
+            b.fill_runs(runs)
+        else:
+            r = self.alloc.kv_runs - len(self.sched.stalled)  # a stalled block is not read
+            for i in b.prefilling:  # nor a block whose prompt is being chunked (its chunks are prefill)
+                r -= self.alloc.runs_of(b.allocs[i], b.prompt[i] + b.gen[i])
+            runs[0] = runs[1] = r
+        self.segment.reset(n, b.kv_sum)
+
+    def _run_segment(self, n: cython.longlong, k: cython.longlong, extra: cython.longlong,
+                     mixed: cython.bint) -> cython.longlong:
+        """The loaded segment's next k iterations run (k = 1 when `mixed`: beside prompt chunks
+        that add `extra` ps, and whatever the host link moved for their admissions); returns their
+        time."""
+        b: Batch = self.batch
+        dt: cython.longlong
+        runs: cython.longlong[:] = self.runs
+        dt, held = self.segment.advance(k, b.block_growth)
+        if mixed:
+            dt += extra
+            if b.block_growth:
+                held += runs[1] * extra  # the one iteration's blocks are held for the chunks too
+            dt += self.link.beyond(self.link.moved_ps(), dt)
         if self.link.pending_ps:
-            stall = self.link.overlap_pending(segment.elapsed_ps(1))
+            stall = self.link.overlap_pending(self.segment.elapsed_ps(1))
             dt += stall
             if b.block_growth:  # the first iteration's blocks are held while the transfer finishes
                 held += runs[1] * stall
         if self.tier is not None:
             self.tier.latency_feedback(None, seconds(dt // k))
         if b.block_growth:
+            if b.prefilling_blocks:
+                held += b.prefilling_blocks * dt
             self.tally.occupancy_byte_ps += held * self.block_bytes
             b.runs_now = runs[k % b.B] + n * (k // b.B)  # = the blocks held during the last iteration
-            if b.runs_now > b.peak_blocks:
-                b.peak_blocks = b.runs_now
+            if b.runs_now + b.prefilling_blocks > b.peak_blocks:
+                b.peak_blocks = b.runs_now + b.prefilling_blocks
         else:
             self.tally.occupy(self.alloc.reserved_bytes, dt)
         self._advance(n, k, dt)
+        return dt
 
-    def _decode_stepping(self) -> None:
+    def _decode_stepping(self, extra: cython.longlong = 0, mixed: cython.bint = False) -> cython.longlong:
         """One decode iteration, its step computed request by request (and run on the device by
-        the probe, when there is one)."""
+        the probe, when there is one); `mixed`: beside prompt chunks that add `extra` ps. Returns
+        its time."""
         b: Batch = self.batch
         n: cython.longlong = len(b.running)
         dt: cython.longlong
         kv_now = [b.kv(i) for i in b.running]
         dt = self.coeff.step_ps(kv_now, [self.alloc.runs_of(b.allocs[i], b.kv(i)) for i in b.running])
+        if mixed:
+            dt += extra
+            dt += self.link.beyond(self.link.moved_ps(), dt)
         if self.link.pending_ps:
             dt += self.link.overlap_pending(dt)
         if self.tier is not None:
@@ -320,6 +409,7 @@ class Replay:
             self.probe.step([b.allocs[i] for i in b.running], kv_now, dt)
         self.tally.occupancy_byte_ps += self.alloc.reserved_bytes * dt
         self._advance(n, 1, dt)
+        return dt
 
     def _advance(self, n: cython.longlong, k: cython.longlong, dt: cython.longlong) -> None:
         self.t += dt

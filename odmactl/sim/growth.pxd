@@ -13,6 +13,7 @@ cdef class Growth:
     cdef public Tally tally
     cdef public object cost, cache
     cpdef void unpin(self, long long i) except *
+    cpdef void first_token_room(self, long long i, long long k) except *
     cpdef void preempt(self, long long i) except *
     cdef void _evict(self, long long i) except *
     cdef long long _extend(self, Allocation a, long long total) except? -2

@@ -47,6 +47,16 @@ class Growth:
         if self.cache is not None and self.batch.adapters[i] >= 0:
             self.cache.release_adapter(self.batch.adapters[i])
 
+    def first_token_room(self, i: cython.longlong, k: cython.longlong) -> None:
+        """Request i, admitted to compute k prompt (and recomputed) tokens, gets room for its first
+        token (its reservation was for the prompt): block growth takes the block now; a contiguous
+        block that already holds it is told lazily when fast-forwarding (`contiguous` at an
+        overflow, release(a, final_tokens) at completion)."""
+        b: Batch = self.batch
+        a: Allocation = b.allocs[i]
+        if (b.block_growth or not b.ff or k + 1 > a.capacity_tokens) and not self.alloc.extend(a, k + 1):
+            raise AssertionError(f"admission of {b.ids[i]} left no room for its first token")
+
     def preempt(self, i: cython.longlong) -> None:
         """Running request i is preempted."""
         b: Batch = self.batch
@@ -177,6 +187,7 @@ class Growth:
         if b.block_growth:
             limit = self.alloc.block_limit(len(b.running), len(b.running))
             if limit < b.num_blocks:
+                need = b.prefilling_blocks  # prompts being chunked hold theirs (chunked schedules)
                 for i in b.running:
                     need += -(-(b.kv(i) + 1) // b.B)
                 self.until_fits(need, limit)

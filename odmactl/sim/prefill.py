@@ -29,6 +29,7 @@ class PrefillClock:
 
     __slots__ = ("layer_bytes", "layer_flops_per_token", "head_bytes", "head_flops_per_token", "peak_bw",
                  "peak_flops", "attention_flops_per_square", "attention_efficiency", "fixed_s", "per_token_s",
+                 "attention_fixed_s",
                  "tokens", "efficiency", "entries", "_tokens", "_efficiency_table")
 
     def __init__(self, coeff: PrefillCoefficients) -> None:
@@ -43,6 +44,7 @@ class PrefillClock:
         self.attention_efficiency = float(coeff.attention_efficiency)
         self.fixed_s = float(coeff.fixed_s)
         self.per_token_s = float(coeff.per_token_s)
+        self.attention_fixed_s = float(coeff.attention_fixed_s)
         self.tokens = array("d", g.tokens)
         self.efficiency = array("d", g.efficiency)
         self._tokens = self.tokens  # compiled: typed views of the two, made once (not at every prefill)
@@ -80,6 +82,22 @@ class PrefillClock:
         gemms_s: cython.double = self._roofline(self.layer_bytes, self.layer_flops_per_token, total) + \
             self._roofline(self.head_bytes, self.head_flops_per_token, count)
         seconds: cython.double = gemms_s + attention_s + self.fixed_s + self.per_token_s * total
+        return _round_half_even(seconds * 1e12)
+
+
+    def beside_decodes_ps(self, decodes: cython.longlong, total_tokens: cython.longlong,
+                          squared_tokens: cython.longlong, chunks: cython.longlong) -> cython.longlong:
+        """Prompt chunks beside `decodes` decodes in one chunked step, their GEMMs with the
+        decodes' (PrefillCoefficients.beside_decodes_s), in picoseconds: to_ps of it, operation for
+        operation. The step takes this plus the decode step less its GEMMs."""
+        total: cython.double = float(total_tokens)
+        squares: cython.double = float(squared_tokens)
+        attention_s: cython.double = self.attention_flops_per_square * squares / (
+            self.peak_flops * self.attention_efficiency)
+        gemms_s: cython.double = self._roofline(self.layer_bytes, self.layer_flops_per_token,
+                                                float(decodes) + total) + \
+            self._roofline(self.head_bytes, self.head_flops_per_token, float(decodes + chunks))
+        seconds: cython.double = gemms_s + attention_s + self.attention_fixed_s + self.per_token_s * total
         return _round_half_even(seconds * 1e12)
 
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from odmactl.core.errors import ConfigError
 from odmactl.core.limits import MAX_NUM_SEQS, MAX_TOKENS, whole_number_problem
+from odmactl.rules.engines import ENGINES, V0_MIN_BATCHED_TOKENS, VLLM_V0
 from odmactl.sim.schedulers import DEFAULT_SCHEDULER, SCHEDULERS
 
 MAX_AGING_S = 86_400 * 365  # a year: longer is no bound at all
-VLLM_MIN_BATCHED_TOKENS = 2048  # vLLM's default budget is max(max_model_len, this) without chunked prefill
 
 
 @dataclass(frozen=True)
@@ -20,9 +20,13 @@ class SchedulerSettings:
     "task_pool", the ODMA papers' Task Pool); None: each KV policy's own (its `scheduler`: odma's
     is "task_pool", the others' "fcfs"). `aging_s` is the task pool's starvation bound: a request
     that has waited longer and does not fit stops admission of anyone younger.
-    `max_num_seqs` is the most requests in a batch, `max_num_batched_tokens` the prefill token
-    budget of one iteration, defaulting as vLLM's does without chunked prefill (vllm/config.py,
-    SchedulerConfig): max(max_model_len, 2048). `max_new_tokens` is vLLM's per-request
+    `engine` is the engine version whose schedule the replay runs (rules/engines.py): "vllm-v0",
+    whole-prompt prefill iterations between decode iterations, or "vllm-v1", one token budget a
+    step, decodes first and prompts chunked into the rest.
+    `max_num_seqs` is the most requests in a batch, `max_num_batched_tokens` the token budget of
+    one iteration (vllm-v0: of a prefill), defaulting as vLLM 0.6's does without chunked prefill
+    (vllm/config.py, SchedulerConfig): max(max_model_len, 2048). (A command fills both from the
+    engine's defaults on its device where neither a flag nor a config sets them: run/replay.py.) `max_new_tokens` is vLLM's per-request
     `max_tokens` (SamplingParams): a request stops after that many output tokens (counted as
     truncated, like one that reaches max_model_len); None: no cap. `fast_forward` sums the decode
     iterations between events in closed form (False: token by token, the reference).
@@ -33,20 +37,26 @@ class SchedulerSettings:
     """
 
     max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # None: max(max_model_len, VLLM_MIN_BATCHED_TOKENS)
+    max_num_batched_tokens: int | None = None  # None: max(max_model_len, V0_MIN_BATCHED_TOKENS)
     max_new_tokens: int | None = None
     policy: str | None = None
     aging_s: float = 2.0
     fast_forward: bool = True
     series_points: int = 512
+    engine: str = VLLM_V0
+
+    @property
+    def chunked(self) -> bool:
+        """Whether the engine chunks prompts into a step's budget beside the decodes (vLLM v1)."""
+        return ENGINES[self.engine].chunked
 
     def policy_for(self, allocator_cls) -> str:
         """The scheduler a replay of this KV policy (its class) runs: `policy`, else the policy's own."""
         return self.policy or getattr(allocator_cls, "scheduler", DEFAULT_SCHEDULER)
 
     def batched_tokens(self, max_model_len: int) -> int:
-        """The prefill token budget of one iteration."""
-        return self.max_num_batched_tokens or max(max_model_len, VLLM_MIN_BATCHED_TOKENS)
+        """The token budget of one iteration."""
+        return self.max_num_batched_tokens or max(max_model_len, V0_MIN_BATCHED_TOKENS)
 
     def __post_init__(self) -> None:
         for key, low, high in (("max_num_seqs", 1, MAX_NUM_SEQS), ("max_num_batched_tokens", 1, MAX_TOKENS),
@@ -58,5 +68,7 @@ class SchedulerSettings:
         if isinstance(self.aging_s, bool) or not isinstance(self.aging_s, (int, float)) \
                 or not 0 <= self.aging_s <= MAX_AGING_S:
             raise ConfigError(f"expected seconds from 0 to {MAX_AGING_S:,}, got {self.aging_s!r}", key="aging_s")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"unknown engine {self.engine!r} (choose from: {', '.join(ENGINES)})", key="engine")
         if self.policy is not None and self.policy not in SCHEDULERS:
             raise ConfigError(f"unknown scheduler {self.policy!r} (choose from: {', '.join(SCHEDULERS)})", key="policy")

@@ -87,7 +87,7 @@ def overloaded_trace_path(requests: int) -> Path:
                    path.with_suffix(".full.parquet"), path, requests)
 
 
-def measure(path: Path, device: str, max_len: int, policy: str) -> dict:
+def measure(path: Path, device: str, max_len: int, policy: str, engine: str = "vllm-v0") -> dict:
     """One policy's replay of the trace at `path`, timed alone and as the whole process does it."""
     from odmactl.allocator import make_allocator
     from odmactl.run.replay import ReplayContext, deployment, policy_config
@@ -102,11 +102,12 @@ def measure(path: Path, device: str, max_len: int, policy: str) -> dict:
     frame = read_trace(path)
     setup = serving(device, MODEL)
     workload, frame, _ = build_workload(frame, LoadOptions(), "oracle")
-    ctx = ReplayContext(setup, workload, max_len, SchedulerSettings())
+    settings = SchedulerSettings(engine=engine)
+    ctx = ReplayContext(setup, workload, max_len, settings)
     config, _ = policy_config(policy, {}, ctx)
     allocator = make_allocator(policy, setup.pool_bytes, setup.bytes_per_token, config, deployment=deployment(ctx))
     replay_started = time.perf_counter()
-    result = Replay(workload, allocator, setup.cost, max_len, SchedulerSettings()).run()
+    result = Replay(workload, allocator, setup.cost, max_len, settings).run()
     replay_s = time.perf_counter() - replay_started
     process_s = time.perf_counter() - started
     m = result.metrics
@@ -137,6 +138,7 @@ def main() -> None:
     parser.add_argument("--policies", help="comma-separated (default: the case's)")
     parser.add_argument("--cli", action="store_true", help="also time `odmactl replay` per policy in a fresh process")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--engine", default="vllm-v0", help="the schedule replayed: vllm-v0 (default) or vllm-v1")
     args = parser.parse_args()
     from odmactl.core import native
 
@@ -147,7 +149,7 @@ def main() -> None:
         path = trace_path(args.requests) if case == "underloaded" else overloaded_trace_path(args.requests)
         rows = []
         for policy in (args.policies or spec["policies"]).split(","):
-            row = measure(path, spec["device"], spec["max_model_len"], policy)
+            row = measure(path, spec["device"], spec["max_model_len"], policy, args.engine)
             if args.cli:
                 row["cli_s"] = cli_seconds(path, spec["device"], spec["max_model_len"], policy)
                 row["cli_req_per_s"] = round(row["requests"] / row["cli_s"])
@@ -160,7 +162,7 @@ def main() -> None:
                       f"{row['prefill_iterations']:,} prefill iterations, mean batch {row['mean_batch']}, "
                       f"{row['preemptions']:,} preemptions, {row['migrations']:,} migrations, overloaded "
                       f"{row['overloaded']}; peak RSS {row['peak_rss_mib']:,} MiB", flush=True)
-        doc["cases"][case] = {"device": spec["device"], "max_model_len": spec["max_model_len"], "trace": str(path),
+        doc["cases"][case] = {"device": spec["device"], "engine": args.engine, "max_model_len": spec["max_model_len"], "trace": str(path),
                               "results": rows}
     if args.json:
         print(json.dumps(doc, indent=2))

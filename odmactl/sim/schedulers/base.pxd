@@ -9,7 +9,8 @@ cdef class Scheduler:
     cdef public object waiting, parked, stalled, tier, cache
     cdef public Batch batch
     cdef public AllocatorBase alloc
-    cdef public long long max_num_seqs, max_prefill_tokens, free_blocks, now
+    cdef public long long max_num_seqs, max_prefill_tokens, free_blocks, now, budget
+    cdef public bint chunked
     cpdef void start(self, Batch batch, AllocatorBase alloc, object tier, object cache, long long max_num_seqs,
                      long long max_prefill_tokens, object settings=*) except *
     cpdef void arrive(self, long long i) except *
@@ -21,6 +22,8 @@ cdef class Scheduler:
     cpdef bint quiet(self) except *
     cpdef list schedule(self)
     cpdef long long seats(self) except? -1
+    cpdef bint over_budget(self, long long tokens, long long kv, long long admitted) except *
+    cpdef long long charged(self, long long tokens, long long kv) except? -1
     cpdef long long victim(self) except? -1
     cpdef long long decode_limit(self) except? -1
     cpdef long long first_waking(self, long long n, long long j) except? -2

@@ -60,13 +60,17 @@ class Scheduler:
               max_prefill_tokens: cython.longlong, settings=None) -> None:
         """Bind to a replay: its batch, the KV manager and its collaborators (None when absent), the
         caps, and the replay's SchedulerSettings (for a scheduler's own settings). `now` is the
-        replay's clock (ps), which the engine writes before each `schedule()`."""
+        replay's clock (ps), which the engine writes before each `schedule()`. `chunked`: the
+        engine chunks prompts into a step's budget (vLLM v1; SchedulerSettings.engine), and then
+        writes `budget`, the tokens the step leaves for waiting prompts, before each `schedule()`."""
         self.batch = batch
         self.alloc = alloc
         self.tier = tier
         self.cache = cache
         self.max_num_seqs = max_num_seqs
         self.max_prefill_tokens = max_prefill_tokens
+        self.chunked = settings is not None and settings.chunked
+        self.budget = max_prefill_tokens
         self.free_blocks = 0
         self.now = 0
 
@@ -105,8 +109,26 @@ class Scheduler:
         raise NotImplementedError
 
     def seats(self) -> cython.longlong:
-        """The batch seats taken: the running requests and the stalled ones."""
-        return len(self.batch.running) + len(self.stalled)
+        """The batch seats taken: the running requests, the stalled ones and those whose prompt is
+        being chunked."""
+        return len(self.batch.running) + len(self.stalled) + len(self.batch.prefilling)
+
+    def over_budget(self, tokens: cython.longlong, kv: cython.longlong, admitted: cython.longlong) -> cython.bint:
+        """Whether the step's token budget stops the admission of a prompt of `kv` tokens after
+        `admitted` prompts of `tokens` budget tokens. Whole prompts (vLLM 0.6, `_schedule_prefills`)
+        fit whole, the first always (the budget holds max_model_len); chunked (vLLM v1,
+        `Scheduler.schedule`'s waiting loop, `while self.waiting and token_budget > 0`) a prompt
+        takes what is left while anything is."""
+        if self.chunked:
+            return tokens >= self.budget
+        return admitted > 0 and tokens + kv > self.max_prefill_tokens
+
+    def charged(self, tokens: cython.longlong, kv: cython.longlong) -> cython.longlong:
+        """The budget tokens spent once a prompt of `kv` tokens joins after `tokens`: chunked, its
+        first chunk (at most what is left: vLLM v1's `min(num_new_tokens, token_budget)`)."""
+        if self.chunked and kv > self.budget - tokens:
+            return self.budget
+        return tokens + kv
 
     def victim(self) -> cython.longlong:
         """The running request to preempt: the newest (vLLM preempts the lowest priority, the last
@@ -123,9 +145,15 @@ class Scheduler:
 
     def begin_round(self) -> None:
         """Before admitting: the blocks free now (block growth; the allocator's count lags when
-        fast-forwarding, so the batch's is read)."""
+        fast-forwarding, so the batch's is read: a chunked step admits after its running requests
+        grew, so theirs after the growth)."""
         b: Batch = self.batch
-        self.free_blocks = b.num_blocks - b.held_blocks(self.alloc) if b.block_growth else 0
+        held: cython.longlong
+        if not b.block_growth:
+            self.free_blocks = 0
+            return
+        held = b.blocks_next() if self.chunked and b.ff else b.held_blocks(self.alloc)
+        self.free_blocks = b.num_blocks - held
 
     def _take(self, i: cython.longlong, tokens: cython.longlong, admitted: cython.longlong) -> cython.longlong:
         """Reserve request i's KV (its prompt and what it generated) for a prefill that already
@@ -179,8 +207,10 @@ class Scheduler:
 
     def never_fits(self, admitted: cython.longlong) -> cython.bint:
         """Whether a request that does not fit now never will: nothing runs, nothing was admitted
-        this round, nothing waits in the host tier and nothing is stalled (then it is rejected)."""
-        return not self.batch.running and not admitted and not self.parked and not self.stalled
+        this round, nothing waits in the host tier, nothing is stalled and no prompt is being chunked
+        (then it is rejected)."""
+        return not self.batch.running and not admitted and not self.parked and not self.stalled \
+            and not self.batch.prefilling
 
     def swap_in(self) -> None:
         """Offloaded requests back from the host tier, oldest first, while their blocks fit beside

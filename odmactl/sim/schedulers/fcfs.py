@@ -91,7 +91,7 @@ class FcfsScheduler(Scheduler):
         while self.waiting and self.seats() + len(admitted) < self.max_num_seqs:
             i = self.waiting[0]
             kv = b.prompt[i] + b.gen[i]
-            if admitted and tokens + kv > self.max_prefill_tokens:
+            if self.over_budget(tokens, kv, len(admitted)):
                 self.dirty = True  # stopped by the budget alone: retried at the next boundary
                 break
             if self._take(i, tokens, len(admitted)) == NO_ROOM:
@@ -101,5 +101,5 @@ class FcfsScheduler(Scheduler):
                 break
             self.waiting.popleft()
             admitted.append(i)
-            tokens += kv
+            tokens = self.charged(tokens, kv)
         return admitted

@@ -195,7 +195,7 @@ class TaskPoolScheduler(FcfsScheduler):
             if self._stale(i, tag):  # tagged with boundaries since refitted: moved to its queue now
                 continue
             kv = b.prompt[i] + b.gen[i]
-            if admitted and tokens + kv > self.max_prefill_tokens:
+            if self.over_budget(tokens, kv, len(admitted)):
                 self.dirty = True  # stopped by the budget alone: retried at the next boundary
                 break
             if self._tried(tag, i, tokens, len(admitted)) == NO_ROOM:
@@ -213,7 +213,7 @@ class TaskPoolScheduler(FcfsScheduler):
                 continue
             self._pop(queue)
             admitted.append(i)
-            tokens += kv
+            tokens = self.charged(tokens, kv)
         return admitted
 
     def _tried(self, tag, i: cython.longlong, tokens: cython.longlong, admitted: cython.longlong) -> cython.longlong:
