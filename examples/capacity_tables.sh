@@ -4,7 +4,7 @@
 # Azure conv 2023: the predictor is fitted on the first 6,000 requests, plan chooses ODMA's config on
 # the other 13,366 for one MLU370-X4 with a 1% migration-rate limit (at 0.5% its pick fails the gate
 # on the held-out part and plan writes no config), and capacity runs on those 13,366 on MLU370-X4
-# and A100-80GB-SXM at tp 1, 2 and 4, applying that config to every size (--allow-mismatch).
+# (vllm-v0) and A100-80GB-SXM (vllm-v1) at tp 1, 2 and 4, applying that config to every size (--allow-mismatch).
 # Mooncake conversation: four MLU370-X4 at tp 4, oracle lengths, a looser SLO.
 set -euo pipefail
 WORK=${1:-/tmp/odmactl-capacity}
@@ -20,9 +20,12 @@ f.head(6000).write_parquet('train.parquet'); f.slice(6000).write_parquet('rest.p
 odmactl fit train.parquet --out pred --split-by time --max-model-len 8192 --force > /dev/null
 odmactl plan rest.parquet --device mlu370-x4 --model $MODEL --predictor pred --workers 2 --max-migration-rate 0.01 \
   --out c.toml --force > /dev/null
-for device in mlu370-x4 a100-80gb-sxm; do
+# each device under the engine it runs (the config, planned on the MLU370, records vllm-v0; the A100 runs vLLM v1)
+for run in mlu370-x4:vllm-v0 a100-80gb-sxm:vllm-v1; do
+  device=${run%%:*} engine=${run##*:}
   odmactl capacity rest.parquet --device $device --model $MODEL --slo ttft_p99=2s,tpot_p99=100ms --config c.toml \
-    --allow-mismatch --max-migration-rate 0.01 --predictor pred --tp 1,2,4 --workers 2 --out "conv-$device.json" --report "conv-$device.html" --force
+    --allow-mismatch --max-migration-rate 0.01 --predictor pred --tp 1,2,4 --workers 2 --engine $engine \
+    --out "conv-$device.json" --report "conv-$device.html" --force
 done
 
 odmactl ingest "$SHARED/mooncake_conversation_trace.jsonl.gz" --out mc.parquet --force > /dev/null

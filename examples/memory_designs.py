@@ -16,7 +16,10 @@ others ignore them), through the same code as `odmactl replay --compare static,p
   126,195), on four MLU370-X4 (tp 4: one card's pool does not hold the longest prompt) and on one
   A100.
 
-Every policy runs with its defaults; ellm twice more with a 64 GiB host buffer for offloaded KV, all
+Every row runs under --engine vllm-v0 (whole-prompt prefills, the engine of the ODMA and eLLM papers,
+and the only one odmactl replays eLLM's host buffer under: it offloads a prefill's KV, and vLLM v1
+has no swap space), on the A100 too, whose profile defaults to vllm-v1. Every policy runs with its
+defaults; ellm twice more with a 64 GiB host buffer for offloaded KV, all
 of it usable ("ellm+offload") and scaled by eLLM's SLO-aware rule at TTFT 2 s and TPOT 100 ms
 ("ellm+offload+SLO"). It writes the tables to --out and the full results beside it (.json).
 """
@@ -33,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
 MODEL = "DeepSeek-R1-Distill-Qwen-7B"
 POLICIES = ["static", "paged", "s3", "odma", "ellm", "unified"]
+ENGINE = "vllm-v0"  # the schedule every row replays (the module docstring says why)
 HOST_BUFFER_BYTES = 64 << 30
 SLO = {"ellm_ttft_slo_s": 2.0, "ellm_tpot_slo_s": 0.1}  # the capacity SLO of the README's tables
 VARIANTS = {  # ellm again, with a host buffer: all of it usable, then scaled by its SLO-aware rule
@@ -78,13 +82,13 @@ def replay(trace: Path, device: str, tp: int, work: Path) -> dict:
     from odmactl.trace.schema import read_trace
 
     frame = read_trace(trace)
-    spec = ReplaySpec(device=device, model=MODEL, predictor="oracle", tp=tp)
+    spec = ReplaySpec(device=device, model=MODEL, predictor="oracle", tp=tp, engine=ENGINE)
     doc = run_policies(frame, POLICIES, spec)
     for name, table in VARIANTS.items():
         config = work / "variant.toml"
         config.write_text("[allocator]\n" + "".join(f"{k} = {v}\n" for k, v in table.items()))
         variant = run_policies(frame, ["ellm"], ReplaySpec(device=device, model=MODEL, predictor="oracle", tp=tp,
-                                                           config=config))
+                                                           config=config, engine=ENGINE))
         doc["results"][name] = variant["results"]["ellm"]
     return doc
 
@@ -112,7 +116,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     docs, lines = {}, ["# The memory designs side by side", "",
                        "Made by `python examples/memory_designs.py` (its docstring says what runs). "
-                       f"{MODEL}, fp16, oracle lengths, every policy at its defaults; `ellm+offload` is ellm with a "
+                       f"{MODEL}, fp16, oracle lengths, engine {ENGINE} on every device, every policy at its defaults; `ellm+offload` is ellm with a "
                        f"{HOST_BUFFER_BYTES >> 30} GiB host buffer, `ellm+offload+SLO` the same buffer scaled by "
                        "eLLM's SLO-aware rule at TTFT 2 s, TPOT 100 ms. TTFT and TPOT are over the completed requests; "
                        "\"KV runs / request\" is what the cost model charges per KV head, K and V, per layer at a "

@@ -50,9 +50,9 @@ def test_the_reported_rate_meets_the_slo_and_a_higher_one_does_not(small):
         # devices for the target: found by replaying with that many replicas, and one fewer fails
         replicas = row["replicas_for_target"]
         scale = doc["target_rate_per_s"] / doc["trace"]["mean_rate_per_s"]
-        assert not failures(served(ctx, policy, table, scale, replicas), policy, target)
+        assert not failures(served(ctx, policy, table, scale, replicas, spec.router), policy, target)
         if replicas > 1:
-            assert failures(served(ctx, policy, table, scale, replicas - 1), policy, target)
+            assert failures(served(ctx, policy, table, scale, replicas - 1, spec.router), policy, target)
         assert row["devices_for_target"] == replicas * row["tp"]
 
 
@@ -97,6 +97,9 @@ def test_the_console_table_and_the_plot(cli, small, tmp_path):
     report = (tmp_path / "c.html").read_text()
     assert "static tp 1" in report and "data:image/png;base64," in report and "req/s per engine" in report
     assert json.loads((tmp_path / "c.json").read_text())["slo"] == {"ttft_p99": 2.0, "tpot_p99": 0.1}
+    # which router found the devices, in the JSON, the console and the report
+    assert json.loads((tmp_path / "c.json").read_text())["router"] == "least-kv"
+    assert "least-kv router" in " ".join(r.out.split()) and "behind the least-kv router" in report
 
 
 @pytest.mark.parametrize("args, words", [
@@ -116,6 +119,8 @@ def test_the_console_table_and_the_plot(cli, small, tmp_path):
     (["--slo", SLO, "--target-rate", "1e12"], ("--target-rate", "outside the rates")),
     (["--slo", SLO, "--policies", "static,static"], ("--policies names a policy twice",)),
     (["--slo", "ttft_p99=1us"], ("no policy meets the SLO", "ttft_p99 =", "even at")),
+    (["--slo", SLO, "--router", "random"], ("--router expects one of round-robin, least-outstanding",)),
+    (["--slo", SLO, "--engine", "vllm-v3"], ("--engine must be one of vllm-v0, vllm-v1",)),
 ])
 def test_bad_input_is_one_message(cli, small, tmp_path, args, words):
     policies = [] if "--policies" in args else ["--policies", "static"]

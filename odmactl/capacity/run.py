@@ -20,6 +20,7 @@ from odmactl.run.executors import EXECUTORS, run_jobs
 from odmactl.run.replay import prepare
 from odmactl.run.serving import serving, static_baselines
 from odmactl.run.spec import ServingSpec
+from odmactl.sim.cluster import DEFAULT_ROUTER, ROUTERS
 
 PEAK_WINDOW_S = 600.0  # the default target: the trace's busiest 10 minutes
 
@@ -38,6 +39,7 @@ class CapacitySpec(ServingSpec):
     workers: int = 1
     executor: str = "process"
     max_replicas: int = 256
+    router: str = DEFAULT_ROUTER  # how the replicas for the target share its requests (sim/cluster.py)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -51,6 +53,8 @@ class CapacitySpec(ServingSpec):
             raise ConfigError(f"--target-rate must be > 0 requests/s, got {self.target_rate_per_s}")
         check_whole(self.workers, 1, MAX_WORKERS, "--workers")
         check_whole(self.max_replicas, 1, 4096, "--max-replicas")
+        if self.router not in ROUTERS:
+            raise ConfigError(f"--router expects one of {', '.join(ROUTERS)}, got {self.router!r}")
         if self.executor not in EXECUTORS:
             raise ConfigError(f"--executor expects one of {', '.join(EXECUTORS)}, got '{self.executor}'")
 
@@ -81,7 +85,7 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
         raise ConfigError(f"--target-rate {target_rate:g} req/s lies outside the rates this trace can be replayed at "
                           f"({low:.3g} to {high:.3g} req/s: its own {mean_rate:.3g} req/s scaled by 2**-{MAX_SCALE_STEPS} "
                           f"to 2**{MAX_SCALE_STEPS}, within the replay clock)", hint="give a target in that range")
-    target = CapacityTarget(spec.slo, spec.max_migration_rate, max_replicas=spec.max_replicas)
+    target = CapacityTarget(spec.slo, spec.max_migration_rate, max_replicas=spec.max_replicas, router=spec.router)
     jobs, names, contexts, label, mismatched = [], [], {}, None, []
     for tp in spec.tps:
         setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes, tp=tp)
@@ -136,7 +140,7 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
                   "span_s": float(arrival_s[-1] - arrival_s[0])},
         "device": first.serving.device.name, "model": first.serving.full_model.name, "kv_dtype": spec.kv_dtype,
         "predictor": label, "slo": {m: s for m, s in spec.slo.limits_s}, "slo_label": spec.slo.label,
-        "max_migration_rate": spec.max_migration_rate, "target_rate_per_s": target_rate,
+        "max_migration_rate": spec.max_migration_rate, "target_rate_per_s": target_rate, "router": spec.router,
         "target_is_peak": spec.target_rate_per_s is None, "tolerance": target.tolerance,
         "scheduler": scheduler_record(first.scheduler, first.max_len),
         "mismatches": mismatched, "rows": rows,

@@ -3,8 +3,10 @@ sustains, and the devices a target rate needs.
 
 Every figure comes from replays, none from division:
 - `served` replays the trace's requests with their inter-arrival times divided by a rate scale,
-  routed round-robin over R replicas (each a full engine with its own pool), and combines the
-  metrics over all requests (latency percentiles over the pooled per-request values);
+  over R replicas (each a full engine with its own pool) behind the target's router (sim/cluster.py:
+  round-robin replays each engine's share apart; a router that sees load replays the engines
+  together on one clock), and combines the metrics over all requests (latency percentiles over the
+  pooled per-request values);
 - `find_capacity` brackets the largest scale at which the SLO holds (doubling or halving from the
   trace's own rate), then bisects in log space until the bracket is within `tolerance` (2%):
   at the reported scale the SLO holds, at the next one tried it does not. When even the slowest
@@ -34,7 +36,7 @@ import numpy as np
 
 from odmactl.allocator import ALLOCATORS
 from odmactl.capacity.slo import Slo
-from odmactl.run.replay import ReplayContext, replay_policy
+from odmactl.run.replay import ReplayContext, replay_policy, replayed_together
 from odmactl.sim.metrics import p50_p99
 from odmactl.sim.workload import CLOCK_LIMIT_PS, PS
 
@@ -55,6 +57,7 @@ class CapacityTarget:
     tolerance: float = 0.02
     max_replicas: int = 256
     queue_flag: str = "overloaded"  # or the stricter "falling_behind"
+    router: str = "round-robin"  # how requests reach R > 1 engines (sim/cluster.py ROUTERS)
 
 
 # only that the queue keeps up, by the stricter test: `sustainable_scale`
@@ -77,20 +80,28 @@ def _combined(metrics: list[dict], latencies: dict, end_s: float, scale: float) 
             "tps": totals["generated_tokens"] / max(end_s, 1e-12), "makespan_s": end_s}
 
 
-def served(ctx: ReplayContext, policy: str, table: dict, scale: float, replicas: int = 1) -> dict:
-    """The metrics of the trace at `scale` times its arrival rate over `replicas` round-robin
-    engines, combined over all requests."""
+def served(ctx: ReplayContext, policy: str, table: dict, scale: float, replicas: int = 1,
+           router: str = "round-robin") -> dict:
+    """The metrics of the trace at `scale` times its arrival rate over `replicas` engines behind
+    `router`, combined over all requests. Round-robin needs no engine's state: each engine's share
+    is replayed apart (the same schedule, faster); the other routers replay the engines together
+    (sim/cluster.py)."""
     workload = ctx.workload.at_rate_scale(scale)
     ttft, tpot, metrics = [], [], []
     end_s = 0.0
     start_ps = int(workload.arrival_ps[0])
-    for r in range(replicas):
-        part = workload.replica(r, replicas)
-        result, _, _, _ = replay_policy(dataclasses.replace(ctx, workload=part), policy, table)
+    if replicas > 1 and router != "round-robin":
+        results = replayed_together(dataclasses.replace(ctx, workload=workload), policy, table, replicas, router)
+    else:
+        results = [replay_policy(dataclasses.replace(ctx, workload=workload.replica(r, replicas)), policy, table)[0]
+                   for r in range(replicas)]
+    for result in results:
+        if not result.metrics["requests"]:
+            continue  # an engine the router sent nothing
         metrics.append(result.metrics)
         ttft.append(result.ttft_s)
         tpot.append(result.tpot_s)
-        end_s = max(end_s, (int(part.arrival_ps[0]) - start_ps) / PS + result.metrics["makespan_s"])
+        end_s = max(end_s, (result.first_arrival_ps - start_ps) / PS + result.metrics["makespan_s"])
     ttft_p50, ttft_p99 = p50_p99(np.concatenate(ttft))
     tpot_p50, tpot_p99 = p50_p99(np.concatenate(tpot))
     return _combined(metrics, {"ttft_p50": ttft_p50, "ttft_p99": ttft_p99, "tpot_p50": tpot_p50, "tpot_p99": tpot_p99},
@@ -181,7 +192,7 @@ def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: Capacity
 
 def replicas_for(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, target_scale: float,
                  per_replica_scale: float) -> dict:
-    """The fewest round-robin replicas that serve the trace at `target_scale` within the SLO,
+    """The fewest replicas (behind the target's router) that serve the trace at `target_scale` within the SLO,
     found by replaying from the division's guess, then bisecting: up by doubling steps from the
     guess while the SLO fails, then between the last count that failed and the first that held;
     {"replicas": None} past `max_replicas`. Where one engine more never breaks the SLO this is the
@@ -190,7 +201,7 @@ def replicas_for(ctx: ReplayContext, policy: str, table: dict, target: CapacityT
     runs: dict[int, dict] = {}
 
     def holds(replicas: int) -> bool:
-        runs[replicas] = served(ctx, policy, table, target_scale, replicas)
+        runs[replicas] = served(ctx, policy, table, target_scale, replicas, target.router)
         return not failures(runs[replicas], policy, target)
 
     if holds(guess):

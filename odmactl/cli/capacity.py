@@ -46,6 +46,8 @@ def capacity(
     target_rate: Annotated[Optional[float], typer.Option(help="requests/s to size the deployment for (default: the trace's peak 10-minute rate)")] = None,
     workers: Annotated[int, typer.Option(help="worker processes, one policy and size each")] = 1,
     max_replicas: Annotated[int, typer.Option(help="most engines tried for the target rate")] = 256,
+    router: Annotated[str, typer.Option(help="how the engines for the target share its requests: least-kv "
+                                             "(default), least-outstanding, cluster-manager (ODMA's) or round-robin")] = "least-kv",
     executor: Annotated[str, typer.Option(help="process (local workers) or ray (a Ray cluster; the ray extra)")] = "process",
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's longest)")] = None,
     max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default: the engine's on the device: 256; 1,024 under vllm-v1 on a device of 70 GiB or more but an A100)")] = None,
@@ -87,7 +89,7 @@ def capacity(
                         allow_mismatch=allow_mismatch,
                         policies=tuple(chosen), tps=_sizes(tp), slo=Slo.parse(slo),
                         max_migration_rate=max_migration_rate, target_rate_per_s=target_rate, config=config,
-                        workers=workers, executor=executor, max_replicas=max_replicas)
+                        workers=workers, executor=executor, max_replicas=max_replicas, router=router)
     frame = read_trace(trace_path)
     with progress_for(json_out) as progress:
         doc = run_capacity(frame, spec, progress=progress)

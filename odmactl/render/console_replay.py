@@ -216,13 +216,14 @@ def render_capacity(console: Console, doc: dict) -> None:
     t = doc["trace"]
     console.print(escape(f"{t['path']}: {t['requests']:,} requests at {t['mean_rate_per_s']:,.3f} req/s "
                          f"(peak 10 min {t['peak_10min_rate_per_s']:,.3f}), {doc['model']} on {doc['device']}, "
-                         f"predictor {doc['predictor']}; SLO {doc['slo_label']}"
+                         f"predictor {doc['predictor']}, engine {doc['scheduler'].get('engine')}; SLO {doc['slo_label']}"
                          f"{', overflow rate <= ' + format_metric('overflow_rate', doc['max_migration_rate'])}"
                          + (f"; outputs capped at {cap:,} new tokens" if (cap := doc['scheduler'].get('max_new_tokens'))
                             else "")),
                   highlight=False)
     rows = [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k) for k in CAPACITY_KEYS)] for r in doc["rows"]]
-    target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the peak 10 min)" if doc["target_is_peak"] else "")
+    target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the peak 10 min)" if doc["target_is_peak"] else "") \
+        + f", {doc['router']} router"
     console.print(narrow_table(f"capacity at the SLO; devices for {target}",
                                tuple(METRICS[k].header for k in CAPACITY_KEYS), rows, key="policy"))
     for r in doc["rows"]:

@@ -187,9 +187,9 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child{{t
 <h1>odmactl capacity</h1>
 {warned}
 <p><code>{esc(t['path'])}</code>: {t['requests']:,} requests at {t['mean_rate_per_s']:,.3f} req/s; {esc(doc['model'])} on
-{esc(doc['device'])}; predictor <code>{esc(doc['predictor'])}</code>. SLO: <b>{esc(doc['slo_label'])}</b>; odma and s3 at most
+{esc(doc['device'])}; predictor <code>{esc(doc['predictor'])}</code>; engine {esc(str(doc['scheduler'].get('engine')))}. SLO: <b>{esc(doc['slo_label'])}</b>; odma and s3 at most
 {format_metric('overflow_rate', doc['max_migration_rate'])} overflows (migrations + preemptions) per request. Rates bracketed to {doc['tolerance']:.0%} by replay;
-devices for {esc(target)} found by replaying round-robin replicas.</p>
+devices for {esc(target)} found by replaying replicas together behind the {esc(doc['router'])} router.</p>
 <table><tr><th>policy</th>{head}</tr>{body}</table>
 {f'<ul>{notes}</ul>' if notes else ''}
 <h2>Latency against offered rate per engine (every probe of the bisection)</h2>

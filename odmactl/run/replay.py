@@ -10,6 +10,7 @@ in, a probe that runs each decode iteration, and the section its measurements ad
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -24,6 +25,7 @@ from odmactl.run.config import mismatches, predictor_from_config, read_config, s
 from odmactl.run.serving import Serving, default_max_model_len, serving
 from odmactl.run.spec import LoadOptions, ReplaySpec, ServingSpec, papers_static
 from odmactl.run.workload import build_workload
+from odmactl.sim.cluster import Cluster
 from odmactl.sim.engine import Replay
 from odmactl.sim.settings import SchedulerSettings
 from odmactl.sim.metrics import ReplayResult, latency_histograms
@@ -91,6 +93,34 @@ def policy_config(policy: str, table: dict, ctx: ReplayContext,
                                               deployment=facts or deployment(ctx))
 
 
+@contextlib.contextmanager
+def clock_limit(ctx: ReplayContext, policy: str):
+    """A replay whose 64-bit clock (or a count) ran out, its backlog past 106 days, as a ConfigError."""
+    s = ctx.serving
+    try:
+        yield
+    except OverflowError:
+        raise ConfigError(f"{policy}: the replay's simulated clock passed its limit of {CLOCK_LIMIT_PS / PS / 86400:.0f} "
+                          f"days (2**63 ps): {s.model.name} on {s.device.name} serves these requests far slower than "
+                          "they arrive", hint="replay fewer requests (--limit), slow the arrivals (--rate), or choose "
+                          "a larger device") from None
+
+
+def replayed_together(ctx: ReplayContext, policy: str, table: dict, replicas: int, router: str) -> list[ReplayResult]:
+    """`replicas` engines of `policy` serving the context's requests on one clock behind `router`
+    (sim/cluster.py): one result per engine, over its own requests."""
+    facts = deployment(ctx)
+    config, _ = policy_config(policy, table, ctx, facts)
+    s = ctx.serving
+
+    def engine() -> Replay:
+        allocator = make_allocator(policy, s.pool_bytes, s.bytes_per_token, config, deployment=facts)
+        return Replay(ctx.workload, allocator, s.cost, ctx.max_len, ctx.scheduler)
+
+    with clock_limit(ctx, policy):
+        return Cluster(engine, replicas, router, ctx.workload).run()
+
+
 def replay_policy(ctx: ReplayContext, policy: str, table: dict, progress=None,
                   device: DeviceHooks | None = None) -> tuple[ReplayResult, AllocatorConfig, dict, dict | None]:
     """Replay `policy` with the [allocator] settings `table` on the context: (the result, the config
@@ -108,14 +138,9 @@ def replay_policy(ctx: ReplayContext, policy: str, table: dict, progress=None,
                           file=s.device.path, hint="add [host_link] (kind, bandwidth) to the profile"
                           + (", or set ellm_host_buffer_bytes = 0" if tier is not None else ""))
     probe = None if device is None else device.probe(allocator, ctx)
-    try:
+    with clock_limit(ctx, policy):
         result = Replay(ctx.workload, allocator, s.cost, ctx.max_len, ctx.scheduler, progress=progress,
                         probe=probe).run()
-    except OverflowError:  # the 64-bit clock (or a count) ran out: the backlog outlasted 106 days
-        raise ConfigError(f"{policy}: the replay's simulated clock passed its limit of {CLOCK_LIMIT_PS / PS / 86400:.0f} "
-                          f"days (2**63 ps): {s.model.name} on {s.device.name} serves these requests far slower than "
-                          "they arrive", hint="replay fewer requests (--limit), slow the arrivals (--rate), or choose "
-                          "a larger device") from None
     section = None
     if device is not None:
         section = device.section(probe, ctx)

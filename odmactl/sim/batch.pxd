@@ -13,7 +13,8 @@ cdef class Batch:
     cdef public dict offloaded, running, prefilling
     cdef public KeyHeap finish, overflow
     cdef public list ids, pred, unc
-    cpdef object timeline(self)
+    cpdef object timeline(self, object mine=*)
+    cpdef bint started(self, long long i) except *
     cpdef long long kv(self, long long i) except? -1
     cpdef void join(self, long long i, long long v) except *
     cpdef long long leave(self, long long i) except? -1

@@ -124,11 +124,19 @@ class Batch:
         self.overflow = KeyHeap()
         self.rejections = 0
 
-    def timeline(self) -> Timeline:
-        """The per-request times and tokens, as sim/metrics reads them."""
-        return Timeline(np.asarray(self.arrival), np.asarray(self.start_ps), np.asarray(self.first_ps),
-                        np.asarray(self.done_ps), np.asarray(self.target), np.asarray(self.prompt),
-                        np.asarray(self.reserved_tokens), self.arrival[0] if self.num else 0)
+    def timeline(self, mine=None) -> Timeline:
+        """The per-request times and tokens, as sim/metrics reads them; `mine` (a boolean mask): of
+        those requests only (an engine of a cluster, sim/cluster.py), from the first one's arrival."""
+        arrays = [np.asarray(self.arrival), np.asarray(self.start_ps), np.asarray(self.first_ps),
+                  np.asarray(self.done_ps), np.asarray(self.target), np.asarray(self.prompt),
+                  np.asarray(self.reserved_tokens)]
+        if mine is not None:
+            arrays = [a[mine] for a in arrays]
+        return Timeline(*arrays, int(arrays[0][0]) if arrays[0].size else 0)
+
+    def started(self, i: cython.longlong) -> cython.bint:
+        """Whether request i's first prefill began."""
+        return self.start_ps[i] >= 0
 
     def kv(self, i: cython.longlong) -> cython.longlong:
         """Running request i's KV tokens now."""

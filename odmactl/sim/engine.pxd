@@ -27,8 +27,13 @@ cdef class Replay:
     cdef Chunker chunker
     cdef object block_bytes
     cdef bint ff, chunked
-    cdef long long num, next_arrival, t, resumed_at
+    cdef public bint paused
+    cdef public object owner
+    cdef long long me
+    cdef long long num, next_arrival, resumed_at
+    cdef public long long t
 
+    cpdef bint resume(self) except *
     cdef void _unstall(self) except *
 
     cdef void _start(self) except *

@@ -28,6 +28,8 @@ try:  # compiled by Cython (see setup.py), the annotations below are C types; in
 except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
     cython = None
 
+import numpy as np
+
 from odmactl.allocator.base import Allocation, AllocatorBase
 from odmactl.hw.cost import KvLayout
 from odmactl.sim.batch import Batch
@@ -53,7 +55,7 @@ class Replay:
 
     __slots__ = ("w", "alloc", "settings", "max_len", "coeff", "cost", "progress", "probe", "batch", "sched", "link",
                  "tier", "cache", "segment", "prefill_clock", "runs", "tally", "growth", "ff", "num", "next_arrival",
-                 "block_bytes", "t", "resumed_at", "chunked", "chunker")
+                 "block_bytes", "t", "resumed_at", "chunked", "chunker", "owner", "me", "paused")
 
     def __init__(self, workload: Workload, allocator: AllocatorBase, cost, max_model_len: int,
                  settings: SchedulerSettings = SchedulerSettings(), progress=None, probe=None) -> None:
@@ -69,12 +71,33 @@ class Replay:
         self.probe = probe  # device.ondevice.DecodeProbe: runs and times each decode iteration on the device
 
     def run(self) -> ReplayResult:
-        steps: cython.longlong = 0
         self._start()
+        self.resume()
+        return self._finish()
+
+    def routed(self, owner, me: cython.longlong) -> None:
+        """Replay as engine `me` of a cluster (sim/cluster.py): the workload is every engine's, and
+        `owner[i]` (int64 buffer) the engine the router sent request i to, -1 until it has. Then
+        `resume()` pauses (returns False) when an unrouted request is due, and each decode
+        segment stops at the next arrival, so the router sees this engine at its first step
+        boundary at or after each arrival; `finish()` gives the result over its own requests."""
+        self._start()
+        self.owner = owner
+        self.me = me
+
+    def finish(self) -> ReplayResult:
+        return self._finish()
+
+    def resume(self) -> cython.bint:
+        """Run until the replay ends (True) or, routed, until an unrouted request is due (False)."""
+        steps: cython.longlong = 0
         b: Batch = self.batch
         sched: Scheduler = self.sched
+        self.paused = False
         while True:
             self._arrive()
+            if self.paused:
+                return False
             if sched.parked:
                 sched.swap_in()
                 self.link.pending_ps += self.link.moved_ps()
@@ -115,7 +138,7 @@ class Replay:
             steps += 1
             if self.progress is not None and steps % 4096 == 0:
                 self.progress("replay", self.tally.completed, self.num)
-        return self._finish()
+        return True
 
     def _start(self) -> None:
         """Fresh per-run state (see the class docstring)."""
@@ -137,6 +160,7 @@ class Replay:
         self.prefill_clock = PrefillClock(self.cost.prefill)
         self.runs = self.segment.runs  # its run counts at offsets 0..B, written at each event
         self.t = self.next_arrival = self.resumed_at = 0
+        self.owner = None
         self.tally = Tally(settings.series_points, len(alloc.boundaries_tokens) > 0)
         self.growth = Growth(self.batch, alloc, self.sched, self.tally, self.cost, self.cache)
         self.chunker = Chunker(self.batch, self.sched, self.growth, self.tally, settings.batched_tokens(self.max_len),
@@ -155,7 +179,8 @@ class Replay:
             # block growth reached the allocator lazily (at completion and preemption); the peak is eager growth's
             self.alloc.record_peak(b.peak_blocks * self.block_bytes)
         counters = self.tally.counters(self.t, b.rejections, self.link, self.alloc.kv_pool_bytes)
-        return replay_result(self.alloc, counters, b.timeline(), self.tally.series, self.tally.boundaries)
+        mine = None if self.owner is None else np.frombuffer(self.owner, dtype=np.int64) == self.me
+        return replay_result(self.alloc, counters, b.timeline(mine), self.tally.series, self.tally.boundaries)
 
     def _reserved_bytes(self):
         b: Batch = self.batch
@@ -168,6 +193,12 @@ class Replay:
         b: Batch = self.batch
         while self.next_arrival < self.num and b.arrival[self.next_arrival] <= self.t:
             i = self.next_arrival
+            if self.owner is not None and self.owner[i] != self.me:
+                if self.owner[i] < 0:  # not routed yet: the cluster decides first
+                    self.paused = True
+                    return
+                self.next_arrival += 1  # another engine's
+                continue
             self.next_arrival += 1
             if b.prompt[i] >= self.max_len:
                 b.reject(i)
@@ -308,7 +339,7 @@ class Replay:
             if b.block_growth or not b.overflow_now() or self.sched.decode_limit() or b.completes_now():
                 return True
             self._arrive()
-            if not self.sched.quiet():
+            if self.paused or not self.sched.quiet():
                 return True
             if not self._grow():
                 return False
@@ -335,8 +366,8 @@ class Replay:
         self._load_segment(n)
         if b.block_growth:
             k = segment.first_over(self.alloc.block_limit(n, n), k)
-        if self.next_arrival < self.num:
-            j = self.sched.first_waking(n, self.next_arrival)
+        if self.next_arrival < self.num:  # routed: any arrival stops it (the router sees every engine there)
+            j = self.sched.first_waking(n, self.next_arrival) if self.owner is None else self.next_arrival
             if j >= 0:
                 k = segment.iterations_until(b.arrival[j] - self.t, k)
         self._run_segment(n, k, 0, False)

@@ -21,6 +21,7 @@ class ReplayResult:
     ttft_s: np.ndarray = field(repr=False)
     tpot_s: np.ndarray = field(repr=False)
     queue: dict = field(default_factory=dict)  # `queue_growth`: whether the run was overloaded, and why
+    first_arrival_ps: int = 0  # the first request's arrival (the replay's time origin for makespan_s)
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,8 @@ def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
     }
     if c["kv_pool_bytes"] < alloc.pool_bytes:  # a pool that holds borrowed memory: the KV past the KV pool
         series_out["borrowed_bytes"] = [max(0, r[1] - c["kv_pool_bytes"]) for r in rows]
-    return ReplayResult(alloc.name, metrics, series_out, alloc.stats().to_dict(), ttft, tpot, queue)
+    return ReplayResult(alloc.name, metrics, series_out, alloc.stats().to_dict(), ttft, tpot, queue,
+                        int(tl.first_arrival_ps))
 
 
 # Bucket upper bounds (seconds) of the latency histograms a replay exports (replay --metrics-out):

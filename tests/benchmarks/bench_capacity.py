@@ -55,7 +55,8 @@ def azure_conv_path(requests: int) -> Path:
     return path
 
 
-def run_case(case: str, requests: int, workers_list: list[int], engine: str | None = None) -> dict:
+def run_case(case: str, requests: int, workers_list: list[int], engine: str | None = None,
+             router: str | None = None) -> dict:
     from odmactl.cli import main as odmactl
 
     path = trace_path(requests) if case == "servegen" else azure_conv_path(requests)
@@ -66,7 +67,8 @@ def run_case(case: str, requests: int, workers_list: list[int], engine: str | No
         with contextlib.redirect_stdout(buffer):
             code = odmactl(["capacity", str(path), "--device", CASES[case], "--model", MODEL,
                             "--slo", "ttft_p99=2s,tpot_p99=100ms", "--predictor", "oracle", "--tp", "1,2,4",
-                            "--workers", str(workers), "--json", *(["--engine", engine] if engine else [])])
+                            "--workers", str(workers), "--json", *(["--engine", engine] if engine else []),
+                            *(["--router", router] if router else [])])
         seconds = time.perf_counter() - started
         if code != 0:
             sys.exit(f"capacity failed ({code})")
@@ -77,6 +79,7 @@ def run_case(case: str, requests: int, workers_list: list[int], engine: str | No
                      "overloaded_probes": sum(any(f[0] == "overloaded" for f in p["failures"])
                                               for r in doc["rows"] for p in r["probes"])})
     return {"trace": str(path), "requests": requests, "device": CASES[case], "engine": engine or "the device's",
+            "router": router or "capacity's default",
             "runs": runs,
             "identical_across_workers": len(outputs) == 1 if len(runs) > 1 else None}
 
@@ -88,10 +91,11 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--engine", default=None, help="vllm-v0 or vllm-v1 (default: each device profile's)")
+    parser.add_argument("--router", default=None, help="capacity's --router (default: capacity's own)")
     args = parser.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
     report = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-              "cases": {case: run_case(case, args.requests, workers, args.engine)
+              "cases": {case: run_case(case, args.requests, workers, args.engine, args.router)
                         for case in (CASES if args.case == "both" else (args.case,))}}
     if args.json:
         print(json.dumps(report, indent=2))
