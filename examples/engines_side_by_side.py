@@ -4,7 +4,8 @@ Llama-3-8B on H100-SXM, 1,500 Poisson requests of 1,000 prompt and 256 output to
 16-token blocks, batch cap 256, token budget 2,048, at 5, 20, 28 and 40 req/s; TTFT and TPOT mean
 and p99 under --engine vllm-v0 and vllm-v1, and the highest rate at TTFT p99 <= 2 s and TPOT
 p99 <= 100 ms under each, at tp 1 and 2 (bisection on the rate, the arrivals' gaps scaled). Run
-from the repository root (about a minute on 2 CPU cores):
+from the repository root (about two seconds on 2 CPU cores; max_model_len 2,048, so vllm-v0's
+default budget, max(max_model_len, 2048), is the same 2,048):
 
     python examples/engines_side_by_side.py --out examples/engines_side_by_side.md
 """
@@ -51,7 +52,7 @@ def replay(engine: str, rate: float, tp: int) -> dict:
     m = r.metrics
     return {"ttft_mean_s": float(np.mean(r.ttft_s)), "ttft_p99_s": m["ttft_p99"],
             "tpot_mean_s": float(np.mean(r.tpot_s)), "tpot_p99_s": m["tpot_p99"], "completed": m["completed"],
-            "preemptions": m["preemptions"]}
+            "preemptions": m["preemptions"], "overloaded": bool(m["overloaded"])}
 
 
 def meets(row: dict) -> bool:
@@ -76,13 +77,14 @@ def main() -> None:
     args = parser.parse_args()
     rows = {engine: {rate: replay(engine, rate, 1) for rate in RATES} for engine in ENGINES}
     caps = {engine: {tp: capacity(engine, tp) for tp in (1, 2)} for engine in ENGINES}
-    lines = ["| req/s | engine | TTFT mean (s) | TTFT p99 (s) | TPOT mean (ms) | TPOT p99 (ms) | preemptions |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| req/s | engine | TTFT mean (s) | TTFT p99 (s) | TPOT mean (ms) | TPOT p99 (ms) | preemptions | "
+             "queue grows |", "|---:|---|---:|---:|---:|---:|---:|---|"]
     for rate in RATES:
         for engine in ENGINES:
             r = rows[engine][rate]
             lines.append(f"| {rate} | {engine} | {r['ttft_mean_s']:.3f} | {r['ttft_p99_s']:.3f} | "
-                         f"{r['tpot_mean_s'] * 1e3:.1f} | {r['tpot_p99_s'] * 1e3:.1f} | {r['preemptions']} |")
+                         f"{r['tpot_mean_s'] * 1e3:.1f} | {r['tpot_p99_s'] * 1e3:.1f} | {r['preemptions']} | "
+                         f"{'yes' if r['overloaded'] else 'no'} |")
     lines += ["", "| engine | req/s at TTFT p99 <= 2 s, TPOT p99 <= 100 ms, tp 1 | tp 2 (one engine of 2 GPUs) |",
               "|---|---:|---:|"]
     for engine in ENGINES:

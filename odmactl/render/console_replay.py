@@ -69,9 +69,18 @@ def schedulers(doc: dict) -> str:
     return ", ".join(f"{p}: {s}" for p, s in ran.items())
 
 
+def _caps(scheduler: dict) -> dict:
+    return {k: scheduler[k] for k in ("engine", "max_num_seqs", "max_num_batched_tokens")}
+
+
 def _block(tokens) -> str:
     """A large block's size as [engine.odma] says it: a token count, or "prompt + N, at most M"."""
     return f"{tokens:,}" if isinstance(tokens, int) else str(tokens)
+
+
+def engine_caps(engine: str, max_num_seqs: int, max_num_batched_tokens: int) -> str:
+    """The engine a command replayed and its batch caps, as every command's console says them."""
+    return f"engine {engine} (max_num_seqs {max_num_seqs:,}, max_num_batched_tokens {max_num_batched_tokens:,})"
 
 
 def render_replay(console: Console, doc: dict) -> None:
@@ -79,7 +88,7 @@ def render_replay(console: Console, doc: dict) -> None:
     console.print(f"[bold]{escape(t['path'])}[/]: {t['requests']:,} requests ({t['arrivals']}), "
                   f"{escape(deployment(doc))}; KV pool {format_bytes(doc['kv_pool_bytes'])} = "
                   f"{doc['kv_pool_bytes'] // doc['kv_bytes_per_token']:,} tokens; max_model_len {doc['max_model_len']:,}; "
-                  f"predictor {escape(doc['predictor'])}; engine {escape(str(doc['scheduler'].get('engine')))}, "
+                  f"predictor {escape(doc['predictor'])}; {escape(engine_caps(**_caps(doc['scheduler'])))}, "
                   f"scheduler {escape(schedulers(doc))}; "
                   f"{doc['time_advance']}", highlight=False)
     new_tokens = doc["scheduler"].get("max_new_tokens")
@@ -183,7 +192,8 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
     _wrapped(console, f"{what}: {doc['chosen']['label']}; {shown}; max_model_len "
                       f"{doc['max_model_len']:,}; large pool {large / doc['kv_pool_bytes']:.1%} of the KV pool "
                       f"({blocks:,} block{'s' if blocks != 1 else ''} of {_block(doc['chosen']['large_block_tokens'])} "
-                      f"tokens); scheduler {doc['scheduler']} (better than "
+                      f"tokens); {engine_caps(doc['engine'], doc['max_num_seqs'], doc['max_num_batched_tokens'])}, "
+                      f"scheduler {doc['scheduler']} (better than "
                       f"{' and '.join(n for n in doc['tuning']['schedulers'] if n != doc['scheduler'])} on the search part)",
              "bold")
     if doc["objective"] == "capacity":
@@ -216,7 +226,7 @@ def render_capacity(console: Console, doc: dict) -> None:
     t = doc["trace"]
     console.print(escape(f"{t['path']}: {t['requests']:,} requests at {t['mean_rate_per_s']:,.3f} req/s "
                          f"(peak 10 min {t['peak_10min_rate_per_s']:,.3f}), {doc['model']} on {doc['device']}, "
-                         f"predictor {doc['predictor']}, engine {doc['scheduler'].get('engine')}; SLO {doc['slo_label']}"
+                         f"predictor {doc['predictor']}, {engine_caps(**_caps(doc['scheduler']))}; SLO {doc['slo_label']}"
                          f"{', overflow rate <= ' + format_metric('overflow_rate', doc['max_migration_rate'])}"
                          + (f"; outputs capped at {cap:,} new tokens" if (cap := doc['scheduler'].get('max_new_tokens'))
                             else "")),

@@ -236,7 +236,7 @@ def engine_scheduler(spec: ServingSpec, setup: Serving, tables: dict[str, dict],
     if isinstance(block, int) and not isinstance(block, bool) and engine.block_problem(block) is not None:
         where = "--block-size" if spec.block_size_tokens else f"{config}: allocator.block_size_tokens"
         raise ConfigError(f"{where} {block}: {engine.block_problem(block)}",
-                          hint=f"a block size of {' or '.join(map(str, engine.block_sizes))} tokens")
+                          hint="another --block-size, or --engine vllm-v0" if engine.chunked else None)
     return scheduler
 
 

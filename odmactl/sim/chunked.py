@@ -25,7 +25,9 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
 from odmactl.core.errors import ConfigError
 from odmactl.sim.batch import Batch
 from odmactl.sim.growth import Growth
+from odmactl.sim.prefill import PrefillClock
 from odmactl.sim.schedulers.base import Scheduler
+from odmactl.sim.segment import Segment
 from odmactl.sim.tally import Tally
 
 
@@ -36,10 +38,10 @@ class Chunker:
     their new tokens, the squares' difference sum((x + c)^2 - x^2) over chunks of c new tokens
     after x computed ones (hw/cost.py, "mixed"), and how many."""
 
-    __slots__ = ("batch", "sched", "growth", "tally", "budget_tokens", "tokens", "squares", "count")
+    __slots__ = ("batch", "sched", "growth", "tally", "budget_tokens", "tokens", "squares", "count", "clock", "segment")
 
     def __init__(self, batch: Batch, sched: Scheduler, growth: Growth, tally: Tally, budget_tokens: int,
-                 engine: str, tier) -> None:
+                 engine: str, tier, clock: PrefillClock, segment: Segment) -> None:
         """For a replay under `engine` (its name); `tier` its policy's host tier, which
         is refused: a chunked engine (v1) has no swap space, and odmactl offloads a prefill's KV
         under whole-prompt prefills only."""
@@ -52,6 +54,8 @@ class Chunker:
         self.growth = growth
         self.tally = tally
         self.budget_tokens = budget_tokens
+        self.clock = clock  # the replay's prefill clock and segment (its decode GEMMs by batch size)
+        self.segment = segment
         self.tokens = self.squares = self.count = 0
 
     def plan(self, n: cython.longlong, admit: cython.bint) -> list:
@@ -88,6 +92,13 @@ class Chunker:
                     self._add(chunks, i, c)
                     budget -= c
         return chunks
+
+    def extra_ps(self, n: cython.longlong) -> cython.longlong:
+        """What the planned chunks add to a decode step of n requests, their GEMMs run with the
+        decodes' (hw/cost.py, "mixed"); with no decode (n = 0), the prefill iteration they take."""
+        if n == 0:
+            return self.clock.ps(self.tokens, self.squares, self.count)
+        return self.clock.beside_decodes_ps(n, self.tokens, self.squares, self.count) - self.segment.gemm_ps[n]
 
     def _add(self, chunks: list, i: cython.longlong, c: cython.longlong) -> None:
         x: cython.longlong = self.batch.prefilling[i]

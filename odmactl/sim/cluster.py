@@ -1,8 +1,9 @@
 """Replicas replayed together: R engines on one clock and a router that sees their state.
 
 Requests are routed in arrival order. Before request j is routed every engine has run up to its
-arrival: each `Replay` routed (engine.py `routed`) pauses when an unrouted request is due, and its
-decode segments stop at every arrival, so the router sees each engine at its first step boundary at
+arrival: each `Replay` of the cluster (engine.py `start(owner, me)`: it replays every request,
+`owner[i]` the engine request i was routed to, -1 until then) pauses when an unrouted request is
+due, skips the requests of other engines, and stops its decode segments at every arrival, so the router sees each engine at its first step boundary at
 or after the arrival (a prefill iteration in flight finishes first), as a router polling engines
 between their steps does. The router's rules (`ROUTERS`):
 
@@ -16,8 +17,8 @@ between their steps does. The router's rules (`ROUTERS`):
   odmactl's ODMA carves every bucket's blocks from one main pool, so the free memory of the pool is
   that of every bucket, and the rule reads the pool's for every policy.
 
-An engine's KV demand is what it holds (`reserved_bytes`) plus the prompts routed to it that have
-not started their prefill (`Cluster.pending`): an engine reached at a boundary past two arrivals
+An engine's KV demand is what it holds (`Replay.reserved_bytes`) plus the prompts routed to it
+that have not started their prefill (`Cluster.pending`): an engine reached at a boundary past two arrivals
 has not admitted the first yet when the second is routed, and a router reading only what is
 reserved would send it the second too (on 3,000 requests over 8 MLU370-X4 engines, batching their
 prefills: TTFT p99 0.45 s against 0.29 s round-robin).
@@ -35,21 +36,13 @@ from odmactl.core.errors import ConfigError
 from odmactl.sim.router import cluster_manager
 
 ROUTERS = ("round-robin", "least-outstanding", "least-kv", "cluster-manager")
-DEFAULT_ROUTER = "least-kv"  # capacity's: the load-aware rule that needed the fewest devices (README, Capacity)
+DEFAULT_ROUTER = "least-kv"  # capacity's: the load-aware rule that needed the fewest devices over the README's router table
 
 
 def outstanding(engine) -> int:
     """The requests in an engine: running, waiting, stalled, swapped out, or being prefilled."""
     s, b = engine.sched, engine.batch
     return len(b.running) + len(s.waiting) + len(s.stalled) + len(s.parked) + len(b.prefilling)
-
-
-def reserved_bytes(engine) -> int:
-    """The KV memory an engine holds now (with lazy block growth, the blocks the batch counts)."""
-    b = engine.batch
-    if b.block_growth and b.ff:
-        return (b.runs_now + b.prefilling_blocks) * engine.alloc.block_bytes
-    return engine.alloc.reserved_bytes
 
 
 def pick(router: str, j: int, engines: list, pending: list) -> int:
@@ -63,7 +56,7 @@ def pick(router: str, j: int, engines: list, pending: list) -> int:
     order = list(range(first, n)) + list(range(first))
     if router == "least-outstanding":
         return min(order, key=lambda e: outstanding(engines[e]))
-    demand = [reserved_bytes(engines[e]) + pending[e] for e in order]
+    demand = [engines[e].reserved_bytes() + pending[e] for e in order]
     if router == "least-kv":
         low = min(demand)
         tied = [e for e, d in zip(order, demand) if d == low]
@@ -103,7 +96,7 @@ class Cluster:
         demand = self.router in ("least-kv", "cluster-manager")
         arrival = self.arrival_ps
         for r, engine in enumerate(self.engines):
-            engine.routed(self.owner, r)
+            engine.start(self.owner, r)  # engine r of the cluster: it pauses where owner[i] < 0 is due
         for engine in self.engines:
             engine.resume()  # each runs until request 0 is due
         for j in range(len(self.owner)):

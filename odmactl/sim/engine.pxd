@@ -30,22 +30,20 @@ cdef class Replay:
     cdef public bint paused
     cdef public object owner
     cdef long long me
-    cdef long long num, next_arrival, resumed_at
+    cdef long long num, next_arrival
     cdef public long long t
 
     cpdef bint resume(self) except *
-    cdef void _unstall(self) except *
 
-    cdef void _start(self) except *
-    cdef object _finish(self)
-    cdef object _reserved_bytes(self)
+    cpdef void start(self, object owner, long long me) except *
+    cpdef object finish(self)
+    cpdef object reserved_bytes(self)
     cdef void _arrive(self) except *
     cdef void _finish_request(self, long long i) except *
     cdef void _done(self, long long i) except *
     cdef void _first_token(self, long long i) except *
     cdef bint _step_chunked(self) except *
     cdef void _prefill(self, list admitted) except *
-    cdef void _finish_offloaded(self, long long i) except *
     cdef bint _decode_fast(self) except *
     cdef bint _grow(self) except *
     cdef void _decode_segment(self) except *

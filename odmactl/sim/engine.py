@@ -9,11 +9,8 @@ policy: a contiguous block is extended (a move's copy is charged) or its request
 growth takes a block at a time and, past the pool or the iteration's block limit, the scheduler's
 victims are preempted (released, queued first, recomputed later).
 
-Under a chunked engine (vLLM v1, SchedulerSettings.engine) a step first grows the running
-requests (preempting as vLLM does), then spends the rest of its token budget on prompt chunks
-(sim/chunked.py) and runs the decodes and chunks together (hw/cost.py, "mixed"); a prompt's first
-token comes at the end of the step that computes its last chunk; a step without prompt work is a
-decode iteration like any other. v1 has no swap space: a policy with a host tier is refused.
+Under a chunked engine (vLLM v1) a step grows the running requests, then runs their decodes beside
+the prompt chunks the rest of its budget buys (sim/chunked.py; hw/cost.py, "mixed").
 
 Time is integer picoseconds. Between events that change the batch the batch is fixed, so
 `Segment` sums the next decode iterations in closed form, whatever the queue holds;
@@ -55,7 +52,7 @@ class Replay:
 
     __slots__ = ("w", "alloc", "settings", "max_len", "coeff", "cost", "progress", "probe", "batch", "sched", "link",
                  "tier", "cache", "segment", "prefill_clock", "runs", "tally", "growth", "ff", "num", "next_arrival",
-                 "block_bytes", "t", "resumed_at", "chunked", "chunker", "owner", "me", "paused")
+                 "block_bytes", "t", "chunked", "chunker", "owner", "me", "paused")
 
     def __init__(self, workload: Workload, allocator: AllocatorBase, cost, max_model_len: int,
                  settings: SchedulerSettings = SchedulerSettings(), progress=None, probe=None) -> None:
@@ -71,25 +68,13 @@ class Replay:
         self.probe = probe  # device.ondevice.DecodeProbe: runs and times each decode iteration on the device
 
     def run(self) -> ReplayResult:
-        self._start()
+        self.start(None, 0)
         self.resume()
-        return self._finish()
-
-    def routed(self, owner, me: cython.longlong) -> None:
-        """Replay as engine `me` of a cluster (sim/cluster.py): the workload is every engine's, and
-        `owner[i]` (int64 buffer) the engine the router sent request i to, -1 until it has. Then
-        `resume()` pauses (returns False) when an unrouted request is due, and each decode
-        segment stops at the next arrival, so the router sees this engine at its first step
-        boundary at or after each arrival; `finish()` gives the result over its own requests."""
-        self._start()
-        self.owner = owner
-        self.me = me
-
-    def finish(self) -> ReplayResult:
-        return self._finish()
+        return self.finish()
 
     def resume(self) -> cython.bint:
-        """Run until the replay ends (True) or, routed, until an unrouted request is due (False)."""
+        """Run until the replay ends (True) or, as engine `me` of a cluster (sim/cluster.py), until
+        an unrouted request is due (False: `owner[i]` < 0)."""
         steps: cython.longlong = 0
         b: Batch = self.batch
         sched: Scheduler = self.sched
@@ -102,7 +87,7 @@ class Replay:
                 sched.swap_in()
                 self.link.pending_ps += self.link.moved_ps()
             if sched.stalled:
-                self._unstall()
+                self.t += self.growth.unstall()
             sched.now = self.t
             if self.chunked:
                 if self._step_chunked():  # a step with prompt work; else the growth for a decode is done
@@ -140,8 +125,9 @@ class Replay:
                 self.progress("replay", self.tally.completed, self.num)
         return True
 
-    def _start(self) -> None:
-        """Fresh per-run state (see the class docstring)."""
+    def start(self, owner, me: cython.longlong) -> None:
+        """Fresh per-run state (see the class docstring); `owner` None, or an int64 buffer of the
+        engine each request was routed to (-1: not yet) when this is engine `me` of a cluster."""
         w, alloc, settings = self.w, self.alloc, self.settings
         self.ff = settings.fast_forward
         self.chunked = settings.chunked
@@ -159,21 +145,15 @@ class Replay:
         self.segment = Segment(self.coeff, alloc.block_size_tokens)  # the batch between two events
         self.prefill_clock = PrefillClock(self.cost.prefill)
         self.runs = self.segment.runs  # its run counts at offsets 0..B, written at each event
-        self.t = self.next_arrival = self.resumed_at = 0
-        self.owner = None
+        self.t = self.next_arrival = 0
+        self.owner, self.me = owner, me
         self.tally = Tally(settings.series_points, len(alloc.boundaries_tokens) > 0)
         self.growth = Growth(self.batch, alloc, self.sched, self.tally, self.cost, self.cache)
         self.chunker = Chunker(self.batch, self.sched, self.growth, self.tally, settings.batched_tokens(self.max_len),
-                               settings.engine, self.tier) if self.chunked else None
+                               settings.engine, self.tier, self.prefill_clock, self.segment) if self.chunked else None
 
-    def _unstall(self) -> None:
-        """Stalled requests (sim/growth.py) are extended again once a release happened since the
-        last try, or when nothing runs."""
-        if self.alloc.releases != self.resumed_at or not self.batch.running:
-            self.resumed_at = self.alloc.releases
-            self.t += self.growth.resume()
-
-    def _finish(self) -> ReplayResult:
+    def finish(self) -> ReplayResult:
+        """The result (a cluster's engine: over its own requests)."""
         b: Batch = self.batch
         if b.block_growth and self.ff:
             # block growth reached the allocator lazily (at completion and preemption); the peak is eager growth's
@@ -182,7 +162,8 @@ class Replay:
         mine = None if self.owner is None else np.frombuffer(self.owner, dtype=np.int64) == self.me
         return replay_result(self.alloc, counters, b.timeline(mine), self.tally.series, self.tally.boundaries)
 
-    def _reserved_bytes(self):
+    def reserved_bytes(self):
+        """The KV bytes held now (with lazy block growth, the blocks the batch counts)."""
         b: Batch = self.batch
         return (b.runs_now + b.prefilling_blocks) * self.block_bytes if b.block_growth and self.ff \
             else self.alloc.reserved_bytes
@@ -254,18 +235,15 @@ class Replay:
         chunks: list = chunker.plan(n, self.tally.preemptions == preempted)
         if not chunks:
             return False
-        if n:  # the decodes beside the chunks, whose GEMMs run with theirs (hw/cost.py, "mixed")
-            dt = self.prefill_clock.beside_decodes_ps(n, chunker.tokens, chunker.squares, chunker.count) \
-                - self.segment.gemm_ps[n]
-            if self.ff:
-                self._load_segment(n)
-                self._run_segment(n, 1, dt, True)
-            else:
-                self._decode_stepping(dt, True)
+        dt = chunker.extra_ps(n)  # what the chunks add to n decodes (or, alone, take)
+        if n and self.ff:
+            self._load_segment(n)
+            self._run_segment(n, 1, dt, True)
+        elif n:
+            self._decode_stepping(dt, True)
         else:  # a prefill iteration over the chunks
-            dt = self.prefill_clock.ps(chunker.tokens, chunker.squares, chunker.count)
             dt += self.link.beyond(self.link.moved_ps(), dt)
-            self.tally.occupancy_byte_ps += self._reserved_bytes() * dt
+            self.tally.occupancy_byte_ps += self.reserved_bytes() * dt
             self.t += dt
             if b.block_growth and b.prefilling_blocks > b.peak_blocks:
                 b.peak_blocks = b.prefilling_blocks
@@ -301,7 +279,7 @@ class Replay:
         dt += self.link.beyond(self.link.moved_ps(), dt)  # adapters loaded and KV offloaded for it
         started: cython.longlong = self.t
         self.t += dt
-        self.tally.occupancy_byte_ps += self._reserved_bytes() * dt
+        self.tally.occupancy_byte_ps += self.reserved_bytes() * dt
         self.tally.prefills += 1
         for i in admitted:
             if b.first_ps[i] < 0:
@@ -313,20 +291,13 @@ class Replay:
                 self._first_token(i)
                 continue
             del b.offloaded[i]
-            if b.gen[i] >= b.target[i]:
-                self._finish_offloaded(i)
+            if b.gen[i] >= b.target[i]:  # done at its first token while its KV was in the host tier
+                self.growth.release_offloaded(i)
+                self._done(i)
             else:
                 self.sched.parked.append(i)
         if self.tier is not None and ttft >= 0:
             self.tier.latency_feedback(seconds(ttft), None)
-
-    def _finish_offloaded(self, i: cython.longlong) -> None:
-        """A request done at its first token while its KV was in the host tier."""
-        a: Allocation = self.batch.allocs[i]
-        self.batch.reserved_tokens[i] = a.capacity_tokens
-        self.alloc.release(a)
-        self.growth.unpin(i)
-        self._done(i)
 
     def _decode_fast(self) -> cython.bint:
         """Decode iterations of the fixed batch, summed in closed form up to the next event that
@@ -350,7 +321,7 @@ class Replay:
         b: Batch = self.batch
         preempted: cython.longlong = self.tally.preemptions
         if self.tally.observe(self.t, self.alloc, len(b.running)):
-            self.tally.sample(self.t, self._reserved_bytes(), len(b.running), len(self.sched.waiting))
+            self.tally.sample(self.t, self.reserved_bytes(), len(b.running), len(self.sched.waiting))
         self.t += self.growth.fast() if self.ff else self.growth.stepping()
         if self.tally.preemptions != preempted:
             self.sched.preempted()

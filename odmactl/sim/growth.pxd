@@ -12,6 +12,7 @@ cdef class Growth:
     cdef public Scheduler sched
     cdef public Tally tally
     cdef public object cost, cache
+    cdef public object resumed_at
     cpdef void unpin(self, long long i) except *
     cpdef void first_token_room(self, long long i, long long k) except *
     cpdef void preempt(self, long long i) except *
@@ -19,6 +20,8 @@ cdef class Growth:
     cdef long long _extend(self, Allocation a, long long total) except? -2
     cpdef void stall(self, long long i) except *
     cpdef long long resume(self) except? -1
+    cpdef long long unstall(self) except? -1
+    cpdef void release_offloaded(self, long long i) except *
     cpdef void preempt_stalled(self) except *
     cpdef long long contiguous(self, long long i) except? -1
     cpdef void until_fits(self, long long need_at, long long limit) except *

@@ -32,7 +32,7 @@ class Growth:
     allocator lazily: a contiguous request's length at its overflow, blocks never (the batch
     counts them)."""
 
-    __slots__ = ("batch", "alloc", "sched", "tally", "cost", "cache")
+    __slots__ = ("batch", "alloc", "sched", "tally", "cost", "cache", "resumed_at")
 
     def __init__(self, batch: Batch, alloc: AllocatorBase, sched: Scheduler, tally: Tally, cost, cache) -> None:
         self.batch = batch
@@ -41,6 +41,7 @@ class Growth:
         self.tally = tally
         self.cost = cost
         self.cache = cache
+        self.resumed_at = 0  # the allocator's release count at the last `unstall` that resumed
 
     def unpin(self, i: cython.longlong) -> None:
         """Request i left the batch or the host tier: its adapter, if any, is unpinned."""
@@ -102,6 +103,20 @@ class Growth:
             if b.ff:
                 b.push_overflow(i, b.seq_of[i], a.capacity_tokens)
         return dt
+
+    def unstall(self) -> cython.longlong:
+        """`resume` once a release happened since the last try, or when nothing runs; its time."""
+        if self.alloc.releases == self.resumed_at and self.batch.running:
+            return 0
+        self.resumed_at = self.alloc.releases
+        return self.resume()
+
+    def release_offloaded(self, i: cython.longlong) -> None:
+        """Request i, done at its first token while its KV was in the host tier, gives it back."""
+        a: Allocation = self.batch.allocs[i]
+        self.batch.reserved_tokens[i] = a.capacity_tokens
+        self.alloc.release(a)
+        self.unpin(i)
 
     def preempt_stalled(self) -> None:
         """Nothing runs and no stalled request fits: the oldest is preempted (its block released;
