@@ -199,3 +199,8 @@ def test_what_vllm_refuses_is_refused_with_its_reason(cli, conv_sample_head, tmp
     assert cli(*base, "--device", "h100-sxm", "--max-num-batched-tokens", "512", "--max-model-len", "4096",
                "--max-num-seqs", "256").code == 0
     assert cli(*base, "--device", "mlu370-x4", "--block-size", "8").code == 0
+    buffered = tmp_path / "hb.toml"  # eLLM's host buffer offloads a prefill's KV: v0 only, said with its key
+    buffered.write_text("[allocator]\nellm_host_buffer_bytes = 1000000000\n")
+    r = cli(*base[:-1], "ellm", "--device", "h100-sxm", "--config", buffered)
+    assert r.code == 1 and "allocator.ellm_host_buffer_bytes" in r.err and "--engine vllm-v0" in r.err
+    assert cli(*base[:-1], "ellm", "--device", "h100-sxm", "--config", buffered, "--engine", "vllm-v0").code == 0

@@ -127,8 +127,8 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
             "metrics_at_target": result["target"]["metrics"], "probes": result["probes"]})
     if all(row["replicas_for_target"] is None for row in rows):
         raise ConfigError(f"no policy serves {target_rate:,.3f} req/s within the SLO with up to {target.max_replicas} "
-                          "engines at any tensor-parallel size tried", hint="a lower --target-rate, a larger --tp, or "
-                          "a looser --slo")
+                          "engines at any tensor-parallel size tried", hint="a larger --max-replicas, a lower "
+                          "--target-rate, a larger --tp, or a looser --slo")
     for row in rows:  # the saving against static at the same tp, in devices
         static = next((r for r in rows if r["policy"] == "static" and r["tp"] == row["tp"]), None)
         row["devices_saved_vs_static"] = (None if static is None or None in (static["devices_for_target"],

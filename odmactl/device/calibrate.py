@@ -23,6 +23,7 @@ from pathlib import Path
 from odmactl import __version__
 from odmactl.core.errors import ProfileError
 from odmactl.core.limits import check_seed
+from odmactl.rules.engines import DEFAULT_ENGINE, VLLM_V1
 from odmactl.core.units import format_bytes, format_rate
 
 CHUNK_BYTES = (64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 2 << 20)
@@ -307,7 +308,17 @@ def profile_document(results: dict, settings: CalibrationSettings, command: str,
             "scattered": scattered,
         },
         "calibration": _calibration_record(results),
+        "engine": {"default": _engine_default(settings.device)},
     }
+
+
+def _engine_default(device: str) -> dict:
+    """[engine] default of a measured profile: vLLM v1 on a CUDA device (the engine GPU users run,
+    as the shipped NVIDIA profiles say), else rules/engines.DEFAULT_ENGINE."""
+    if str(device).startswith("cuda"):
+        return {"value": VLLM_V1, "source": "a CUDA device runs vLLM v1 (vllm/v1/core/sched/scheduler.py), as the "
+                                            "shipped NVIDIA profiles' [engine] say"}
+    return {"value": DEFAULT_ENGINE, "source": f"no vLLM v1 build is assumed on {device}: odmactl's default engine"}
 
 
 def _calibration_record(results: dict) -> dict:

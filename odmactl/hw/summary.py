@@ -32,7 +32,7 @@ def device_summary(device: DeviceProfile, models: list[ModelProfile]) -> dict:
         "memory_fraction": device.memory_fraction, "activation_reserve_bytes": device.activation_reserve_bytes,
         "usable_bytes": device.usable_bytes, "step_overhead_s": device.step_overhead_s,
         "bandwidth_table": [{"chunk_bytes": c, "efficiency": e} for c, e in zip(bw.chunk_bytes, bw.efficiency)],
-        "kv_pool": pools, "sources": dict(device.sources),
+        "kv_pool": pools, "sources": dict(device.sources), "engine": device.engine,
         "kernels": dataclasses.asdict(device.kernels) if device.kernels is not None else None,
         "measurement": dict(device.measurement) if device.measurement else None,
         "calibration": device.calibration,

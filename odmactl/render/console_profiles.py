@@ -61,6 +61,8 @@ def render_device(console: Console, d: dict) -> None:
                   src.get("interconnect.bandwidth")),
                  ("ring step latency", f"{link['step_latency_s'] * 1e6:g} us", src.get("interconnect.step_latency")),
                  ("all-reduce latency", f"{link['base_latency_s'] * 1e6:g} us", src.get("interconnect.base_latency"))]
+    rows.append(("engine", d["engine"], src.get("engine.default") or "the profile has no [engine] table: "
+                 "odmactl's default (rules/engines.py)"))
     host = d["host_link"]
     if host is None:
         rows.append(("host link", "none", "the profile has no [host_link] table (no KV offload, no adapter loads)"))

@@ -137,6 +137,11 @@ def replay_policy(ctx: ReplayContext, policy: str, table: dict, progress=None,
         raise ConfigError(f"{policy} {moves}, and {s.device.name}'s profile has no [host_link] to charge the transfers at",
                           file=s.device.path, hint="add [host_link] (kind, bandwidth) to the profile"
                           + (", or set ellm_host_buffer_bytes = 0" if tier is not None else ""))
+    if tier is not None and ctx.scheduler.chunked:
+        raise ConfigError(f"{policy}'s host buffer takes a prefill's KV to host memory, which odmactl replays under "
+                          f"whole-prompt prefills only; {ctx.scheduler.engine} has no swap space",
+                          key="allocator.ellm_host_buffer_bytes",
+                          hint="replay it with --engine vllm-v0, or with ellm_host_buffer_bytes = 0")
     probe = None if device is None else device.probe(allocator, ctx)
     with clock_limit(ctx, policy):
         result = Replay(ctx.workload, allocator, s.cost, ctx.max_len, ctx.scheduler, progress=progress,
@@ -224,14 +229,15 @@ def engine_scheduler(spec: ServingSpec, setup: Serving, tables: dict[str, dict],
     where = "--max-num-batched-tokens" if spec.max_num_batched_tokens is not None else \
         f"{config}: scheduler.max_num_batched_tokens" if "max_num_batched_tokens" in table else \
         f"{engine.name}'s default max_num_batched_tokens"
+    settable = "the flags or the config's [scheduler] table" if config is not None else "the flags"
     if not engine.chunked and scheduler.batched_tokens(max_len) < max_len:
         raise ConfigError(f"max_num_batched_tokens ({scheduler.max_num_batched_tokens:,}) is smaller than max_model_len "
                           f"({max_len:,}): a prompt of max_model_len could never be scheduled (vLLM refuses it too "
-                          "without chunked prefill)", hint="raise --max-num-batched-tokens (or [scheduler] max_num_batched_tokens "
-                          "in the config), lower --max-model-len, or replay with --engine vllm-v1 (chunked prefill)")
+                          f"without chunked prefill) ({where})", hint=f"raise max_num_batched_tokens ({settable}), lower "
+                          "max_model_len, or --engine vllm-v1 (chunked prefill)")
     problem = seqs_problem(scheduler.max_num_seqs, scheduler.batched_tokens(max_len))
     if problem is not None:
-        raise ConfigError(f"{problem} ({where})", hint="lower --max-num-seqs or raise --max-num-batched-tokens")
+        raise ConfigError(f"{problem} ({where})", hint=f"lower max_num_seqs or raise max_num_batched_tokens ({settable})")
     block = spec.block_size_tokens or tables["allocator"].get("block_size_tokens")
     if isinstance(block, int) and not isinstance(block, bool) and engine.block_problem(block) is not None:
         where = "--block-size" if spec.block_size_tokens else f"{config}: allocator.block_size_tokens"
