@@ -137,11 +137,6 @@ def replay_policy(ctx: ReplayContext, policy: str, table: dict, progress=None,
         raise ConfigError(f"{policy} {moves}, and {s.device.name}'s profile has no [host_link] to charge the transfers at",
                           file=s.device.path, hint="add [host_link] (kind, bandwidth) to the profile"
                           + (", or set ellm_host_buffer_bytes = 0" if tier is not None else ""))
-    if tier is not None and ctx.scheduler.chunked:
-        raise ConfigError(f"{policy}'s host buffer takes a prefill's KV to host memory, which odmactl replays under "
-                          f"whole-prompt prefills only; {ctx.scheduler.engine} has no swap space",
-                          key="allocator.ellm_host_buffer_bytes",
-                          hint="replay it with --engine vllm-v0, or with ellm_host_buffer_bytes = 0")
     probe = None if device is None else device.probe(allocator, ctx)
     with clock_limit(ctx, policy):
         result = Replay(ctx.workload, allocator, s.cost, ctx.max_len, ctx.scheduler, progress=progress,

@@ -45,10 +45,11 @@ class Chunker:
         """For a replay under `engine` (its name); `tier` its policy's host tier, which
         is refused: a chunked engine (v1) has no swap space, and odmactl offloads a prefill's KV
         under whole-prompt prefills only."""
-        if tier is not None:
+        if tier is not None:  # eLLM's host buffer is the only host tier (allocator/ellm.py)
             raise ConfigError(f"a host buffer takes a prefill's KV to host memory, which odmactl replays under "
                               f"whole-prompt prefills only; {engine} has no swap space",
-                              hint="replay it with --engine vllm-v0, or without the host buffer")
+                              key="allocator.ellm_host_buffer_bytes",
+                              hint="replay it with --engine vllm-v0, or with ellm_host_buffer_bytes = 0")
         self.batch = batch
         self.sched = sched
         self.growth = growth
