@@ -38,15 +38,12 @@ LARGE_DEVICE_BYTES = 70 * GIB  # vLLM v1's get_batch_defaults: at least this muc
 @dataclass(frozen=True)
 class Engine:
     """One engine version: `chunked` (vLLM v1's schedule: decodes first, prompts chunked into the
-    budget left) or whole-prompt prefills; the block sizes its attention kernels take; whether it
-    caches prefixes by default (odmactl does not model prefix caching yet, so a plan writes it off);
-    `source` what the rules above are read from."""
+    budget left) or whole-prompt prefills, and the block sizes its attention kernels take (the
+    module docstring cites where each rule is read from)."""
 
     name: str
     chunked: bool
     block_sizes: tuple[int, ...]
-    prefix_caching_default: bool
-    source: str
 
     def batch_defaults(self, capacity_bytes: float, device_name: str, max_model_len: int) -> tuple[int, int]:
         """(max_num_seqs, max_num_batched_tokens) this engine starts with on a device of
@@ -67,10 +64,8 @@ class Engine:
 
 
 ENGINES: dict[str, Engine] = {
-    VLLM_V0: Engine(VLLM_V0, chunked=False, block_sizes=(8, 16, 32), prefix_caching_default=False,
-                    source="vLLM 0.6 (vllm/core/scheduler.py), the base of Cambricon-vLLM 0.6.2"),
-    VLLM_V1: Engine(VLLM_V1, chunked=True, block_sizes=(16, 32), prefix_caching_default=True,
-                    source="vLLM v1 (vllm/v1/core/sched/scheduler.py, vllm/engine/arg_utils.py)"),
+    VLLM_V0: Engine(VLLM_V0, chunked=False, block_sizes=(8, 16, 32)),
+    VLLM_V1: Engine(VLLM_V1, chunked=True, block_sizes=(16, 32)),
 }
 DEFAULT_ENGINE = VLLM_V0  # a device profile that names none: the schedule odmactl replayed before v1 existed
 

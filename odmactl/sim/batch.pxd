@@ -17,6 +17,9 @@ cdef class Batch:
     cpdef bint started(self, long long i) except *
     cpdef long long kv(self, long long i) except? -1
     cpdef void join(self, long long i, long long v) except *
+    cpdef void note_peak(self) except *
+    cpdef void begin_prefill(self, long long i) except *
+    cpdef void end_prefill(self, long long i) except *
     cpdef long long leave(self, long long i) except? -1
     cpdef long long newest(self) except? -1
     cpdef void reject(self, long long i) except *

@@ -158,8 +158,27 @@ class Batch:
         if self.block_growth:
             self.runs_now += -(-v // B)
             self.phase[self.base[i] % B] += 1
-            if self.runs_now > self.peak_blocks:
-                self.peak_blocks = self.runs_now
+            self.note_peak()
+
+    def note_peak(self) -> None:
+        """Block growth: the blocks held now (the running requests' and the prompts being chunked)
+        enter `peak_blocks`."""
+        if self.runs_now + self.prefilling_blocks > self.peak_blocks:
+            self.peak_blocks = self.runs_now + self.prefilling_blocks
+
+    def begin_prefill(self, i: cython.longlong) -> None:
+        """Request i, admitted, starts its prompt (and recomputed tokens) chunk by chunk, its KV
+        reserved for them and its first token."""
+        self.prefilling[i] = 0
+        if self.block_growth:
+            self.prefilling_blocks += -(-(self.prompt[i] + self.gen[i] + 1) // self.B)
+            self.note_peak()
+
+    def end_prefill(self, i: cython.longlong) -> None:
+        """Request i's prompt is computed: it leaves `prefilling` (to join the batch)."""
+        del self.prefilling[i]
+        if self.block_growth:
+            self.prefilling_blocks -= -(-(self.prompt[i] + self.gen[i] + 1) // self.B)
 
     def leave(self, i: cython.longlong) -> cython.longlong:
         """Request i leaves the running batch; returns its KV tokens."""

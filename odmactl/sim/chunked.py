@@ -84,9 +84,7 @@ class Chunker:
                     k = b.prompt[i] + b.gen[i]
                     self.tally.recomputed += b.gen[i]
                     self.growth.first_token_room(i, k)
-                    b.prefilling[i] = 0
-                    if b.block_growth:
-                        b.prefilling_blocks += -(-(k + 1) // b.B)
+                    b.begin_prefill(i)
                     if b.start_ps[i] < 0:
                         b.start_ps[i] = self.sched.now
                     c = min(k, budget)
@@ -116,17 +114,13 @@ class Chunker:
         j: cython.longlong
         i: cython.longlong
         x: cython.longlong
-        k: cython.longlong
         done: list = []
         for j in range(0, len(chunks), 2):
             i = chunks[j]
             x = b.prefilling[i] + chunks[j + 1]
-            k = b.prompt[i] + b.gen[i]
-            if x < k:
+            if x < b.prompt[i] + b.gen[i]:
                 b.prefilling[i] = x
                 continue
-            del b.prefilling[i]
-            if b.block_growth:
-                b.prefilling_blocks -= -(-(k + 1) // b.B)
+            b.end_prefill(i)
             done.append(i)
         return done

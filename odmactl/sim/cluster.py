@@ -41,8 +41,8 @@ DEFAULT_ROUTER = "least-kv"  # capacity's: the load-aware rule that needed the f
 
 def outstanding(engine) -> int:
     """The requests in an engine: running, waiting, stalled, swapped out, or being prefilled."""
-    s, b = engine.sched, engine.batch
-    return len(b.running) + len(s.waiting) + len(s.stalled) + len(s.parked) + len(b.prefilling)
+    s = engine.sched
+    return s.seats() + len(s.waiting) + len(s.parked)
 
 
 def pick(router: str, j: int, engines: list, pending: list) -> int:

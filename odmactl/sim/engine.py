@@ -242,11 +242,9 @@ class Replay:
         elif n:
             self._decode_stepping(dt, True)
         else:  # a prefill iteration over the chunks
-            dt += self.link.beyond(self.link.moved_ps(), dt)
+            dt = self.link.with_moves(dt)
             self.tally.occupancy_byte_ps += self.reserved_bytes() * dt
             self.t += dt
-            if b.block_growth and b.prefilling_blocks > b.peak_blocks:
-                b.peak_blocks = b.prefilling_blocks
         self.tally.prefills += 1
         for i in chunker.computed(chunks):
             b.gen[i] += 1
@@ -276,7 +274,7 @@ class Replay:
             self.growth.first_token_room(i, k)
             b.join(i, k + 1)
         dt = self.prefill_clock.ps(prompt_sum, prompt_squares, len(admitted))
-        dt += self.link.beyond(self.link.moved_ps(), dt)  # adapters loaded and KV offloaded for it
+        dt = self.link.with_moves(dt)  # adapters loaded and KV offloaded for it
         started: cython.longlong = self.t
         self.t += dt
         self.tally.occupancy_byte_ps += self.reserved_bytes() * dt
@@ -371,7 +369,7 @@ class Replay:
             dt += extra
             if b.block_growth:
                 held += runs[1] * extra  # the one iteration's blocks are held for the chunks too
-            dt += self.link.beyond(self.link.moved_ps(), dt)
+            dt = self.link.with_moves(dt)
         if self.link.pending_ps:
             stall = self.link.overlap_pending(self.segment.elapsed_ps(1))
             dt += stall
@@ -384,8 +382,7 @@ class Replay:
                 held += b.prefilling_blocks * dt
             self.tally.occupancy_byte_ps += held * self.block_bytes
             b.runs_now = runs[k % b.B] + n * (k // b.B)  # = the blocks held during the last iteration
-            if b.runs_now + b.prefilling_blocks > b.peak_blocks:
-                b.peak_blocks = b.runs_now + b.prefilling_blocks
+            b.note_peak()
         else:
             self.tally.occupy(self.alloc.reserved_bytes, dt)
         self._advance(n, k, dt)
@@ -401,8 +398,7 @@ class Replay:
         kv_now = [b.kv(i) for i in b.running]
         dt = self.coeff.step_ps(kv_now, [self.alloc.runs_of(b.allocs[i], b.kv(i)) for i in b.running])
         if mixed:
-            dt += extra
-            dt += self.link.beyond(self.link.moved_ps(), dt)
+            dt = self.link.with_moves(dt + extra)
         if self.link.pending_ps:
             dt += self.link.overlap_pending(dt)
         if self.tier is not None:

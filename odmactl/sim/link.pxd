@@ -5,5 +5,6 @@ cdef class HostLink:
     cdef public long long link_ps, bottleneck_ps, pending_ps
     cdef object _total(self)
     cpdef long long moved_ps(self) except? -1
+    cpdef long long with_moves(self, long long compute_ps) except? -1
     cpdef long long beyond(self, long long link_ps, long long compute_ps) except? -1
     cpdef long long overlap_pending(self, long long first_ps) except? -1

@@ -48,6 +48,11 @@ class HostLink:
         self.link_ps += dt
         return dt
 
+    def with_moves(self, compute_ps: cython.longlong) -> cython.longlong:
+        """An iteration of `compute_ps` of compute with the bytes moved for it since the last call
+        (adapters loaded, KV offloaded) overlapped: the longer of the two."""
+        return compute_ps + self.beyond(self.moved_ps(), compute_ps)
+
     def beyond(self, link_ps: cython.longlong, compute_ps: cython.longlong) -> cython.longlong:
         """What a transfer of `link_ps` overlapped with `compute_ps` of compute adds (0 when hidden)."""
         if link_ps <= compute_ps:
