@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The capacity tables of the README ("Capacity: devices at a latency SLO"), made again:
-#   bash examples/capacity_tables.sh [WORK]     (needs ../shared/traces; about 1.5 minutes on 2 cores)
+#   bash examples/capacity_tables.sh [WORK]     (needs ../shared/traces; about 12 minutes on 2 cores)
 # Azure conv 2023: the predictor is fitted on the first 6,000 requests, plan chooses ODMA's config on
 # the other 13,366 for one MLU370-X4 with a 1% migration-rate limit (at 0.5% its pick fails the gate
 # on the held-out part and plan writes no config), and capacity runs on those 13,366 on MLU370-X4
 # (vllm-v0) and A100-80GB-SXM (vllm-v1) at tp 1, 2 and 4, applying that config to every size (--allow-mismatch).
-# Mooncake conversation: four MLU370-X4 at tp 4, oracle lengths, a looser SLO.
+# Mooncake conversation: four MLU370-X4 at tp 4, oracle lengths, a looser SLO; then prefix caching on and
+# off (README, "Prefix caching"): MLU370-X4 at tp 4 (vllm-v0), A100 and H100 at tp 1, 2 and 4 (vllm-v1).
 set -euo pipefail
 WORK=${1:-/tmp/odmactl-capacity}
 SHARED=$(cd "$(dirname "$0")/../.." && pwd)/shared/traces
@@ -31,3 +32,10 @@ done
 odmactl ingest "$SHARED/mooncake_conversation_trace.jsonl.gz" --out mc.parquet --force > /dev/null
 odmactl capacity mc.parquet --device mlu370-x4 --model $MODEL --slo ttft_p99=60s,tpot_p99=2s --predictor oracle \
   --tp 4 --workers 2 --out mooncake-tp4.json --report mooncake-tp4.html --force
+for run in mlu370-x4:4 a100-80gb-sxm:1,2,4 h100-sxm:1,2,4; do
+  device=${run%%:*} tp=${run##*:}
+  for caching in prefix-caching no-prefix-caching; do
+    odmactl capacity mc.parquet --device $device --model $MODEL --slo ttft_p99=60s,tpot_p99=2s --predictor oracle \
+      --tp $tp --workers 2 --$caching --out "mooncake-$device-$caching.json" --force > /dev/null
+  done
+done

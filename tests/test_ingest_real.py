@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from odmactl.trace.schema import SCHEMA, read_metadata, read_trace
+from odmactl.trace.schema import PREFIX_SCHEMA, SCHEMA, read_metadata, read_trace
 from odmactl.trace.tokenizer import default_tokenizer_dir
 
 
@@ -42,7 +42,7 @@ def _ingest(cli, tmp_path: Path, *sources: Path, extra: tuple = ()) -> pl.DataFr
     result = cli("ingest", *sources, "--out", out, *extra)
     assert result.code == 0, result.err
     frame = read_trace(out)  # validates schema and invariants
-    assert frame.schema == pl.Schema(SCHEMA)
+    assert frame.schema in (pl.Schema(SCHEMA), pl.Schema({**SCHEMA, **PREFIX_SCHEMA}))  # prefix hashes where the source has them
     assert frame["request_id"].n_unique() == frame.height
     assert frame["arrival_s"].min() == 0.0
     assert (frame["arrival_s"].diff().drop_nulls() >= 0).all()
@@ -73,6 +73,8 @@ def test_mooncake(cli, tmp_path, shared_traces, name):
     frame = _ingest(cli, tmp_path, shared_traces / name)
     assert _totals(frame) == (len(rows), sum(r["input_length"] for r in rows), sum(r["output_length"] for r in rows))
     assert frame["arrival_s"].max() == pytest.approx((rows[-1]["timestamp"] - rows[0]["timestamp"]) / 1000)
+    assert frame["prefix_hashes"].to_list() == [r["hash_ids"] for r in rows]  # kept as they are, 512-token blocks
+    assert set(frame["prefix_block_tokens"].to_list()) == {512}
 
 
 def test_vidur(cli, tmp_path, shared_traces):

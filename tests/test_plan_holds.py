@@ -250,7 +250,7 @@ def test_engine_settings_are_derived_from_the_profiles(planned):
     assert got["gpu_memory_utilization"] == math.floor(share * 10_000) / 10_000 and got["kv_cache_dtype"] == "fp8"
     int4 = vllm_settings(setup, "int4", 8192, 128, 8192, 16, "vllm-v1")
     assert "note" in int4 and "serve_args" not in int4 and "num_gpu_blocks_override" not in int4
-    # the engine's flags as replayed: v1 chunks prompts and, unmodelled, caches no prefix
+    # the engine's flags as replayed: v1 chunks prompts; prefix caching as passed (off by default here)
     assert got["engine"] == "vllm-v1" and got["enable_chunked_prefill"] and not got["enable_prefix_caching"]
     assert got["serve_args"].endswith("--enable-chunked-prefill --no-enable-prefix-caching")
     v0 = vllm_settings(setup, "fp16", 8192, 128, 8192, 16, "vllm-v0")

@@ -214,11 +214,13 @@ class Allocator(Protocol):
     config.Deployment, the facts of the device and model it may need); `arena_bytes`, the bytes its
     arena spans; `uses_predictions`, whether it sizes reservations from predicted lengths (a replay
     refuses to run it without a predictor unless told `--predictor none`); `describe(config)`, a
-    line saying its settings for the console (None: nothing to say).
+    line saying its settings for the console (None: nothing to say); `shares_prefixes`, whether a
+    replay may keep a prefix cache in its blocks (allocator/prefix.py: `paged`).
     """
 
     name: str
     uses_predictions: bool
+    shares_prefixes: bool
     settings: tuple[type, ...]
     pool_bytes: int
     kv_pool_bytes: int
@@ -285,6 +287,7 @@ class AllocatorBase:
     name = "base"
     scheduler = "fcfs"  # the scheduler a replay runs it with unless [scheduler] policy names one
     uses_predictions = False  # True for a policy that sizes reservations from predicted lengths
+    shares_prefixes = False  # True where a replay may cache prompt prefixes in its blocks (allocator/prefix.py)
     settings: tuple[type, ...] = ()  # the settings classes (allocator/config.py) the policy reads
     policy_totals: tuple[str, ...] = ()  # names in policy_counters() that only grow (the rest are levels)
 
@@ -506,6 +509,7 @@ class AllocatorBase:
             pos, prev = start + n, f"{what} at {start}"
         if pos != self.pool_bytes:
             raise InvariantError(f"owned and free ranges end at {pos}, the pool at {self.pool_bytes}")
+        reserved += self._other_reserved_bytes()
         if reserved != self.reserved_bytes:
             raise InvariantError(f"reserved-bytes counter drifted: {self.reserved_bytes}, live allocations hold {reserved}")
         try:
@@ -524,6 +528,10 @@ class AllocatorBase:
         """(start, nbytes, what) of pool bytes held by something other than a request's KV (ADR-006's
         adapters), for the tiling check."""
         return []
+
+    def _other_reserved_bytes(self) -> int:
+        """Bytes counted as reserved that no live allocation holds (a prefix cache's referenced units)."""
+        return 0
 
     def _ranges(self, a: Allocation) -> list[tuple[int, int]]:
         raise NotImplementedError

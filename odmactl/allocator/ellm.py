@@ -80,6 +80,7 @@ class EllmAllocator(PagedAllocator):
     """
 
     name = "ellm"
+    shares_prefixes = False  # not modelled: eLLM's elastic pool and host buffer move blocks a cache would share
     settings = (PagedSettings, EllmSettings)
 
     @classmethod

@@ -37,9 +37,13 @@ class PagedAllocator(AllocatorBase):
     and the array stays within four times the pool's blocks). `reserve` takes the prompt's
     blocks; `extend` adds blocks all-or-nothing and answers False when the queue runs dry (the
     caller preempts: vLLM recomputes the newest request).
+    With a prefix cache (`prefix`, allocator/prefix.py; None without), a block may also sit in a
+    cached unit: held while a request references it, else free but cached (`cached_free_blocks`
+    of them, counted in `free_blocks`), evicted when the queue runs dry.
     """
 
     name = "paged"
+    shares_prefixes = True  # vLLM's automatic prefix caching (allocator/prefix.py)
     settings = (PagedSettings,)
 
     @classmethod
@@ -65,12 +69,14 @@ class PagedAllocator(AllocatorBase):
         self.tail_bytes = pool_bytes - self.num_blocks * self.block_bytes
         self._free = array("q", range(self.num_blocks))
         self._head = 0
+        self.prefix = None
+        self.cached_free_blocks = 0
 
     def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
                 uncertainty: float | None = None) -> Allocation | None:
         self._admit(request_id, prompt_tokens)
         n = -(-prompt_tokens // self.block_size_tokens)
-        if n > len(self._free) - self._head:
+        if n > len(self._free) - self._head + self.cached_free_blocks:
             self.failed_reserves += 1
             return None
         blocks = self._take(n)
@@ -83,7 +89,7 @@ class PagedAllocator(AllocatorBase):
         self.extends += 1
         extra = -(-total_tokens // self.block_size_tokens) - len(allocation.block_ids)
         if extra > 0:
-            if extra > len(self._free) - self._head or total_tokens > self.max_tokens:
+            if extra > len(self._free) - self._head + self.cached_free_blocks or total_tokens > self.max_tokens:
                 self.failed_extends += 1
                 return False
             allocation.block_ids += self._take(extra)
@@ -105,7 +111,10 @@ class PagedAllocator(AllocatorBase):
         self._forget(allocation)
 
     def _take(self, n: int) -> array:
-        """The first n free blocks (the caller checked there are n)."""
+        """The first n free blocks (the caller checked there are n, cached ones counted: those are
+        evicted when the queue holds fewer)."""
+        if self.cached_free_blocks and n > len(self._free) - self._head:
+            self.prefix.evict(n)
         head = self._head
         blocks = self._free[head:head + n]
         head += n
@@ -117,7 +126,25 @@ class PagedAllocator(AllocatorBase):
 
     @property
     def free_blocks(self) -> int:
+        """Free blocks, cached ones (evictable) counted, as vLLM's block pool counts them."""
+        return len(self._free) - self._head + self.cached_free_blocks
+
+    @property
+    def free_blocks_uncached(self) -> int:
         return len(self._free) - self._head
+
+    def return_blocks(self, blocks: array) -> None:
+        """Blocks of an evicted cached unit go to the queue's back."""
+        self._free.extend(blocks)
+
+    def _other_spans(self) -> list[tuple[int, int, str]]:
+        if self.prefix is None:
+            return []
+        return [(b * self.block_bytes, self.block_bytes, f"cached prefix block {b}")
+                for u in self.prefix.units.values() if u.owner is None for b in u.blocks]
+
+    def _other_reserved_bytes(self) -> int:
+        return 0 if self.prefix is None else self.prefix.shared_blocks * self.block_bytes
 
     def _ranges(self, a: Allocation) -> list[tuple[int, int]]:
         return [(b * self.block_bytes, self.block_bytes) for b in a.block_ids]
@@ -139,6 +166,9 @@ class PagedAllocator(AllocatorBase):
         owned = sum(len(a.block_ids) for a in self._live.values())
         free = self._free[self._head:]
         assert len(set(free)) == len(free), "a block is in the free queue twice"
+        if self.prefix is not None:
+            self.prefix.check()
+            return
         assert owned + len(free) == self.num_blocks, f"{owned} owned + {len(free)} free != {self.num_blocks} blocks"
         for a in self._live.values():
             assert a.offset_bytes == a.block_ids[0] * self.block_bytes, f"request '{a.request_id}' offset is not its first block"

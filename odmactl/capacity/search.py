@@ -74,6 +74,9 @@ def _combined(metrics: list[dict], latencies: dict, end_s: float, scale: float) 
     requests and the end of the last one."""
     totals = {key: sum(m[key] for m in metrics) for key in TOTALS}
     n = totals["requests"]
+    if "prefill_tokens_saved" in metrics[0]:  # a prefix cache (every engine of a run keeps one or none)
+        saved, looked_up = (sum(m[key] for m in metrics) for key in ("prefill_tokens_saved", "prefix_looked_up_tokens"))
+        totals.update(prefill_tokens_saved=saved, prefix_hit_rate=saved / max(looked_up, 1))
     return {**totals, "replicas": len(metrics), "rate_scale": scale,
             **{key: any(bool(m[key]) for m in metrics) for key in FLAGS}, **latencies,
             "migration_rate": totals["migrations"] / n, "overflow_rate": (totals["migrations"] + totals["preemptions"]) / n,

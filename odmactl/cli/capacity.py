@@ -13,6 +13,7 @@ from odmactl.cli.app import app, out, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     EngineOption,
+    PrefixCachingOption,
     MaxNewTokensOption,
     MetricsOutOption,
     check_outputs,
@@ -55,6 +56,7 @@ def capacity(
     kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
     block_size: BlockSizeOption = None,
     engine: EngineOption = None,
+    prefix_caching: PrefixCachingOption = None,
     max_new_tokens: MaxNewTokensOption = None,
     allow_mismatch: Annotated[bool, typer.Option(help="apply a --config planned for another device, model, kv_dtype, tp "
                                                      "or KV pool (a warning instead of an error)")] = False,
@@ -83,6 +85,7 @@ def capacity(
         raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
     check_outputs([metrics_out, out_path, plot, report], force, input_paths(trace_path, config, predictor, device, model))
     spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
+                        prefix_caching=prefix_caching,
                       max_new_tokens=max_new_tokens, predictor=predictor,
                         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens, kv_pool_bytes=parse_kv_pool(kv_pool),

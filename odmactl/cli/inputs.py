@@ -143,6 +143,10 @@ EngineOption = Annotated[Optional[str], typer.Option(
     "--engine", help="the engine version whose schedule is replayed: vllm-v0 (whole-prompt prefills; Cambricon-vLLM "
     "0.6.2) or vllm-v1 (decodes first, prompts chunked into each step's token budget); default: the config's, else "
     "the device profile's")]
+PrefixCachingOption = Annotated[Optional[bool], typer.Option(
+    "--prefix-caching/--no-prefix-caching", help="vLLM's automatic prefix caching, replayed for paged on a trace "
+    "with prefix hashes (Mooncake's hash_ids); default: the config's, else the engine's (on in vllm-v1, off in "
+    "vllm-v0)")]
 MaxNewTokensOption = Annotated[Optional[int], typer.Option(
     "--max-new-tokens", help="vLLM's max_tokens: every request stops after this many output tokens (counted as "
     "truncated), and static reserves prompt + this, the ODMA papers' Cambricon-vLLM baseline (default: no cap, and "

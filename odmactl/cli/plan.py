@@ -9,7 +9,7 @@ import typer
 
 from odmactl.allocator import ALLOCATORS
 from odmactl.cli.app import app, out, progress_for
-from odmactl.cli.inputs import BlockSizeOption, EngineOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool
+from odmactl.cli.inputs import BlockSizeOption, EngineOption, PrefixCachingOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool
 
 
 @app.command()
@@ -37,6 +37,7 @@ def plan(
     kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
     block_size: BlockSizeOption = None,
     engine: EngineOption = None,
+    prefix_caching: PrefixCachingOption = None,
     max_new_tokens: MaxNewTokensOption = None,
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: the profile's)")] = None,
     baselines: Annotated[str, typer.Option(help="comma-separated policies validated beside the recommendation, besides "
@@ -67,6 +68,7 @@ def plan(
     from odmactl.capacity.slo import Slo
 
     spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
+                        prefix_caching=prefix_caching,
                       max_new_tokens=max_new_tokens, predictor=predictor, objective=objective,
                     slo=None if slo is None else Slo.parse(slo),
                     max_overflow_rate=max_migration_rate, max_rejection_rate=max_rejection_rate, ttft_p99_s=ttft_p99, holdout=holdout, replays=replays,

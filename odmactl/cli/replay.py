@@ -12,6 +12,7 @@ from odmactl.cli.app import app, out, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     EngineOption,
+    PrefixCachingOption,
     MaxNewTokensOption,
     MetricsOutOption,
     check_outputs,
@@ -44,6 +45,7 @@ def replay(
     kv_dtype: Annotated[str, typer.Option(help="KV precision: fp16, bf16, fp8, int8, int4, oaken")] = "fp16",
     block_size: BlockSizeOption = None,
     engine: EngineOption = None,
+    prefix_caching: PrefixCachingOption = None,
     max_new_tokens: MaxNewTokensOption = None,
     stepping: Annotated[bool, typer.Option(help="advance token by token instead of in closed form (slow; a check)")] = False,
     seed: Annotated[int, typer.Option(help="seed for generated arrivals (--rate on a trace without timestamps)")] = 0,
@@ -87,6 +89,7 @@ def replay(
     elif profile is not None or scale != 1.0:
         raise OdmaError("--profile and --scale apply to --on-device replays only")
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
+                        prefix_caching=prefix_caching,
                       max_new_tokens=max_new_tokens, predictor=predictor, config=config,
                       load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit, seed=seed, skip=skip),
                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,

@@ -9,8 +9,10 @@ max_model_len, scheduler) and the recommended allocator settings, never copied f
   enable_chunked_prefill   as replayed: true under vllm-v1 (always on there), false under vllm-v0
                            (written `--enable-chunked-prefill False`: vLLM 0.6 turns it on by
                            itself for long contexts)
-  enable_prefix_caching    false: odmactl does not replay prefix caching, which vLLM v1 turns on by
-                           default, so the plan holds for an engine run without it
+  enable_prefix_caching    as replayed (--prefix-caching, [scheduler] prefix_caching, else the
+                           engine's default: on in v1, off in 0.6); odmactl caches prefixes for
+                           paged on a trace with prefix hashes (allocator/prefix.py), and a
+                           trace without them replays the same either way
   tensor_parallel_size     tp
   max_model_len            the max_model_len replayed
   max_num_seqs             the scheduler's batch cap
@@ -64,7 +66,7 @@ VLLM_FLAGS = ("enable_chunked_prefill", "enable_prefix_caching")  # v1's boolean
 
 
 def vllm_settings(setup: Serving, kv_dtype: str, max_len: int, max_num_seqs: int, max_num_batched_tokens: int,
-                  block: int, engine: str) -> dict:
+                  block: int, engine: str, prefix_caching: bool = False) -> dict:
     """[engine.vllm]: the launch settings the plan corresponds to (the module docstring), with the
     paged baseline's block of `block` tokens, for `engine` (a name in rules/engines.ENGINES). A
     combination that engine refuses is a ConfigError (the replay refused it first: run/replay.py)."""
@@ -75,7 +77,7 @@ def vllm_settings(setup: Serving, kv_dtype: str, max_len: int, max_num_seqs: int
     device = setup.device
     per_device_bytes = setup.model.weight_bytes + device.activation_reserve_bytes + setup.pool_bytes / setup.tp
     utilization = int(per_device_bytes / device.capacity_bytes * 10_000) / 10_000
-    out: dict = {"engine": engine, "enable_chunked_prefill": version.chunked, "enable_prefix_caching": False,
+    out: dict = {"engine": engine, "enable_chunked_prefill": version.chunked, "enable_prefix_caching": prefix_caching,
                  "tensor_parallel_size": setup.tp, "max_model_len": max_len, "max_num_seqs": max_num_seqs,
                  "max_num_batched_tokens": max_num_batched_tokens, "block_size": block}
     if kv_dtype not in VLLM_KV_CACHE_DTYPE:  # its blocks at 16 bits would not fit: no memory settings, no command
@@ -87,7 +89,7 @@ def vllm_settings(setup: Serving, kv_dtype: str, max_len: int, max_num_seqs: int
     if version.chunked:  # v1's boolean flags (argparse BooleanOptionalAction): --x / --no-x
         flags = [f"--{'' if out[key] else 'no-'}{key.replace('_', '-')}" for key in VLLM_FLAGS]
     else:  # 0.6's StoreBoolean takes a value; prefix caching is off unless --enable-prefix-caching is given
-        flags = ["--enable-chunked-prefill False"]
+        flags = ["--enable-chunked-prefill False"] + (["--enable-prefix-caching"] if prefix_caching else [])
     out["serve_args"] = " ".join([f"--{key.replace('_', '-')} {shlex.quote(str(out[key]))}" for key in VLLM_ARGS]
                                  + flags)
     return out

@@ -205,6 +205,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> tuple[dict, Serv
         "predictor": label,
         "kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token, "max_model_len": max_len,
         "engine": ctx.scheduler.engine,
+        "prefix_caching": ctx.scheduler.caches_prefixes,
         "max_num_seqs": ctx.scheduler.max_num_seqs, "max_num_batched_tokens": ctx.scheduler.batched_tokens(max_len),
         "max_new_tokens": ctx.scheduler.max_new_tokens,
         "block_size_tokens": spec.block_size_tokens or AllocatorConfig().block_size_tokens,

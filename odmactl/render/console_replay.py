@@ -70,7 +70,7 @@ def schedulers(doc: dict) -> str:
 
 
 def _caps(scheduler: dict) -> dict:
-    return {k: scheduler[k] for k in ("engine", "max_num_seqs", "max_num_batched_tokens")}
+    return {k: scheduler.get(k) for k in ("engine", "max_num_seqs", "max_num_batched_tokens", "prefix_caching")}
 
 
 def _block(tokens) -> str:
@@ -78,9 +78,11 @@ def _block(tokens) -> str:
     return f"{tokens:,}" if isinstance(tokens, int) else str(tokens)
 
 
-def engine_caps(engine: str, max_num_seqs: int, max_num_batched_tokens: int) -> str:
-    """The engine a command replayed and its batch caps, as every command's console says them."""
-    return f"engine {engine} (max_num_seqs {max_num_seqs:,}, max_num_batched_tokens {max_num_batched_tokens:,})"
+def engine_caps(engine: str, max_num_seqs: int, max_num_batched_tokens: int, prefix_caching: bool | None = None) -> str:
+    """The engine a command replayed, its batch caps and whether it cached prefixes, as every
+    command's console says them."""
+    caching = "" if prefix_caching is None else f", prefix caching {'on' if prefix_caching else 'off'}"
+    return f"engine {engine} (max_num_seqs {max_num_seqs:,}, max_num_batched_tokens {max_num_batched_tokens:,}{caching})"
 
 
 def render_replay(console: Console, doc: dict) -> None:
@@ -192,7 +194,7 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
     _wrapped(console, f"{what}: {doc['chosen']['label']}; {shown}; max_model_len "
                       f"{doc['max_model_len']:,}; large pool {large / doc['kv_pool_bytes']:.1%} of the KV pool "
                       f"({blocks:,} block{'s' if blocks != 1 else ''} of {_block(doc['chosen']['large_block_tokens'])} "
-                      f"tokens); {engine_caps(doc['engine'], doc['max_num_seqs'], doc['max_num_batched_tokens'])}, "
+                      f"tokens); {engine_caps(doc['engine'], doc['max_num_seqs'], doc['max_num_batched_tokens'], doc.get('prefix_caching'))}, "
                       f"scheduler {doc['scheduler']} (better than "
                       f"{' and '.join(n for n in doc['tuning']['schedulers'] if n != doc['scheduler'])} on the search part)",
              "bold")
@@ -237,6 +239,10 @@ def render_capacity(console: Console, doc: dict) -> None:
     console.print(narrow_table(f"capacity at the SLO; devices for {target}",
                                tuple(METRICS[k].header for k in CAPACITY_KEYS), rows, key="policy"))
     for r in doc["rows"]:
+        hits = (r.get("metrics_at_capacity") or {}).get("prefix_hit_rate")
+        if hits is not None:
+            console.print(escape(f"{r['policy']} tp {r['tp']}: prefix hits {format_metric('prefix_hit_rate', hits)} of "
+                                 "the prompt tokens at its rate (vLLM's prefix caching)"), highlight=False)
         if r["unbounded"]:
             console.print(escape(f"{r['policy']} tp {r['tp']}: the SLO held at every rate tried, up to the one shown "
                                  "(2**20 x the trace's); the trace is too short to load the engine there, so this is "

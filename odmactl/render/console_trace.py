@@ -82,6 +82,12 @@ def render_stats(console: Console, path: str, stats: dict) -> None:
                   + (f" ({rate:,.2f} req/s)" if rate else " (all at t=0)"))
     console.print(f"total prompt tokens {stats['total_prompt_tokens']:,}, output tokens {stats['total_output_tokens']:,}")
     console.print(_length_table(stats))
+    reuse = stats.get("prefix_reuse")
+    if reuse is not None:
+        console.print(f"prefix reuse (unbounded cache, {reuse['hash_block_tokens']}-token blocks): "
+                      f"{reuse['reuse_rate']:.1%} of prompt tokens ({reuse['reused_tokens']:,} of "
+                      f"{reuse['prompt_tokens']:,}) repeat an earlier prompt's prefix; "
+                      f"{reuse['distinct_blocks']:,} distinct blocks")
     if stats["by_model"]:
         console.print(_breakdown_table("by model", stats["by_model"], "model"))
     if stats["by_tenant"]:

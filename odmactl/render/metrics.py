@@ -59,6 +59,9 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
     Metric("peak_borrowed_bytes", "borrowed peak", "GiB", ",.2f", 1 / (1 << 30)),
     Metric("host_link_bytes", "host link", "GiB", ",.2f", 1 / (1 << 30)),
     Metric("link_bottleneck_s", "link stall", "s", ",.3f"),
+    # vLLM's automatic prefix caching (paged, on a trace with prefix hashes): tokens found cached
+    Metric("prefix_hit_rate", "prefix hits", "%", SHARE),
+    Metric("prefill_tokens_saved", "prefill saved", "tok", COUNT),
     Metric("capacity_rate_scale", "rate at SLO", "x trace", ".3f"),
     Metric("tps_gain", "TPS gain", "%", GAIN),
     # odmactl capacity: per engine (a replica of tp devices) and per device, at the SLO
@@ -77,7 +80,8 @@ REPLAY_KEYS = ("kv_utilization", "pool_occupancy", "tps", "ttft_p50", "ttft_p99"
                "migration_rate", "overflow_rate", "preemptions", "rejections", "peak_concurrency", "completed",
                "kv_runs_per_request")
 # shown beside REPLAY_KEYS when some policy of the run has them (eLLM's borrowing, the host link)
-REPLAY_IF_ANY = ("stalls", "peak_borrowed_bytes", "host_link_bytes", "link_bottleneck_s")
+REPLAY_IF_ANY = ("stalls", "peak_borrowed_bytes", "host_link_bytes", "link_bottleneck_s", "prefix_hit_rate",
+                 "prefill_tokens_saved")
 PLAN_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate", "rejections", "truncated", "preemptions",
              "ttft_p99", "tpot_p99", "peak_concurrency")
 CHECK_SUMMARY_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate", "rejections", "ttft_p99",
@@ -94,5 +98,6 @@ def format_metric(key: str, value: float) -> str:
 
 
 def metric_rows(results: dict[str, dict], keys: tuple[str, ...]) -> list[list[str]]:
-    """Policies side by side: one row per metric (its header, then each policy's value)."""
-    return [[METRICS[k].header, *(format_metric(k, r["metrics"][k]) for r in results.values())] for k in keys]
+    """Policies side by side: one row per metric (its header, then each policy's value; n/a where a
+    policy has none, as a contiguous policy has no prefix hits)."""
+    return [[METRICS[k].header, *(METRICS[k].text(r["metrics"].get(k)) for r in results.values())] for k in keys]

@@ -48,6 +48,11 @@ REPLAY_SAMPLES = (
     ("host_link_bytes", "host_link_bytes", "bytes moved between host memory and the devices", "counter"),
     ("host_link_time_s", "host_link_seconds", "host-link time of those bytes", "counter"),
     ("link_bottleneck_s", "link_bottleneck_seconds", "host-link time no compute hid", "gauge"),
+    # only for the policies that kept a prefix cache (paged, on a trace with prefix hashes)
+    ("prefix_hit_rate", "prefix_cache_hit_ratio", "prompt tokens found in the prefix cache over those looked up",
+     "gauge"),
+    ("prefill_tokens_saved", "prefill_tokens_saved", "prompt tokens taken from the prefix cache, not computed", "counter"),
+    ("prefix_evictions", "prefix_cache_evictions", "cached prefix blocks evicted for new ones (hash blocks)", "counter"),
 )
 CAPACITY_SAMPLES = (
     ("max_rate_per_replica", "capacity_requests_per_second_per_engine", "highest arrival rate one engine serves within the SLO"),
@@ -85,9 +90,11 @@ class _Collector:
         for key, name, text, kind in REPLAY_SAMPLES:
             family_type = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
             family = family_type(f"{PREFIX}_{name}", text, labels=["policy"])
-            for policy, r in results.items():
-                family.add_metric([policy], float(r["metrics"][key]))
-            yield family
+            have = [(policy, r["metrics"][key]) for policy, r in results.items() if key in r["metrics"]]
+            for policy, value in have:
+                family.add_metric([policy], float(value))
+            if have:
+                yield family
         counters: dict[str, list] = {}
         totals: set[str] = set()
         for policy, r in results.items():

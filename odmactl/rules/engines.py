@@ -19,6 +19,10 @@ on a device, the block sizes its attention kernels take and the flags it runs wi
   flash_attn.py `get_supported_kernel_block_sizes` -> MultipleOf(16); FlashInfer takes 16, 32,
   64), so 8 is refused.
 
+Automatic prefix caching (`enable_prefix_caching`): off by default in vLLM 0.6 (arg_utils.py,
+0.6.x: `enable_prefix_caching: bool = False`), on by default in v1 (above). odmactl replays it for
+`paged` where the trace carries prefix hashes (allocator/prefix.py).
+
 Both refuse `max_num_seqs` above `max_num_batched_tokens` (vllm/config.py
 `SchedulerConfig._verify_args`: "max_num_batched_tokens (...) must be greater than or equal to
 max_num_seqs (...)").
@@ -44,6 +48,7 @@ class Engine:
     name: str
     chunked: bool
     block_sizes: tuple[int, ...]
+    prefix_caching: bool  # enable_prefix_caching's default
 
     def batch_defaults(self, capacity_bytes: float, device_name: str, max_model_len: int) -> tuple[int, int]:
         """(max_num_seqs, max_num_batched_tokens) this engine starts with on a device of
@@ -64,8 +69,8 @@ class Engine:
 
 
 ENGINES: dict[str, Engine] = {
-    VLLM_V0: Engine(VLLM_V0, chunked=False, block_sizes=(8, 16, 32)),
-    VLLM_V1: Engine(VLLM_V1, chunked=True, block_sizes=(16, 32)),
+    VLLM_V0: Engine(VLLM_V0, chunked=False, block_sizes=(8, 16, 32), prefix_caching=False),
+    VLLM_V1: Engine(VLLM_V1, chunked=True, block_sizes=(16, 32), prefix_caching=True),
 }
 DEFAULT_ENGINE = VLLM_V0  # a device profile that names none: the schedule odmactl replayed before v1 existed
 

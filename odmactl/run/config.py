@@ -47,7 +47,7 @@ def predictor_from_config(named: str, config_path: Path) -> str:
 
 def scheduler_settings(table: dict, source: Path | None = None, **overrides) -> SchedulerSettings:
     """SchedulerSettings from a config's [scheduler] table (the keys a file may set:
-    engine, policy, aging_s, max_num_seqs, max_num_batched_tokens, max_new_tokens), then `overrides`
+    engine, prefix_caching, policy, aging_s, max_num_seqs, max_num_batched_tokens, max_new_tokens), then `overrides`
     (a flag's value, fast_forward)."""
     from_file = TomlTable(dict(table), source, "scheduler").to_dataclass(SchedulerSettings, skip=RUN_ONLY)
     return dataclasses.replace(from_file, **overrides)
@@ -60,7 +60,8 @@ def scheduler_table(settings: SchedulerSettings, max_len: int, kv_policy: str | 
     from odmactl.allocator import ALLOCATORS
 
     policy = settings.policy_for(ALLOCATORS[kv_policy]) if kv_policy else settings.policy
-    out = {"engine": settings.engine, **({"policy": policy} if policy else {}), "aging_s": settings.aging_s,
+    out = {"engine": settings.engine, "prefix_caching": settings.caches_prefixes,
+           **({"policy": policy} if policy else {}), "aging_s": settings.aging_s,
            "max_num_seqs": settings.max_num_seqs, "max_num_batched_tokens": settings.batched_tokens(max_len)}
     if settings.max_new_tokens is not None:
         out["max_new_tokens"] = settings.max_new_tokens

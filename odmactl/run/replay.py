@@ -219,6 +219,8 @@ def engine_scheduler(spec: ServingSpec, setup: Serving, tables: dict[str, dict],
         overrides["max_num_batched_tokens"] = spec.max_num_batched_tokens
     if spec.max_new_tokens is not None:
         overrides["max_new_tokens"] = spec.max_new_tokens
+    if spec.prefix_caching is not None:
+        overrides["prefix_caching"] = spec.prefix_caching
     scheduler = scheduler_settings(table, config, **overrides)  # an unknown engine is refused here, naming its key
     engine = ENGINES[scheduler.engine]
     where = "--max-num-batched-tokens" if spec.max_num_batched_tokens is not None else \

@@ -70,6 +70,7 @@ class ServingSpec:
     block_size_tokens: int | None = None  # --block-size: the paged policy's block (None: the config's, else 16)
     max_new_tokens: int | None = None  # --max-new-tokens: vLLM's max_tokens; static then reserves prompt + this
     engine: str | None = None  # --engine: the engine version replayed (None: the config's, else the device's)
+    prefix_caching: bool | None = None  # --prefix-caching / --no-prefix-caching (None: the config's, else the engine's)
 
     def allocator_overrides(self) -> dict[str, object]:
         """The [allocator] settings the command line sets over a config's: paged's block size.

@@ -10,6 +10,7 @@ from odmactl.core.errors import ConfigError
 from odmactl.predict.source import predictions
 from odmactl.run.spec import LoadOptions
 from odmactl.sim.workload import CLOCK_LIMIT_PS, PS, Workload
+from odmactl.trace.prefix import prefix_keys
 
 
 def shape_arrivals(arrival_s: np.ndarray, load: LoadOptions) -> np.ndarray:
@@ -59,5 +60,5 @@ def build_workload(frame: pl.DataFrame, load: LoadOptions, predictor: str) -> tu
         arrival_ps=np.round(arrival_s * PS).astype(np.int64),
         prompt_tokens=frame["prompt_tokens"].to_numpy().astype(np.int64),
         output_tokens=frame["output_tokens"].to_numpy().astype(np.int64),
-        predicted_output_tokens=l_hat, uncertainty=u)
+        predicted_output_tokens=l_hat, uncertainty=u, prefix=prefix_keys(frame))
     return workload, frame, label

@@ -5,10 +5,10 @@ from odmactl.sim.keyheap cimport KeyHeap
 
 
 cdef class Batch:
-    cdef public long long num, next_seq, span, it, kv_sum, B, num_blocks, runs_now, peak_blocks, rejections, prefilling_blocks
+    cdef public long long num, next_seq, span, it, kv_sum, B, num_blocks, runs_now, peak_blocks, rejections, prefilling_blocks, shared
     cdef public bint block_growth, ff
     cdef long long[:] prompt, target, output, arrival, gen, base, seq_of, start_ps, first_ps, done_ps, reserved_tokens
-    cdef long long[:] request_of_seq, phase, adapters
+    cdef long long[:] request_of_seq, phase, adapters, cached
     cdef public list allocs
     cdef public dict offloaded, running, prefilling
     cdef public KeyHeap finish, overflow

@@ -56,6 +56,9 @@ class Batch:
     admitted request whose prompt is still being computed, chunk by chunk, to the tokens computed
     so far, in admission order; its KV is reserved (for the prompt and its first token) and it is
     not running yet. `prefilling_blocks` counts their blocks (block growth, fast-forwarding).
+    `cached[i]` the tokens of request i's prompt its admission found in the prefix cache (its
+    prefill computes the rest); `shared` the blocks really held less the blocks the requests
+    count (allocator/prefix.py: the cached units others hold for them; 0 without a prefix cache).
 
     `running` maps request -> admission number, in admission order (the last is the newest);
     `finish` and `overflow` are heaps of iteration * SEQ_SPAN + admission number, the iteration
@@ -64,19 +67,20 @@ class Batch:
 
     With block growth (`block_growth`, blocks of `B` tokens), the replay counts blocks itself when
     fast-forwarding (`ff`), as eager growth would take them, since growth reaches the allocator
-    lazily: `runs_now` the blocks the running requests hold, `phase[r]` how many of them have base
+    lazily: `runs_now` the blocks the running requests count, `phase[r]` how many of them have base
     = r mod B, `peak_blocks` the most held at once. Contiguous growth has B = 1.
 
     Invariants: `kv_sum` = sum of base[i] + it over `running`; `runs_now` = sum of ceil((base[i] +
     it) / B) over `running` and `prefilling_blocks` = sum of ceil((prompt[i] + gen[i] + 1) / B) over
-    `prefilling` (block growth, fast-forwarding); `request_of_seq[seq_of[i]] == i`; a request is in
+    `prefilling` (block growth, fast-forwarding), the blocks held being runs_now +
+    prefilling_blocks + shared; `request_of_seq[seq_of[i]] == i`; a request is in
     at most one of `running` and `prefilling`.
     """
 
     __slots__ = ("prompt", "target", "output", "arrival", "gen", "base", "seq_of", "start_ps", "first_ps", "done_ps",
                  "reserved_tokens", "allocs", "offloaded", "running", "prefilling", "prefilling_blocks", "request_of_seq", "next_seq", "span", "it",
                  "kv_sum", "B", "block_growth", "ff", "num_blocks", "runs_now", "phase", "peak_blocks", "finish", "overflow",
-                 "num", "rejections", "ids", "pred", "unc", "adapters")
+                 "num", "rejections", "ids", "pred", "unc", "adapters", "cached", "shared")
 
     def __init__(self, w: Workload, max_len: int, max_new_tokens, block, num_blocks: int, ff: bool) -> None:
         """`block`: the policy's growth block in tokens (None: contiguous growth)."""
@@ -123,6 +127,8 @@ class Batch:
         self.finish = KeyHeap()
         self.overflow = KeyHeap()
         self.rejections = 0
+        self.cached = _filled(num, 0)
+        self.shared = 0
 
     def timeline(self, mine=None) -> Timeline:
         """The per-request times and tokens, as sim/metrics reads them; `mine` (a boolean mask): of
@@ -163,13 +169,13 @@ class Batch:
     def note_peak(self) -> None:
         """Block growth: the blocks held now (the running requests' and the prompts being chunked)
         enter `peak_blocks`."""
-        if self.runs_now + self.prefilling_blocks > self.peak_blocks:
-            self.peak_blocks = self.runs_now + self.prefilling_blocks
+        if self.runs_now + self.prefilling_blocks + self.shared > self.peak_blocks:
+            self.peak_blocks = self.runs_now + self.prefilling_blocks + self.shared
 
     def begin_prefill(self, i: cython.longlong) -> None:
         """Request i, admitted, starts its prompt (and recomputed tokens) chunk by chunk, its KV
         reserved for them and its first token."""
-        self.prefilling[i] = 0
+        self.prefilling[i] = self.cached[i]  # the cached prefix counts as computed
         if self.block_growth:
             self.prefilling_blocks += -(-(self.prompt[i] + self.gen[i] + 1) // self.B)
             self.note_peak()
@@ -202,12 +208,12 @@ class Batch:
     def held_blocks(self, alloc) -> cython.longlong:
         """Block growth: the blocks the running requests hold (the replay's count when
         fast-forwarding: the allocator's lags, as growth reaches it lazily)."""
-        return self.runs_now + self.prefilling_blocks if self.ff else self.num_blocks - alloc.free_blocks
+        return self.runs_now + self.prefilling_blocks + self.shared if self.ff else self.num_blocks - alloc.free_blocks
 
     def blocks_next(self) -> cython.longlong:
         """Block growth: the blocks held after the next iteration, as eager growth takes them (the
         running requests' and the prefilling ones')."""
-        return self.runs_now + self.prefilling_blocks + self.phase[(-self.it) % self.B]
+        return self.runs_now + self.prefilling_blocks + self.shared + self.phase[(-self.it) % self.B]
 
     def fill_runs(self, runs: cython.longlong[:]) -> None:
         """Block growth: runs[rho] = the blocks the running requests hold after the next rho

@@ -87,7 +87,7 @@ class Chunker:
                     b.begin_prefill(i)
                     if b.start_ps[i] < 0:
                         b.start_ps[i] = self.sched.now
-                    c = min(k, budget)
+                    c = min(k - b.cached[i], budget)  # a cached prefix is computed already
                     self._add(chunks, i, c)
                     budget -= c
         return chunks

@@ -28,6 +28,7 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
 import numpy as np
 
 from odmactl.allocator.base import Allocation, AllocatorBase
+from odmactl.allocator.prefix import prefix_cache
 from odmactl.hw.cost import KvLayout
 from odmactl.sim.batch import Batch
 from odmactl.sim.chunked import Chunker
@@ -149,6 +150,8 @@ class Replay:
         self.owner, self.me = owner, me
         self.tally = Tally(settings.series_points, len(alloc.boundaries_tokens) > 0)
         self.growth = Growth(self.batch, alloc, self.sched, self.tally, self.cost, self.cache)
+        self.sched.prefix = self.growth.prefix = prefix_cache(alloc, self.batch, w.prefix, settings.caches_prefixes,
+                                                              w.prompt_tokens)
         self.chunker = Chunker(self.batch, self.sched, self.growth, self.tally, settings.batched_tokens(self.max_len),
                                settings.engine, self.tier, self.prefill_clock, self.segment) if self.chunked else None
 
@@ -158,14 +161,14 @@ class Replay:
         if b.block_growth and self.ff:
             # block growth reached the allocator lazily (at completion and preemption); the peak is eager growth's
             self.alloc.record_peak(b.peak_blocks * self.block_bytes)
-        counters = self.tally.counters(self.t, b.rejections, self.link, self.alloc.kv_pool_bytes)
+        counters = self.tally.counters(self.t, b.rejections, self.link, self.alloc.kv_pool_bytes, self.growth.prefix)
         mine = None if self.owner is None else np.frombuffer(self.owner, dtype=np.int64) == self.me
         return replay_result(self.alloc, counters, b.timeline(mine), self.tally.series, self.tally.boundaries)
 
     def reserved_bytes(self):
         """The KV bytes held now (with lazy block growth, the blocks the batch counts)."""
         b: Batch = self.batch
-        return (b.runs_now + b.prefilling_blocks) * self.block_bytes if b.block_growth and self.ff \
+        return (b.runs_now + b.prefilling_blocks + b.shared) * self.block_bytes if b.block_growth and self.ff \
             else self.alloc.reserved_bytes
 
     def _arrive(self) -> None:
@@ -195,9 +198,10 @@ class Replay:
         v: cython.longlong = b.leave(i)
         # what the request held at the end: with block growth, the blocks for its v tokens (those
         # grown lazily are never taken: release counts them in)
-        b.reserved_tokens[i] = max(a.capacity_tokens, -(-v // b.B) * b.B) if b.block_growth else a.capacity_tokens
+        b.reserved_tokens[i] = max(a.capacity_tokens + b.cached[i], -(-v // b.B) * b.B) if b.block_growth else \
+            a.capacity_tokens
         self.growth.unpin(i)
-        self.alloc.release(a, v)
+        self.growth.give_back(i, v, True)
         self._done(i)
 
     def _done(self, i: cython.longlong) -> None:
@@ -265,8 +269,8 @@ class Replay:
         ttft: cython.longlong = -1
         for i in admitted:
             k = b.prompt[i] + b.gen[i]
-            prompt_sum += k
-            prompt_squares += k * k
+            prompt_sum += k - b.cached[i]  # a cached prefix is not computed; the rest attends to it
+            prompt_squares += k * k - b.cached[i] * b.cached[i]
             self.tally.recomputed += b.gen[i]
             b.gen[i] += 1
             if self.tier is not None and i in b.offloaded:
@@ -334,7 +338,7 @@ class Replay:
         segment: Segment = self.segment
         self._load_segment(n)
         if b.block_growth:
-            k = segment.first_over(self.alloc.block_limit(n, n), k)
+            k = segment.first_over(self.alloc.block_limit(n, n) - b.shared, k)
         if self.next_arrival < self.num:  # routed: any arrival stops it (the router sees every engine there)
             j = self.sched.first_waking(n, self.next_arrival) if self.owner is None else self.next_arrival
             if j >= 0:
@@ -378,8 +382,8 @@ class Replay:
         if self.tier is not None:
             self.tier.latency_feedback(None, seconds(dt // k))
         if b.block_growth:
-            if b.prefilling_blocks:
-                held += b.prefilling_blocks * dt
+            if b.prefilling_blocks + b.shared:
+                held += (b.prefilling_blocks + b.shared) * dt
             self.tally.occupancy_byte_ps += held * self.block_bytes
             b.runs_now = runs[k % b.B] + n * (k // b.B)  # = the blocks held during the last iteration
             b.note_peak()

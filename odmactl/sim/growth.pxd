@@ -11,12 +11,13 @@ cdef class Growth:
     cdef public AllocatorBase alloc
     cdef public Scheduler sched
     cdef public Tally tally
-    cdef public object cost, cache
+    cdef public object cost, cache, prefix
     cdef public object resumed_at
     cpdef void unpin(self, long long i) except *
     cpdef void first_token_room(self, long long i, long long k) except *
     cpdef void preempt(self, long long i) except *
-    cdef void _evict(self, long long i) except *
+    cpdef void give_back(self, long long i, long long v, bint completed) except *
+    cdef void _evict(self, long long i, long long v) except *
     cdef long long _extend(self, Allocation a, long long total) except? -2
     cpdef void stall(self, long long i) except *
     cpdef long long resume(self) except? -1

@@ -30,9 +30,9 @@ class Growth:
     """The growth step of one replay, over its batch, KV manager, scheduler and tally (`cache`:
     the policy's adapter cache, or None). Fast-forwarding (`batch.ff`), growth reaches the
     allocator lazily: a contiguous request's length at its overflow, blocks never (the batch
-    counts them)."""
+    counts them). `prefix`: the replay's prefix cache (allocator/prefix.py), or None."""
 
-    __slots__ = ("batch", "alloc", "sched", "tally", "cost", "cache", "resumed_at")
+    __slots__ = ("batch", "alloc", "sched", "tally", "cost", "cache", "resumed_at", "prefix")
 
     def __init__(self, batch: Batch, alloc: AllocatorBase, sched: Scheduler, tally: Tally, cost, cache) -> None:
         self.batch = batch
@@ -42,6 +42,7 @@ class Growth:
         self.cost = cost
         self.cache = cache
         self.resumed_at = 0  # the allocator's release count at the last `unstall` that resumed
+        self.prefix = None
 
     def unpin(self, i: cython.longlong) -> None:
         """Request i left the batch or the host tier: its adapter, if any, is unpinned."""
@@ -55,21 +56,37 @@ class Growth:
         overflow, release(a, final_tokens) at completion)."""
         b: Batch = self.batch
         a: Allocation = b.allocs[i]
-        if (b.block_growth or not b.ff or k + 1 > a.capacity_tokens) and not self.alloc.extend(a, k + 1):
+        if (b.block_growth or not b.ff or k + 1 > a.capacity_tokens) and not self.alloc.extend(a, k + 1 - b.cached[i]):
             raise AssertionError(f"admission of {b.ids[i]} left no room for its first token")
 
     def preempt(self, i: cython.longlong) -> None:
         """Running request i is preempted."""
         b: Batch = self.batch
-        b.gen[i] = b.leave(i) - b.prompt[i]
-        self._evict(i)
+        v: cython.longlong = b.leave(i)
+        b.gen[i] = v - b.prompt[i]
+        self._evict(i, v)
 
-    def _evict(self, i: cython.longlong) -> None:
-        """Request i, out of the batch, gives its memory back and waits again, first (recomputed
-        at its next prefill)."""
+    def give_back(self, i: cython.longlong, v: cython.longlong, completed: cython.bint) -> None:
+        """Request i, just out of the batch holding v KV tokens, gives its memory back: to the
+        prefix cache, which keeps its cached units (fast-forwarding, after evicting what eager
+        growth had evicted with those v tokens still held), else to the allocator (`completed`: at
+        its final length, of which its cached prefix is not its own)."""
+        b: Batch = self.batch
+        if self.prefix is not None:
+            if b.ff:
+                self.prefix.sync(b.num_blocks - b.held_blocks(self.alloc) + (-v // b.B))
+            self.prefix.release(i, b.allocs[i])
+        elif completed:
+            self.alloc.release(b.allocs[i], v - b.cached[i])
+        else:
+            self.alloc.release(b.allocs[i])
+
+    def _evict(self, i: cython.longlong, v: cython.longlong) -> None:
+        """Request i, out of the batch holding v KV tokens, gives its memory back and waits again,
+        first (recomputed at its next prefill)."""
         b: Batch = self.batch
         self.unpin(i)
-        self.alloc.release(b.allocs[i])
+        self.give_back(i, v, False)
         b.allocs[i] = None
         self.sched.requeue(i)
         self.tally.preemptions += 1
@@ -121,7 +138,7 @@ class Growth:
     def preempt_stalled(self) -> None:
         """Nothing runs and no stalled request fits: the oldest is preempted (its block released;
         recomputed when it is admitted again)."""
-        self._evict(self.sched.stalled.popleft())
+        self._evict(self.sched.stalled.popleft(), 0)  # a stalled block is contiguous: no prefix cache
 
     def contiguous(self, i: cython.longlong) -> cython.longlong:
         """Request i needs one more token than its block holds: extend (move), stall or preempt it;
@@ -161,11 +178,16 @@ class Growth:
         """Block growth: preempt the scheduler's victims until the next iteration's blocks fit in
         `limit` blocks."""
         victim: cython.longlong
+        shared: cython.longlong
         b: Batch = self.batch
+        if self.prefix is not None and b.running and need_at > limit:
+            self.prefix.sync(0)  # eager growth took every free cached block before it failed
         while b.running and need_at > limit:
             victim = self.sched.victim()
             need_at -= -(-(b.kv(victim) + 1) // b.B)
+            shared = b.shared
             self.preempt(victim)
+            need_at += b.shared - shared  # what its cached units still hold for others
 
     def fast(self) -> cython.longlong:
         """Fast-forwarding: the overflows due at this iteration, then block exhaustion; returns
@@ -202,7 +224,7 @@ class Growth:
         if b.block_growth:
             limit = self.alloc.block_limit(len(b.running), len(b.running))
             if limit < b.num_blocks:
-                need = b.prefilling_blocks  # prompts being chunked hold theirs (chunked schedules)
+                need = b.prefilling_blocks + b.shared  # prompts being chunked hold theirs (chunked schedules)
                 for i in b.running:
                     need += -(-(b.kv(i) + 1) // b.B)
                 self.until_fits(need, limit)
@@ -216,6 +238,6 @@ class Growth:
                 else:
                     self.alloc.extend(a, b.kv(i) + 1)
                 continue
-            while i in b.running and not self.alloc.extend(a, b.kv(i) + 1):
+            while i in b.running and not self.alloc.extend(a, b.kv(i) + 1 - b.cached[i]):
                 self.preempt(self.sched.victim())
         return dt

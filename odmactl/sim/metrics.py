@@ -153,6 +153,12 @@ def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
         "host_link_time_s": c["host_link_ps"] / PS,
         "link_bottleneck_s": c["link_bottleneck_ps"] / PS,
     }
+    if "prefix_looked_up_tokens" in c:  # a replay with a prefix cache (allocator/prefix.py)
+        # tokens of the admitted prompts (and recomputed tokens) found cached, over all admissions
+        metrics["prefix_hit_rate"] = c["prefix_hit_tokens"] / max(c["prefix_looked_up_tokens"], 1)
+        metrics["prefill_tokens_saved"] = c["prefix_hit_tokens"]
+        metrics["prefix_looked_up_tokens"] = c["prefix_looked_up_tokens"]  # vLLM's prefix_cache_stats "queries"
+        metrics["prefix_evictions"] = c["prefix_evictions"]
     queue = queue_growth(tl)
     metrics["overloaded"] = queue["overloaded"]
     metrics["falling_behind"] = queue["falling_behind"]

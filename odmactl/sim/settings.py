@@ -30,6 +30,8 @@ class SchedulerSettings:
     `max_tokens` (SamplingParams): a request stops after that many output tokens (counted as
     truncated, like one that reaches max_model_len); None: no cap. `fast_forward` sums the decode
     iterations between events in closed form (False: token by token, the reference).
+    `prefix_caching` is vLLM's enable_prefix_caching (None: the engine's default; it applies to
+    `paged` on a trace with prefix hashes, allocator/prefix.py).
 
     Invariant (checked): `policy` is a registered scheduler; `max_num_seqs`,
     `max_num_batched_tokens` and `max_new_tokens` (None: the defaults above) are whole numbers
@@ -44,6 +46,12 @@ class SchedulerSettings:
     fast_forward: bool = True
     series_points: int = 512
     engine: str = VLLM_V0
+    prefix_caching: bool | None = None  # None: the engine's default (rules/engines.py)
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether the engine runs with automatic prefix caching (vLLM's enable_prefix_caching)."""
+        return ENGINES[self.engine].prefix_caching if self.prefix_caching is None else self.prefix_caching
 
     @property
     def chunked(self) -> bool:
@@ -68,6 +76,8 @@ class SchedulerSettings:
         if isinstance(self.aging_s, bool) or not isinstance(self.aging_s, (int, float)) \
                 or not 0 <= self.aging_s <= MAX_AGING_S:
             raise ConfigError(f"expected seconds from 0 to {MAX_AGING_S:,}, got {self.aging_s!r}", key="aging_s")
+        if self.prefix_caching is not None and not isinstance(self.prefix_caching, bool):
+            raise ConfigError(f"expected true or false, got {self.prefix_caching!r}", key="prefix_caching")
         if self.engine not in ENGINES:
             raise ConfigError(f"unknown engine {self.engine!r} (choose from: {', '.join(ENGINES)})", key="engine")
         if self.policy is not None and self.policy not in SCHEDULERS:

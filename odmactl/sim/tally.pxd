@@ -9,4 +9,4 @@ cdef class Tally:
     cpdef void migrated(self, object copied, long long dt, object reserved_now) except *
     cpdef bint observe(self, long long t, object alloc, long long n) except *
     cpdef void sample(self, long long t, object reserved_now, long long n, long long waiting) except *
-    cpdef dict counters(self, long long end_ps, long long rejections, object link, object kv_pool_bytes)
+    cpdef dict counters(self, long long end_ps, long long rejections, object link, object kv_pool_bytes, object prefix=*)

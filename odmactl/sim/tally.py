@@ -76,11 +76,13 @@ class Tally:
     def sample(self, t: cython.longlong, reserved_now, n: cython.longlong, waiting: cython.longlong) -> None:
         self.series_next_ps = self.series.add(t, reserved_now, n, waiting)
 
-    def counters(self, end_ps: cython.longlong, rejections: cython.longlong, link, kv_pool_bytes) -> dict:
-        """The counters sim/metrics.replay_result reads, at the end of the run."""
+    def counters(self, end_ps: cython.longlong, rejections: cython.longlong, link, kv_pool_bytes, prefix=None) -> dict:
+        """The counters sim/metrics.replay_result reads, at the end of the run (with the prefix
+        cache's, allocator/prefix.py, when the replay kept one)."""
         self.occupancy_byte_ps += self.occupancy_acc
         self.occupancy_acc = 0
-        return {"preemptions": self.preemptions, "stalls": self.stalls, "rejections": rejections,
+        own = {} if prefix is None else prefix.counters()
+        return own | {"preemptions": self.preemptions, "stalls": self.stalls, "rejections": rejections,
                 "rejected_prompt_too_long": self.too_long, "truncated": self.truncated,
                 "recomputed_tokens": self.recomputed, "migrations": self.migrations,
                 "migrated_bytes": self.migrated_bytes, "peak_concurrency": self.peak,

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from odmactl.trace.prefix import PrefixKeys
+
 PS = 10**12  # picoseconds per second: the replay's clock is integer picoseconds
 CLOCK_LIMIT_PS = 2**63  # the compiled clock is a signed 64-bit integer: about 106.75 days
 
@@ -24,6 +26,7 @@ class Workload:
     predicted_output_tokens: np.ndarray | None = None
     uncertainty: np.ndarray | None = None
     adapters: np.ndarray | None = None
+    prefix: PrefixKeys | None = None  # each prompt's prefix hashes (allocator/prefix.py), None when the trace has none
 
     @property
     def size(self) -> int:
@@ -44,14 +47,14 @@ class Workload:
 
         return Workload(self.request_ids[start:stop], self.arrival_ps[start:stop], self.prompt_tokens[start:stop],
                         self.output_tokens[start:stop], cut(self.predicted_output_tokens), cut(self.uncertainty),
-                        cut(self.adapters))
+                        cut(self.adapters), None if self.prefix is None else self.prefix.select(slice(start, stop)))
 
     def at_rate_scale(self, scale: float) -> Workload:
         """The same requests arriving `scale` times as fast: every arrival time divided by `scale`
         (rounded to whole ps, so still nondecreasing)."""
         arrival = np.round(self.arrival_ps.astype(np.float64) / scale).astype(np.int64)
         return Workload(self.request_ids, arrival, self.prompt_tokens, self.output_tokens,
-                        self.predicted_output_tokens, self.uncertainty, self.adapters)
+                        self.predicted_output_tokens, self.uncertainty, self.adapters, self.prefix)
 
     def replica(self, index: int, replicas: int) -> Workload:
         """The requests a round-robin router sends to replica `index` of `replicas`: rows index,
@@ -61,4 +64,5 @@ class Workload:
 
         return Workload(self.request_ids[index::replicas], self.arrival_ps[index::replicas],
                         self.prompt_tokens[index::replicas], self.output_tokens[index::replicas],
-                        every(self.predicted_output_tokens), every(self.uncertainty), every(self.adapters))
+                        every(self.predicted_output_tokens), every(self.uncertainty), every(self.adapters),
+                        None if self.prefix is None else self.prefix.select(slice(index, None, replicas)))

@@ -31,6 +31,10 @@ SCHEMA: dict[str, pl.DataType] = {
     "model": pl.String(),
     "tenant": pl.String(),
 }
+# Optional: each prompt's prefix block hashes (chained: a hash names its block and all before it) and
+# the tokens per hashed block, as Mooncake's traces carry them (allocator/prefix.py reads them);
+# a trace without them has neither column, a row without them a null list.
+PREFIX_SCHEMA: dict[str, pl.DataType] = {"prefix_hashes": pl.List(pl.Int64), "prefix_block_tokens": pl.Int32()}
 TOKEN_COLUMNS = ("prompt_tokens", "output_tokens")
 TEXT_COLUMNS = ("prompt_text", "model", "tenant")
 INT32_MAX = 2**31 - 1
@@ -164,6 +168,7 @@ def validate_source(sf: SourceFrame) -> None:
         row = _first_row(sf.frame, ~pl.col("arrival").is_finite())
         if row is not None:
             raise TraceError(f"expected a finite timestamp, got {row['arrival']}", file=sf.path, row=row["_row"], column=src)
+    _validate_prefix(sf)
     if "request_id" in sf.frame.columns:
         src = sf.columns.get("request_id", "request_id")
         row = _first_row(sf.frame, pl.col("request_id").is_null() | (pl.col("request_id") == ""))
@@ -176,6 +181,48 @@ def validate_source(sf: SourceFrame) -> None:
                 f"duplicate request id '{dup['request_id'][0]}' (also at row {rows[0]})",
                 file=sf.path, row=rows[1], column=src,
             )
+
+
+def _validate_prefix(sf: SourceFrame) -> None:
+    """Prefix hashes: at most one per block of the prompt, with a block size >= 1."""
+    if "prefix_hashes" not in sf.frame.columns:
+        return
+    src = sf.columns.get("prefix_hashes", "prefix_hashes")
+    block = pl.col("prefix_block_tokens")
+    has = pl.col("prefix_hashes").is_not_null() & (pl.col("prefix_hashes").list.len() > 0)
+    row = _first_row(sf.frame, has & (block.is_null() | (block < 1)))
+    if row is not None:
+        raise TraceError(f"expected a prefix block size >= 1 tokens, got {row['prefix_block_tokens']}", file=sf.path,
+                         row=row["_row"], column="prefix_block_tokens")
+    row = _first_row(sf.frame, has & (pl.col("prefix_hashes").list.drop_nulls().list.len()
+                                      < pl.col("prefix_hashes").list.len()))
+    if row is not None:
+        raise TraceError("expected integer prefix hashes, found a missing one", file=sf.path, row=row["_row"], column=src)
+    blocks = (pl.col("prompt_tokens") / block.cast(pl.Float64)).ceil()
+    row = _first_row(sf.frame, has & (pl.col("prefix_hashes").list.len().cast(pl.Float64) > blocks))
+    if row is not None:
+        raise TraceError(f"{len(row['prefix_hashes'])} prefix hashes for {int(row['prompt_tokens']):,} prompt tokens in "
+                         f"{row['prefix_block_tokens']}-token blocks: expected at most one hash per block",
+                         file=sf.path, row=row["_row"], column=src)
+
+
+def _namespaced(frames: list[pl.DataFrame]) -> list[pl.DataFrame]:
+    """Sources that each carry prefix hashes number them on their own: each source's hashes become
+    ids no other source uses (in order of first appearance), so two sources never share a prefix."""
+    carrying = ["prefix_hashes" in f.columns and f["prefix_hashes"].null_count() < f.height for f in frames]
+    if sum(carrying) < 2:
+        return frames
+    out, next_id = [], 0
+    for f, carries in zip(frames, carrying):
+        if carries:
+            ids: dict[int, int] = {}
+            rows = []
+            for row in f["prefix_hashes"].to_list():
+                rows.append(None if row is None else [ids.setdefault(x, next_id + len(ids)) for x in row])
+            next_id += len(ids)
+            f = f.with_columns(pl.Series("prefix_hashes", rows, dtype=pl.List(pl.Int64)))
+        out.append(f)
+    return out
 
 
 def _arrivals(sources: list[SourceFrame], opts: ArrivalOptions) -> tuple[list[pl.Series], str]:
@@ -213,7 +260,7 @@ def _arrivals(sources: list[SourceFrame], opts: ArrivalOptions) -> tuple[list[pl
     return out, "; ".join(parts)
 
 
-def _canonical(sf: SourceFrame, arrival_s: pl.Series, index: int, multi: bool) -> pl.DataFrame:
+def _canonical(sf: SourceFrame, arrival_s: pl.Series, index: int, multi: bool, prefix: bool) -> pl.DataFrame:
     f = sf.frame
     if "request_id" in f.columns:
         rid = pl.col("request_id")
@@ -229,6 +276,9 @@ def _canonical(sf: SourceFrame, arrival_s: pl.Series, index: int, multi: bool) -
     ]
     for c in TEXT_COLUMNS:
         exprs.append((pl.col(c).cast(pl.String) if c in f.columns else pl.lit(None, pl.String)).alias(c))
+    if prefix:  # some source has prefix hashes: every source gets the columns
+        for c, dtype in PREFIX_SCHEMA.items():
+            exprs.append((pl.col(c).cast(dtype) if c in f.columns else pl.lit(None, dtype)).alias(c))
     return f.lazy().select(exprs).collect()  # columns in parallel
 
 
@@ -244,7 +294,8 @@ def build_trace(sources: list[SourceFrame], arrivals: ArrivalOptions) -> BuiltTr
         validate_source(sf)
     arrival_s, note = _arrivals(sources, arrivals)
     multi = len(sources) > 1
-    frame = pl.concat([_canonical(sf, a, i, multi) for i, (sf, a) in enumerate(zip(sources, arrival_s))])
+    prefix = any("prefix_hashes" in sf.frame.columns for sf in sources)
+    frame = pl.concat(_namespaced([_canonical(sf, a, i, multi, prefix) for i, (sf, a) in enumerate(zip(sources, arrival_s))]))
     if multi and frame["request_id"].n_unique() != frame.height:
         dup = frame.filter(pl.col("request_id").is_duplicated())["request_id"][0]
         raise TraceError(f"request id '{dup}' occurs in more than one source", file=", ".join(str(s.path) for s in sources))
@@ -315,7 +366,14 @@ def read_trace(path: Path) -> pl.DataFrame:
                              hint="run `odmactl ingest` to normalize the trace")
         if frame[name].dtype != dtype and not (frame[name].dtype == pl.Null and name in TEXT_COLUMNS):
             raise TraceError(f"expected type {dtype}, found {frame[name].dtype}", file=path, column=name)
-    frame = frame.select(list(SCHEMA)).with_row_index("_row", offset=1).with_columns(pl.col("_row").cast(pl.Int64))
+    optional = [name for name in PREFIX_SCHEMA if name in frame.columns]
+    if optional and len(optional) < len(PREFIX_SCHEMA):
+        missing = next(name for name in PREFIX_SCHEMA if name not in frame.columns)
+        raise TraceError(f"prefix hashes need both {' and '.join(PREFIX_SCHEMA)}", file=path, column=missing)
+    for name in optional:
+        if frame[name].dtype != PREFIX_SCHEMA[name]:
+            raise TraceError(f"expected type {PREFIX_SCHEMA[name]}, found {frame[name].dtype}", file=path, column=name)
+    frame = frame.select(list(SCHEMA) + optional).with_row_index("_row", offset=1).with_columns(pl.col("_row").cast(pl.Int64))
     sf = SourceFrame(path=path, format="parquet", frame=frame.with_columns(
         pl.col("prompt_tokens").cast(pl.Float64), pl.col("output_tokens").cast(pl.Float64),
         pl.col("arrival_s").alias("arrival")), clock="relative", columns={"arrival": "arrival_s"})

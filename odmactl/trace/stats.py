@@ -10,6 +10,7 @@ import math
 import polars as pl
 
 from odmactl.core.errors import TraceError
+from odmactl.trace.prefix import prefix_keys, reuse
 
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 BREAKDOWN_LIMIT = 1000
@@ -75,6 +76,7 @@ def trace_stats(frame: pl.DataFrame, window_s: float) -> dict[str, object]:
     if duration_s / window_s > MAX_WINDOWS:
         raise TraceError(f"--window {window_s:g} s splits the trace's {duration_s:,.1f} s into more than "
                          f"{MAX_WINDOWS:,} drift windows", hint=f"give a window of at least {duration_s / MAX_WINDOWS:.3g} s")
+    keys = prefix_keys(frame)
     return {
         "requests": n,
         "duration_s": duration_s,
@@ -87,4 +89,6 @@ def trace_stats(frame: pl.DataFrame, window_s: float) -> dict[str, object]:
         "by_tenant": _breakdown(frame, "tenant"),
         "window_s": window_s,
         "drift": _drift(frame, window_s) if duration_s > 0 else [],
+        # the prompts' prefix reuse with an unbounded cache (trace/prefix.py), where the trace has hashes
+        "prefix_reuse": None if keys is None else reuse(keys, frame["prompt_tokens"].to_numpy()),
     }

@@ -6,7 +6,7 @@ from odmactl.sim.batch cimport Batch
 
 
 cdef class Scheduler:
-    cdef public object waiting, parked, stalled, tier, cache
+    cdef public object waiting, parked, stalled, tier, cache, prefix
     cdef public Batch batch
     cdef public AllocatorBase alloc
     cdef public long long max_num_seqs, max_prefill_tokens, free_blocks, now, budget
@@ -28,6 +28,7 @@ cdef class Scheduler:
     cpdef long long decode_limit(self) except? -1
     cpdef long long first_waking(self, long long n, long long j) except? -2
     cpdef void begin_round(self) except *
+    cpdef long long new_tokens(self, long long i) except? -1
     cpdef long long _take(self, long long i, long long tokens, long long admitted) except? -1
     cpdef object left(self, long long i)
     cpdef bint never_fits(self, long long admitted) except *

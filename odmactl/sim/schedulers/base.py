@@ -46,7 +46,8 @@ class Scheduler:
     State: `waiting` (requests in the order they are considered), `parked` (offloaded by their
     prefill, waiting to be fetched back: vLLM's swapped queue), `stalled` (refused growth, holding
     their blocks until a release makes room: sim/growth.py), and the batch caps; a stalled request
-    keeps its seat (`seats()` counts it against max_num_seqs). Invariant: a request is in at most
+    keeps its seat (`seats()` counts it against max_num_seqs). `prefix` is the replay's prefix
+    cache (allocator/prefix.py), None without one. Invariant: a request is in at most
     one of `waiting`, `parked`, `stalled` and the batch's `running`."""
 
     name = "base"
@@ -55,6 +56,7 @@ class Scheduler:
         self.waiting = deque()
         self.parked = deque()
         self.stalled = deque()
+        self.prefix = None
 
     def start(self, batch: Batch, alloc: AllocatorBase, tier, cache, max_num_seqs: cython.longlong,
               max_prefill_tokens: cython.longlong, settings=None) -> None:
@@ -154,6 +156,18 @@ class Scheduler:
             return
         held = b.blocks_next() if self.chunked and b.ff else b.held_blocks(self.alloc)
         self.free_blocks = b.num_blocks - held
+        if self.prefix is not None and b.ff:  # the cached units eager growth evicted by now
+            self.prefix.sync(self.free_blocks)
+
+    def new_tokens(self, i: cython.longlong) -> cython.longlong:
+        """The tokens request i's prefill computes: its prompt and what it generated, less the
+        prefix the cache holds now (what the step's token budget is charged: vLLM v1's
+        `num_new_tokens` after `get_computed_blocks`)."""
+        b: Batch = self.batch
+        kv: cython.longlong = b.prompt[i] + b.gen[i]
+        if self.prefix is None:
+            return kv
+        return kv - self.prefix.lookup(i, kv)
 
     def _take(self, i: cython.longlong, tokens: cython.longlong, admitted: cython.longlong) -> cython.longlong:
         """Reserve request i's KV (its prompt and what it generated) for a prefill that already
@@ -168,14 +182,21 @@ class Scheduler:
         adapter: cython.longlong = b.adapters[i] if self.cache is not None else -1
         need: cython.longlong
         room: cython.longlong
+        c: cython.longlong = 0
         status: cython.longlong = TAKEN
         if adapter >= 0 and not self.cache.acquire_adapter(adapter):
             return NO_ROOM
         if b.block_growth:
-            need = -(-(kv + 1) // b.B)
+            need = 0
+            if self.prefix is not None:  # its cached prefix is taken, not reserved: free units it hits stop being free
+                c = self.prefix.lookup(i, kv)
+                need = self.prefix.evictable_hit_blocks(i)
+            need += -(-(kv + 1 - c) // b.B)
             room = self.free_blocks - (b.num_blocks - self.alloc.block_limit(tokens + kv, admitted + 1))
             if need <= room:
-                a = self.alloc.reserve(b.ids[i], kv)
+                if self.prefix is not None:  # the units it hits first: the blocks taken next may evict free ones
+                    self.prefix.admit(i, kv)
+                a = self.alloc.reserve(b.ids[i], kv - c)
                 assert a is not None
                 self.free_blocks -= need
             elif self.tier is not None and room >= 0 and need <= self.alloc.block_limit(1, 1):
@@ -190,6 +211,7 @@ class Scheduler:
                 self.cache.release_adapter(adapter, False)
             return NO_ROOM
         b.allocs[i] = a
+        b.cached[i] = c
         if status == OFFLOADED:
             b.offloaded[i] = True
         return status

@@ -90,7 +90,7 @@ class FcfsScheduler(Scheduler):
         self.begin_round()
         while self.waiting and self.seats() + len(admitted) < self.max_num_seqs:
             i = self.waiting[0]
-            kv = b.prompt[i] + b.gen[i]
+            kv = self.new_tokens(i)
             if self.over_budget(tokens, kv, len(admitted)):
                 self.dirty = True  # stopped by the budget alone: retried at the next boundary
                 break

@@ -194,7 +194,7 @@ class TaskPoolScheduler(FcfsScheduler):
             i = oldest
             if self._stale(i, tag):  # tagged with boundaries since refitted: moved to its queue now
                 continue
-            kv = b.prompt[i] + b.gen[i]
+            kv = self.new_tokens(i)
             if self.over_budget(tokens, kv, len(admitted)):
                 self.dirty = True  # stopped by the budget alone: retried at the next boundary
                 break

@@ -79,13 +79,33 @@ def read_vidur(path: Path, opts: ReadOptions) -> SourceFrame:
     return _frame(path, "vidur", raw, {"prompt_tokens": cols[0], "output_tokens": cols[1]})
 
 
+MOONCAKE_HASH_BLOCK_TOKENS = 512  # Mooncake FAST25-release/README.md: "hash_ids ... block size 512"
+
+
 def read_mooncake(path: Path, opts: ReadOptions) -> SourceFrame:
-    raw = scan_jsonl(path, ["timestamp", "input_length", "output_length"])
+    raw = scan_jsonl(path, ["timestamp", "input_length", "output_length", "hash_ids"])
     require_columns(path, raw.columns, ["input_length", "output_length"], "mooncake")
     mapping = {"prompt_tokens": "input_length", "output_tokens": "output_length"}
     if "timestamp" in raw.columns:
         mapping["arrival_s"] = "timestamp"
-    return _frame(path, "mooncake", raw, mapping, ts_unit_s=1e-3)
+    sf = _frame(path, "mooncake", raw, mapping, ts_unit_s=1e-3)
+    if "hash_ids" in raw.columns:
+        sf.frame = sf.frame.with_columns(prefix_hashes(path, raw["hash_ids"], "hash_ids"),
+                                         pl.lit(MOONCAKE_HASH_BLOCK_TOKENS, pl.Int32).alias("prefix_block_tokens"))
+        sf.columns["prefix_hashes"] = "hash_ids"
+        sf.notes.append(f"hash_ids kept as prefix_hashes ({MOONCAKE_HASH_BLOCK_TOKENS}-token blocks)")
+    return sf
+
+
+def prefix_hashes(path: Path, column: pl.Series, source: str) -> pl.Series:
+    """A source's list column of prefix block hashes as the canonical List(Int64) (null: none)."""
+    dtype = column.dtype
+    if dtype == pl.Null:
+        return pl.Series("prefix_hashes", [None] * column.len(), dtype=pl.List(pl.Int64))
+    if not isinstance(dtype, pl.List) or not (dtype.inner.is_integer() or dtype.inner == pl.Null):
+        raise TraceError(f"expected a list of integer block hashes per row, got a column of type {dtype}",
+                         file=path, column=source)
+    return column.cast(pl.List(pl.Int64)).alias("prefix_hashes")
 
 
 def _generic_mapping(path: Path, present: list[str], opts: ReadOptions, fmt: str) -> dict[str, str]:
