@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The capacity tables of the README ("Capacity: devices at a latency SLO"), made again:
-#   bash examples/capacity_tables.sh [WORK]     (needs ../shared/traces; about 12 minutes on 2 cores)
+#   bash examples/capacity_tables.sh [WORK]     (needs ../shared/traces; about 20 minutes on 2 cores)
 # Azure conv 2023: the predictor is fitted on the first 6,000 requests, plan chooses ODMA's config on
 # the other 13,366 for one MLU370-X4 with a 1% migration-rate limit (at 0.5% its pick fails the gate
 # on the held-out part and plan writes no config), and capacity runs on those 13,366 on MLU370-X4
@@ -37,5 +37,17 @@ for run in mlu370-x4:4 a100-80gb-sxm:1,2,4 h100-sxm:1,2,4; do
   for caching in prefix-caching no-prefix-caching; do
     odmactl capacity mc.parquet --device $device --model $MODEL --slo ttft_p99=60s,tpot_p99=2s --predictor oracle \
       --tp $tp --workers 2 --$caching --out "mooncake-$device-$caching.json" --force > /dev/null
+  done
+done
+
+# Azure code and conv 2023, whole, both arrival processes (README, "Azure code and conv, both arrival processes")
+odmactl ingest "$SHARED/AzureLLMInferenceTrace_code.csv.gz" --out code.parquet --force > /dev/null
+for trace in code conv; do
+  for device in a100-80gb-sxm mlu370-x4; do
+    for arrivals in trace poisson; do
+      odmactl capacity $trace.parquet --device $device --model $MODEL --slo ttft_p99=2s,tpot_p99=100ms \
+        --policies static,paged,s3,odma --predictor oracle --tp 1,2,4 --workers 2 --arrivals $arrivals \
+        --out "$trace-$device-$arrivals.json" --force > /dev/null
+    done
   done
 done

@@ -121,6 +121,11 @@ def test_the_console_table_and_the_plot(cli, small, tmp_path):
     (["--slo", "ttft_p99=1us"], ("no policy meets the SLO", "ttft_p99 =", "even at")),
     (["--slo", SLO, "--router", "random"], ("--router expects one of round-robin, least-outstanding",)),
     (["--slo", SLO, "--engine", "vllm-v3"], ("--engine must be one of vllm-v0, vllm-v1",)),
+    (["--slo", SLO, "--arrivals", "bursty"], ("--arrivals expects one of trace, poisson, gamma:CV",)),
+    (["--slo", SLO, "--arrivals", "gamma:0"], ("--arrivals gamma:CV", "coefficient of variation")),
+    (["--slo", SLO, "--arrivals", "gamma:x"], ("--arrivals gamma:CV",)),
+    (["--slo", SLO, "--arrivals", "poisson", "--seed", "-1"], ("seed",)),
+    (["--slo", "ttft_p99=50ms"], ("no policy meets the SLO", "ttft_p99 alone is", "the longest prompt")),
 ])
 def test_bad_input_is_one_message(cli, small, tmp_path, args, words):
     policies = [] if "--policies" in args else ["--policies", "static"]
@@ -227,3 +232,125 @@ def test_an_interconnect_latency_past_a_millisecond_is_refused(tmp_path):
     bad.write_text(text.replace('base_latency = { value = "6.6 us"', 'base_latency = { value = "1e30 s"'))
     with pytest.raises(ProfileError, match="interconnect.base_latency"):
         read_device(bad)
+
+
+def test_arrival_processes_keep_the_mean_rate_and_are_seeded(small):
+    from odmactl.run.arrivals import parse_arrivals, with_arrivals
+
+    frame = read_trace(small)
+    spec = _spec()
+    ctx, _ = prepare(frame, spec, serving(spec.device, spec.model), policies=("paged",))
+    w = ctx.workload
+    assert with_arrivals(w, "trace", None, 0) is w
+    for kind, cv in (("poisson", None), ("gamma", 0.5), ("gamma", 3.0)):
+        a = with_arrivals(w, kind, cv, 7)
+        assert np.array_equal(a.arrival_ps, with_arrivals(w, kind, cv, 7).arrival_ps)  # seeded
+        assert not np.array_equal(a.arrival_ps, with_arrivals(w, kind, cv, 8).arrival_ps)
+        gaps = np.diff(a.arrival_ps).astype(float)
+        mean = (w.arrival_ps[-1] - w.arrival_ps[0]) / (w.size - 1)
+        assert (gaps >= 0).all() and a.request_ids == w.request_ids
+        assert gaps.mean() == pytest.approx(mean, rel=0.25)  # 399 gaps
+        assert gaps.std() / gaps.mean() == pytest.approx(1.0 if cv is None else cv, rel=0.3)
+    assert parse_arrivals("Gamma:2") == ("gamma", 2.0) and parse_arrivals("poisson") == ("poisson", None)
+
+
+def test_the_command_says_the_arrivals_and_poisson_smooths_the_bursts(cli, small, tmp_path):
+    docs = {}
+    for arrivals in ("trace", "poisson"):
+        r = cli("capacity", small, *DEVICE, "--slo", SLO, "--predictor", "oracle", "--policies", "paged",
+                "--arrivals", arrivals, "--json")
+        assert r.code == 0, r.err
+        docs[arrivals] = json.loads(r.out)
+    assert docs["trace"]["arrivals"]["process"] == "trace" and "bursts kept" in docs["trace"]["arrivals"]["label"]
+    assert docs["poisson"]["arrivals"]["label"].startswith("exponential (Poisson) gaps")
+    assert docs["trace"]["target_rate_per_s"] == docs["poisson"]["target_rate_per_s"]  # one target, two processes
+    assert docs["trace"]["rows"][0]["probes"] != docs["poisson"]["rows"][0]["probes"]
+
+
+def test_the_zero_load_floor_is_each_request_alone():
+    import polars as pl
+
+    from odmactl.capacity.binds import floor_cause, near_floor, zero_load
+    from odmactl.hw.cost import KvLayout
+
+    frame = pl.DataFrame({"request_id": ["a", "b", "c"], "arrival_s": [0.0, 1.0, 2.0],
+                          "prompt_tokens": pl.Series([100, 4000, 900], dtype=pl.Int32),
+                          "output_tokens": pl.Series([11, 1, 101], dtype=pl.Int32),
+                          "prompt_text": [None] * 3, "model": [None] * 3, "tenant": [None] * 3})
+    spec = _spec(tps=(1,))
+    setup = serving(spec.device, spec.model)
+    ctx, _ = prepare(frame, spec, setup, policies=("paged",))
+    floor = zero_load(ctx)
+    cost = setup.cost
+    ttft = [cost.prefill.seconds(p, p * p, 1) for p in (100, 4000, 900)]
+    step = cost.step_coefficients(KvLayout(16), max_batch=1)
+    tpot = [step.step_ps([100 + 5]) / 1e12, step.step_ps([900 + 50]) / 1e12]  # b has one token: no TPOT
+    assert floor["ttft_p99"] == pytest.approx(np.percentile(ttft, 99))
+    assert floor["ttft_p50"] == pytest.approx(ttft[2])
+    assert floor["tpot_p99"] == pytest.approx(np.percentile(tpot, 99))
+    assert floor["longest_prompt_tokens"] == 4000 and floor["longest_prefill_s"] == pytest.approx(ttft[1])
+    limit = floor["ttft_p99"] * 1.1
+    assert near_floor(floor, (("ttft_p99", limit), ("tpot_p99", 10.0))) == ["ttft_p99"]  # within 20%
+    assert near_floor(floor, (("ttft_p99", floor["ttft_p99"] * 1.3),)) == []
+    said = floor_cause(floor, (("ttft_p99", floor["ttft_p99"] / 2),), chunked=False)
+    assert "ttft_p99 alone is" in said and "4,000 tokens" in said
+    said = floor_cause(floor, (("ttft_p99", 100.0),), chunked=False)
+    assert "queueing" in said and "--engine vllm-v1" in said and "--arrivals poisson" in said
+
+
+def test_a_limit_near_its_floor_is_warned_of(cli, small):
+    from odmactl.capacity.binds import zero_load
+
+    frame = read_trace(small)
+    spec = _spec(tps=(1,))
+    ctx, _ = prepare(frame, spec, serving(spec.device, spec.model), policies=("paged",))
+    near = zero_load(ctx)["ttft_p99"] * 1.15
+    r = cli("capacity", small, *DEVICE, "--slo", f"ttft_p99={near}s", "--predictor", "oracle", "--policies", "paged")
+    text = " ".join(r.out.split())
+    assert "warning: tp 1: the ttft_p99 limit" in text and "within 20% of its zero-load floor" in text
+    r = cli("capacity", small, *DEVICE, "--slo", SLO, "--predictor", "oracle", "--policies", "paged", "--json")
+    assert json.loads(r.out)["rows"][0]["near_floor"] == []
+
+
+def test_the_headline_names_the_cheapest_row_its_ties_and_savings(cli, small):
+    from odmactl.capacity.binds import headline
+
+    def row(policy, tp, devices, rate=1.0):
+        return {"policy": policy, "tp": tp, "devices_for_target": devices, "replicas_for_target": None if devices is None else devices // tp,
+                "max_rate_per_replica": rate}
+
+    rows = [row("static", 1, 12), row("static+1024", 1, 8), row("paged", 1, 9), row("odma", 1, 7),
+            row("s3", 2, 8), row("odma", 2, 8), row("paged", 2, 7, 2.0), row("static", 2, None)]
+    h = headline(rows)
+    # odma tp 1 and paged tp 2 both need 7 devices: paged's 3 engines of tp 2 (7 // 2 here) are fewer
+    assert (h["devices"], h["policy"], h["tp"]) == (7, "paged", 2) and h["ties"] == ["odma tp 1"]
+    assert h["vs_static"] == {"policy": "static+1024", "tp": 1, "devices": 8, "saved": 1}
+    assert h["vs_paged"] == {"policy": "paged", "tp": 2, "devices": 7, "saved": 0}
+    assert headline([row("paged", 1, None)]) is None
+    r = cli("capacity", small, *DEVICE, "--slo", SLO, "--predictor", "oracle", "--policies", "static,paged",
+            "--tp", "1,2", "--json")
+    doc = json.loads(r.out)
+    fewest = min(x["devices_for_target"] for x in doc["rows"] if x["devices_for_target"])
+    assert doc["headline"]["devices"] == fewest
+    text = " ".join(cli("capacity", small, *DEVICE, "--slo", SLO, "--predictor", "oracle", "--policies",
+                        "static,paged", "--tp", "1,2").out.split())
+    assert f"cheapest for {doc['target_rate_per_s']:,.3g} req/s: {fewest} x MLU370-X4" in text
+    assert "memory" in text and "breaks first" in text and "devices x rate need not equal the target" in text
+
+
+def test_stats_and_capacity_use_one_busiest_window(cli, small):
+    r = cli("stats", small, "--json")
+    busiest = json.loads(r.out)["busiest_10min_rate_per_s"]
+    doc = json.loads(cli("capacity", small, *DEVICE, "--slo", SLO, "--predictor", "oracle", "--policies", "paged",
+                         "--json").out)
+    assert doc["trace"]["peak_10min_rate_per_s"] == busiest == doc["target_rate_per_s"]
+
+
+def test_rates_are_never_rounded_to_zero():
+    from odmactl.render.metrics import format_metric
+
+    assert format_metric("max_rate_per_device", 0.0023456) == "0.00235"
+    assert format_metric("max_rate_per_replica", 0.107295) == "0.107"
+    assert format_metric("output_tps_per_device", 0.0912) == "0.0912"
+    assert format_metric("output_tps_per_device", 1234.4) == "1,234"
+

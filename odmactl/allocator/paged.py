@@ -141,7 +141,7 @@ class PagedAllocator(AllocatorBase):
         if self.prefix is None:
             return []
         return [(b * self.block_bytes, self.block_bytes, f"cached prefix block {b}")
-                for u in self.prefix.units.values() if u.owner is None for b in u.blocks]
+                for u in self.prefix.units.values() if u.owner is None and u.refs for b in u.blocks]
 
     def _other_reserved_bytes(self) -> int:
         return 0 if self.prefix is None else self.prefix.shared_blocks * self.block_bytes
@@ -150,9 +150,13 @@ class PagedAllocator(AllocatorBase):
         return [(b * self.block_bytes, self.block_bytes) for b in a.block_ids]
 
     def free_extents(self) -> list[tuple[int, int]]:
-        """Runs of consecutive free blocks as (offset, nbytes), the tail merged into the last run."""
+        """Runs of consecutive free blocks as (offset, nbytes), the tail merged into the last run;
+        free blocks that still hold a cached prefix count as free (vLLM's block pool counts them)."""
         out: list[list[int]] = []
-        for b in sorted(self._free[self._head:]):
+        free = list(self._free[self._head:])
+        if self.prefix is not None:
+            free += [b for key in self.prefix.free for b in self.prefix.units[key].blocks]
+        for b in sorted(free):
             if out and out[-1][0] + out[-1][1] == b * self.block_bytes:
                 out[-1][1] += self.block_bytes
             else:

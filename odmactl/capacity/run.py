@@ -11,18 +11,22 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from odmactl.capacity.binds import breaking, floor_cause, headline, memory_binding, near_floor, zero_load
 from odmactl.capacity.search import MAX_SCALE_STEPS, CapacityTarget, capacity_job, lowest_scale
 from odmactl.capacity.slo import Slo
 from odmactl.core.errors import ConfigError
-from odmactl.core.limits import MAX_TP, MAX_WORKERS, check_whole
+from odmactl.core.limits import MAX_TP, MAX_WORKERS, check_seed, check_whole
+from odmactl.run.arrivals import label as arrival_label
+from odmactl.run.arrivals import parse_arrivals, with_arrivals
 from odmactl.run.config import read_config, scheduler_record
 from odmactl.run.executors import EXECUTORS, run_jobs
 from odmactl.run.replay import prepare
 from odmactl.run.serving import serving, static_baselines
 from odmactl.run.spec import ServingSpec
 from odmactl.sim.cluster import DEFAULT_ROUTER, ROUTERS
+from odmactl.trace.stats import BUSIEST_WINDOW_S, busiest_rate
 
-PEAK_WINDOW_S = 600.0  # the default target: the trace's busiest 10 minutes
+PEAK_WINDOW_S = BUSIEST_WINDOW_S  # the default target: the trace's busiest 10 minutes (trace/stats.py's rule)
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class CapacitySpec(ServingSpec):
     executor: str = "process"
     max_replicas: int = 256
     router: str = DEFAULT_ROUTER  # how the replicas for the target share its requests (sim/cluster.py)
+    arrivals: str = "trace"  # --arrivals: trace, poisson or gamma:CV (run/arrivals.py)
+    seed: int = 0  # the generated arrivals' seed
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -55,6 +61,8 @@ class CapacitySpec(ServingSpec):
         check_whole(self.max_replicas, 1, 4096, "--max-replicas")
         if self.router not in ROUTERS:
             raise ConfigError(f"--router expects one of {', '.join(ROUTERS)}, got {self.router!r}")
+        parse_arrivals(self.arrivals)
+        check_seed(self.seed)
         if self.executor not in EXECUTORS:
             raise ConfigError(f"--executor expects one of {', '.join(EXECUTORS)}, got '{self.executor}'")
 
@@ -67,11 +75,7 @@ def trace_rates(arrival_s: np.ndarray) -> tuple[float, float]:
     if arrival_s.size < 2 or span <= 0:
         raise ConfigError("capacity scales the trace's arrival times, and all of its requests arrive at once",
                           hint="ingest it with --rate R (Poisson arrivals) instead of --offline")
-    mean = (arrival_s.size - 1) / span
-    if span < PEAK_WINDOW_S:
-        return mean, mean
-    ends = np.searchsorted(arrival_s, arrival_s + PEAK_WINDOW_S, side="left")  # arrivals in [t_i, t_i + window)
-    return mean, float((ends - np.arange(arrival_s.size)).max()) / PEAK_WINDOW_S
+    return (arrival_s.size - 1) / span, busiest_rate(arrival_s, PEAK_WINDOW_S)
 
 
 def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
@@ -86,11 +90,13 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
                           f"({low:.3g} to {high:.3g} req/s: its own {mean_rate:.3g} req/s scaled by 2**-{MAX_SCALE_STEPS} "
                           f"to 2**{MAX_SCALE_STEPS}, within the replay clock)", hint="give a target in that range")
     target = CapacityTarget(spec.slo, spec.max_migration_rate, max_replicas=spec.max_replicas, router=spec.router)
+    kind, cv = parse_arrivals(spec.arrivals)
     jobs, names, contexts, label, mismatched = [], [], {}, None, []
     for tp in spec.tps:
         setup = serving(spec.device, spec.model, spec.kv_dtype, spec.kv_pool_bytes, tp=tp)
         ctx, label = prepare(frame, dataclasses.replace(spec, tp=tp), setup, tables=tables, config=spec.config,
                              policies=spec.policies)
+        ctx = dataclasses.replace(ctx, workload=with_arrivals(ctx.workload, kind, cv, spec.seed))
         contexts[tp] = ctx
         mismatched += [f"tp {tp}: {line}" for line in ctx.mismatches]
         table = {**tables["allocator"], **spec.allocator_overrides()}
@@ -100,10 +106,14 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
             names += [name for name, _ in runs]
             jobs += [(ctx, policy, settings, target, target_rate / mean_rate) for _, settings in runs]
     found = run_jobs(jobs, spec.workers, "capacity", progress, fn=capacity_job, executor=spec.executor)
-    if all(result["rate_scale"] is None for result in found):
+    floors = {tp: zero_load(ctx) for tp, ctx in contexts.items()}
+    if all(result["rate_scale"] is None and result["target"]["replicas"] is None for result in found):
         policy, result = names[0], found[0]
+        tp = spec.tps[0]
         raise ConfigError(f"no policy meets the SLO at any tensor-parallel size tried; {policy} at tp "
-                          f"{spec.tps[0]}: {result['infeasible']}", hint="a larger --tp, another device, or a looser --slo")
+                          f"{tp}: {result['infeasible']}; at tp {tp}, "
+                          + floor_cause(floors[tp], spec.slo.limits_s, contexts[tp].scheduler.chunked),
+                          hint="a larger --tp, another device, or a looser --slo")
     rows = []
     for (ctx, policy_name, settings, *_), policy, result in zip(jobs, names, found):
         tp = ctx.serving.tp
@@ -134,13 +144,23 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
         row["devices_saved_vs_static"] = (None if static is None or None in (static["devices_for_target"],
                                                                               row["devices_for_target"])
                                           else static["devices_for_target"] - row["devices_for_target"])
+    for row in rows:  # what binds it (capacity/binds.py)
+        ctx = contexts[row["tp"]]
+        row["breaks_above"] = breaking(row["probes"], row["next_rate_scale"]) if row["rate_scale"] is not None else []
+        row["near_floor"] = near_floor(floors[row["tp"]], spec.slo.limits_s)
+        row["floor_cause"] = None if row["rate_scale"] is not None else \
+            floor_cause(floors[row["tp"]], spec.slo.limits_s, ctx.scheduler.chunked)
+    binds = memory_binding(rows, target.tolerance)
     first = contexts[spec.tps[0]]
     return {
+        "headline": headline(rows), "memory_binds": {str(tp): b for tp, b in binds.items()},
+        "zero_load": {str(tp): floor for tp, floor in floors.items()},
         "trace": {"requests": frame.height, "mean_rate_per_s": mean_rate, "peak_10min_rate_per_s": peak_rate,
                   "span_s": float(arrival_s[-1] - arrival_s[0])},
         "device": first.serving.device.name, "model": first.serving.full_model.name, "kv_dtype": spec.kv_dtype,
         "predictor": label, "slo": {m: s for m, s in spec.slo.limits_s}, "slo_label": spec.slo.label,
         "max_migration_rate": spec.max_migration_rate, "target_rate_per_s": target_rate, "router": spec.router,
+        "arrivals": {"process": spec.arrivals, "label": arrival_label(kind, cv, spec.seed)},
         "target_is_peak": spec.target_rate_per_s is None, "tolerance": target.tolerance,
         "scheduler": scheduler_record(first.scheduler, first.max_len),
         "mismatches": mismatched, "rows": rows,

@@ -75,8 +75,9 @@ def _combined(metrics: list[dict], latencies: dict, end_s: float, scale: float) 
     totals = {key: sum(m[key] for m in metrics) for key in TOTALS}
     n = totals["requests"]
     if "prefill_tokens_saved" in metrics[0]:  # a prefix cache (every engine of a run keeps one or none)
-        saved, looked_up = (sum(m[key] for m in metrics) for key in ("prefill_tokens_saved", "prefix_looked_up_tokens"))
-        totals.update(prefill_tokens_saved=saved, prefix_hit_rate=saved / max(looked_up, 1))
+        saved, looked_up, evicted = (sum(m[key] for m in metrics) for key in
+                                     ("prefill_tokens_saved", "prefix_looked_up_tokens", "prefix_evictions"))
+        totals.update(prefill_tokens_saved=saved, prefix_hit_rate=saved / max(looked_up, 1), prefix_evictions=evicted)
     return {**totals, "replicas": len(metrics), "rate_scale": scale,
             **{key: any(bool(m[key]) for m in metrics) for key in FLAGS}, **latencies,
             "migration_rate": totals["migrations"] / n, "overflow_rate": (totals["migrations"] + totals["preemptions"]) / n,
@@ -231,11 +232,13 @@ def replicas_for(ctx: ReplayContext, policy: str, table: dict, target: CapacityT
 
 
 def capacity_job(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, target_scale: float) -> dict:
-    """One policy at one tensor-parallel size: its capacity, then the replicas the target needs."""
+    """One policy at one tensor-parallel size: its capacity, then the replicas the target needs.
+    Where one engine meets the SLO at no rate (a burst or a long prefill that one engine cannot
+    absorb), the replicas are still searched, from one engine up: R engines behind the router
+    split what one engine could not."""
     found = find_capacity(ctx, policy, table, target)
-    if found["rate_scale"] is None:
-        return {**found, "target": {"replicas": None, "metrics": None}}
-    need = replicas_for(ctx, policy, table, target, target_scale, found["rate_scale"])
+    per_replica = found["rate_scale"] if found["rate_scale"] is not None else target_scale
+    need = replicas_for(ctx, policy, table, target, target_scale, per_replica)
     return {**found, "target": need}
 
 

@@ -9,7 +9,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+import time
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
 from odmactl import __version__
@@ -41,12 +43,18 @@ def _root(
 
 
 @contextmanager
-def progress_bar(enabled: bool) -> Iterator:
-    """A progress callback (label, done, total) drawing a bar on stderr, or None."""
+def progress_bar(enabled: bool, lines: bool = False) -> Iterator:
+    """A progress callback (label, done, total) drawing a bar on stderr, or with `lines` (stderr is
+    not a terminal) printing a plain line each time a job of a task finishes, at most every
+    LINE_EVERY_S and not in the first LINE_AFTER_S, with an estimate of the time left; or None."""
+    if lines:
+        yield _progress_lines()
+        return
     if not enabled:
         yield None
         return
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn())
     with Progress(*columns, console=err, transient=True) as bar:
         tasks: dict[str, int] = {}
 
@@ -58,9 +66,32 @@ def progress_bar(enabled: bool) -> Iterator:
         yield update
 
 
-def progress_for(json_out: bool):
-    """The progress bar a command shows: on a terminal, and not when it prints JSON."""
-    return progress_bar(not json_out and err.is_terminal)
+LINE_EVERY_S = 1.0  # a line per finished job (a capacity row), at most one a second but the last
+LINE_AFTER_S = 5.0  # and none in a run's first seconds
+
+
+def _progress_lines():
+    started: dict[str, float] = {}
+    shown: dict[str, float] = {}
+
+    def update(label: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        started.setdefault(label, now)
+        if now - started[label] < LINE_AFTER_S:  # a short run says nothing
+            return
+        if done and (done == total or now - shown.get(label, started[label]) >= LINE_EVERY_S):
+            shown[label] = now
+            elapsed = now - started[label]
+            left = f", about {elapsed / done * (total - done):,.0f} s left" if done < total else ""
+            err.print(f"{printable(label)}: {done:,}/{total:,} ({elapsed:,.0f} s{left})", highlight=False, soft_wrap=True)
+
+    return update
+
+
+def progress_for(json_out: bool, lines_when_piped: bool = False):
+    """The progress a command shows: a bar on a terminal; plain lines on stderr when it is not one
+    and the command asks for them (`lines_when_piped`: long runs such as capacity); none with JSON."""
+    return progress_bar(not json_out and err.is_terminal, lines=lines_when_piped and not json_out and not err.is_terminal)
 
 
 def printable(text: str) -> str:

@@ -47,6 +47,10 @@ def capacity(
     target_rate: Annotated[Optional[float], typer.Option(help="requests/s to size the deployment for (default: the trace's peak 10-minute rate)")] = None,
     workers: Annotated[int, typer.Option(help="worker processes, one policy and size each")] = 1,
     max_replicas: Annotated[int, typer.Option(help="most engines tried for the target rate")] = 256,
+    arrivals: Annotated[str, typer.Option(help="the arrival process replayed: trace (the trace's own gaps, rescaled: "
+                                               "bursts kept), poisson (its requests at exponential gaps of the same "
+                                               "mean rate, seeded) or gamma:CV (gamma gaps, coefficient of variation CV)")] = "trace",
+    seed: Annotated[int, typer.Option(help="seed of the generated arrivals (--arrivals poisson or gamma:CV)")] = 0,
     router: Annotated[str, typer.Option(help="how the engines for the target share its requests: least-kv "
                                              "(default), least-outstanding, cluster-manager (ODMA's) or round-robin")] = "least-kv",
     executor: Annotated[str, typer.Option(help="process (local workers) or ray (a Ray cluster; the ray extra)")] = "process",
@@ -86,15 +90,16 @@ def capacity(
     check_outputs([metrics_out, out_path, plot, report], force, input_paths(trace_path, config, predictor, device, model))
     spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                         prefix_caching=prefix_caching,
-                      max_new_tokens=max_new_tokens, predictor=predictor,
+                        max_new_tokens=max_new_tokens, predictor=predictor,
                         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens, kv_pool_bytes=parse_kv_pool(kv_pool),
                         allow_mismatch=allow_mismatch,
                         policies=tuple(chosen), tps=_sizes(tp), slo=Slo.parse(slo),
                         max_migration_rate=max_migration_rate, target_rate_per_s=target_rate, config=config,
-                        workers=workers, executor=executor, max_replicas=max_replicas, router=router)
+                        workers=workers, executor=executor, max_replicas=max_replicas, router=router,
+                        arrivals=arrivals, seed=seed)
     frame = read_trace(trace_path)
-    with progress_for(json_out) as progress:
+    with progress_for(json_out, lines_when_piped=True) as progress:
         doc = run_capacity(frame, spec, progress=progress)
     doc = {"trace": {"path": str(trace_path), **doc["trace"]}, **{k: v for k, v in doc.items() if k != "trace"}}
     if plot is not None:  # the plot and report first, the JSON last: a stopped run leaves no JSON without them

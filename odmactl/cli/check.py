@@ -79,7 +79,7 @@ def check(
     check_policy_names(setup.policies)
     check_outputs([metrics_out, junit, markdown_path, out_path], force, input_paths(trace_path, config, predictor, device, model))
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
-                        prefix_caching=prefix_caching,
+                      prefix_caching=prefix_caching,
                       max_new_tokens=max_new_tokens, predictor=predictor, config=config,
                       load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit, skip=skip), max_model_len=max_model_len,
                       kv_pool_bytes=parse_kv_pool(kv_pool), tp=tp, allow_mismatch=allow_mismatch)

@@ -68,8 +68,8 @@ def plan(
     from odmactl.capacity.slo import Slo
 
     spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
-                        prefix_caching=prefix_caching,
-                      max_new_tokens=max_new_tokens, predictor=predictor, objective=objective,
+                    prefix_caching=prefix_caching,
+                    max_new_tokens=max_new_tokens, predictor=predictor, objective=objective,
                     slo=None if slo is None else Slo.parse(slo),
                     max_overflow_rate=max_migration_rate, max_rejection_rate=max_rejection_rate, ttft_p99_s=ttft_p99, holdout=holdout, replays=replays,
                     workers=workers, executor=executor, max_model_len=max_model_len, max_num_seqs=max_num_seqs,

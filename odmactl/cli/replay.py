@@ -89,11 +89,11 @@ def replay(
     elif profile is not None or scale != 1.0:
         raise OdmaError("--profile and --scale apply to --on-device replays only")
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
-                        prefix_caching=prefix_caching,
+                      prefix_caching=prefix_caching,
                       max_new_tokens=max_new_tokens, predictor=predictor, config=config,
                       load=LoadOptions(rate_per_s=rate, offline=offline, limit=limit, seed=seed, skip=skip),
                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=max_num_batched_tokens, fast_forward=not stepping,
+                      max_num_batched_tokens=max_num_batched_tokens, fast_forward=not stepping,
                       kv_pool_bytes=pool_bytes, tp=tp, allow_mismatch=allow_mismatch)
     frame = read_trace(trace_path)
     with progress_for(json_out) as progress:

@@ -113,6 +113,8 @@ def plan_command(trace_path: Path, spec: PlanSpec, out_path: Path) -> str:
                                  ("--baselines", ",".join(spec.baselines), ",".join(DEFAULT_BASELINES))):
         if value != default:
             args += [flag, f"{value} B" if flag == "--kv-pool" else value]
+    if spec.prefix_caching is not None:
+        args.append("--prefix-caching" if spec.prefix_caching else "--no-prefix-caching")
     return " ".join(shlex.quote(str(a)) for a in args)
 
 

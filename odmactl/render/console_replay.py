@@ -101,6 +101,12 @@ def render_replay(console: Console, doc: dict) -> None:
         said = ALLOCATORS[policy].describe(r["config"]) if policy in ALLOCATORS else None
         if said:
             settings.append(said)
+    if doc["scheduler"].get("prefix_caching") and not t.get("prefix_hashes", True):
+        settings.append("prefix caching is on, but the trace has no prefix hashes: nothing is cached (a trace with "
+                        "Mooncake's hash_ids has them)")
+    elif doc["scheduler"].get("prefix_caching") and not any("prefix_hit_rate" in r["metrics"]
+                                                            for r in doc["results"].values()):
+        settings.append("prefix caching is on, but none of these policies caches prefixes (paged does)")
     if settings:
         console.print(escape("; ".join(settings)), highlight=False)
     shown = tuple(k for k in REPLAY_IF_ANY if any(r["metrics"].get(k) for r in doc["results"].values()))
@@ -214,12 +220,81 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
 
 def capacity_value(row: dict, key: str) -> str:
     """A capacity row's value for `key`: the row's own figure, or a latency at the capacity."""
-    if row["rate_scale"] is None and key != "rejected_never_fit":
-        return "none" if key in ("max_rate_per_replica", "devices_for_target") else "-"
+    if row["rate_scale"] is None and key not in ("rejected_never_fit", "devices_for_target"):
+        return "none" if key == "max_rate_per_replica" else "-"
     value = row["metrics_at_capacity"][key] if key in ("ttft_p99", "tpot_p99") else row[key]
     if value is None:
         return "none" if key == "devices_for_target" else "n/a"
     return format_metric(key, value)
+
+
+def capacity_headline(doc: dict) -> str | None:
+    """The answer first: the cheapest row for the target, its ties and its savings."""
+    h = doc.get("headline")
+    if not h:
+        return None
+    engines = f"{h['replicas']} engine{'s' if h['replicas'] != 1 else ''} of tp {h['tp']}"
+    text = (f"cheapest for {doc['target_rate_per_s']:,.3g} req/s: {h['devices']} x {doc['device']} ({engines}) "
+            f"running {h['policy']}")
+    if h["ties"]:
+        text += f"; as few with {', '.join(h['ties'])} (ties decided by fewer engines, then latency at the target)"
+    for key, name in (("vs_static", "static"), ("vs_paged", "paged")):
+        other = h.get(key)
+        if other is not None and other["saved"] > 0:
+            text += f"; {other['policy']} needs {other['devices']} (tp {other['tp']}), {other['saved']} more"
+    return text
+
+
+def infeasible_lines(doc: dict) -> list[str]:
+    """Per tp, the rows where one engine meets the SLO at no rate, with the first one's failure and
+    the floor's cause (the same for every policy at a tp), and what the replicas did."""
+    lines = []
+    for tp in dict.fromkeys(r["tp"] for r in doc["rows"]):
+        none = [r for r in doc["rows"] if r["tp"] == tp and r["infeasible"]]
+        if not none:
+            continue
+        names = ", ".join(r["policy"] for r in none)
+        replicas = [r for r in none if r["devices_for_target"] is not None]
+        after = (f"; behind the router, enough engines still meet it at the target for "
+                 f"{', '.join(r['policy'] for r in replicas)} (the router splits what one engine could not absorb: "
+                 "devices in the table)") if replicas else ""
+        lines.append(f"tp {tp}: one engine meets the SLO at no rate for {names} ({none[0]['policy']}: "
+                     f"{none[0]['infeasible']}); {none[0]['floor_cause']}{after}")
+    return lines
+
+
+def binding_lines(doc: dict) -> list[str]:
+    """What binds: memory per tp, the limit that breaks above each row's rate, the floor warnings,
+    and why devices x rate need not give the target."""
+    lines = []
+    for tp, binds in doc.get("memory_binds", {}).items():
+        devices = sorted({r["devices_for_target"] for r in doc["rows"] if str(r["tp"]) == tp} - {None})
+        spread = (f"; devices for the target still differ by policy ({devices[0]}-{devices[-1]}: the router and each "
+                  "policy's KV layout in the step time)") if len(devices) > 1 else ""
+        lines.append(f"tp {tp}: " + ("memory binds (the policies' rates per engine differ)" if binds else
+                                     f"memory does not bind one engine (every policy within {doc['tolerance']:.0%}): "
+                                     f"choose by latency or simplicity{spread}"))
+    breaks: dict[str, list[str]] = {}
+    for r in doc["rows"]:
+        if r.get("breaks_above"):
+            breaks.setdefault(", ".join(r["breaks_above"]), []).append(f"{r['policy']} tp {r['tp']}")
+    for what, where in breaks.items():
+        lines.append(f"above the rate found, {what} breaks first: {', '.join(where)}")
+    limits = doc.get("slo", {})
+    warned = set()
+    for r in doc["rows"]:
+        floor = doc.get("zero_load", {}).get(str(r["tp"]))
+        for metric in r.get("near_floor", ()):
+            if (metric, r["tp"]) in warned or floor is None:
+                continue
+            warned.add((metric, r["tp"]))
+            lines.append(f"warning: tp {r['tp']}: the {metric} limit ({limits[metric]:.3g} s) is within 20% of its "
+                         f"zero-load floor ({floor[metric]:.3g} s, each request alone): the answer moves with small "
+                         "changes of it")
+    lines.append("devices for the target come from replaying the target traffic on that many engines behind the "
+                 "router; the rate per engine is one engine on the whole trace, so devices x rate need not equal the "
+                 "target (the router splits bursts)")
+    return lines
 
 
 def render_capacity(console: Console, doc: dict) -> None:
@@ -228,11 +303,15 @@ def render_capacity(console: Console, doc: dict) -> None:
     t = doc["trace"]
     console.print(escape(f"{t['path']}: {t['requests']:,} requests at {t['mean_rate_per_s']:,.3f} req/s "
                          f"(peak 10 min {t['peak_10min_rate_per_s']:,.3f}), {doc['model']} on {doc['device']}, "
-                         f"predictor {doc['predictor']}, {engine_caps(**_caps(doc['scheduler']))}; SLO {doc['slo_label']}"
+                         f"predictor {doc['predictor']}, {engine_caps(**_caps(doc['scheduler']))}; arrivals: "
+                         f"{doc['arrivals']['label']}; SLO {doc['slo_label']}"
                          f"{', overflow rate <= ' + format_metric('overflow_rate', doc['max_migration_rate'])}"
                          + (f"; outputs capped at {cap:,} new tokens" if (cap := doc['scheduler'].get('max_new_tokens'))
                             else "")),
                   highlight=False)
+    said = capacity_headline(doc)
+    if said:
+        _wrapped(console, said, "bold")
     rows = [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k) for k in CAPACITY_KEYS)] for r in doc["rows"]]
     target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the peak 10 min)" if doc["target_is_peak"] else "") \
         + f", {doc['router']} router"
@@ -247,8 +326,10 @@ def render_capacity(console: Console, doc: dict) -> None:
             console.print(escape(f"{r['policy']} tp {r['tp']}: the SLO held at every rate tried, up to the one shown "
                                  "(2**20 x the trace's); the trace is too short to load the engine there, so this is "
                                  "a lower bound"), highlight=False)
-        if r["infeasible"]:
-            console.print(escape(f"{r['policy']} tp {r['tp']}: no rate meets the SLO: {r['infeasible']}"), highlight=False)
+    for line in infeasible_lines(doc):
+        console.print(escape(line), highlight=False)
+    for line in binding_lines(doc):
+        console.print(escape(line), highlight=False)
     odd = [f"{r['policy']} tp {r['tp']}" for r in doc["rows"] if not r["monotone"]]
     if odd:
         console.print(escape(f"warning: the SLO failed below the reported rate for {', '.join(odd)} (not monotone): "

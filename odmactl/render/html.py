@@ -164,7 +164,7 @@ Searched on the first {t['search_requests']:,} requests, validated on the last {
 
 def write_capacity_report(doc: dict, path: Path) -> None:
     """`odmactl capacity`'s report: the table of rates and devices, and the latency-throughput curves."""
-    from odmactl.render.console_replay import capacity_value
+    from odmactl.render.console_replay import binding_lines, capacity_headline, capacity_value
     from odmactl.render.plots import capacity_figure
 
     esc = html.escape
@@ -173,8 +173,11 @@ def write_capacity_report(doc: dict, path: Path) -> None:
     body = "".join(f"<tr><td>{esc(r['policy'])} tp {r['tp']}</td>"
                    + "".join(f"<td>{esc(capacity_value(r, k))}</td>" for k in CAPACITY_KEYS) + "</tr>"
                    for r in doc["rows"])
-    notes = "".join(f"<li>{esc(r['policy'])} tp {r['tp']}: no rate meets the SLO: {esc(r['infeasible'])}</li>"
-                    for r in doc["rows"] if r["infeasible"])
+    notes = "".join(f"<li>{esc(r['policy'])} tp {r['tp']}: no rate meets the SLO: {esc(r['infeasible'])}; "
+                    f"{esc(r.get('floor_cause') or '')}</li>" for r in doc["rows"] if r["infeasible"])
+    notes += "".join(f"<li>{esc(line)}</li>" for line in binding_lines(doc))
+    said = capacity_headline(doc)
+    headline = f"<p><b>{esc(said)}</b></p>" if said else ""
     notes += "".join(f"<li>{esc(r['policy'])} tp {r['tp']}: the SLO failed below the reported rate (not monotone)</li>"
                      for r in doc["rows"] if not r["monotone"])
     target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the trace's busiest 10 minutes)" if doc["target_is_peak"] else "")
@@ -185,9 +188,11 @@ def write_capacity_report(doc: dict, path: Path) -> None:
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child{{text-align:left;white-space:nowrap}}img{{max-width:100%}}</style>
 </head><body>
 <h1>odmactl capacity</h1>
+{headline}
 {warned}
 <p><code>{esc(t['path'])}</code>: {t['requests']:,} requests at {t['mean_rate_per_s']:,.3f} req/s; {esc(doc['model'])} on
-{esc(doc['device'])}; predictor <code>{esc(doc['predictor'])}</code>; engine {esc(str(doc['scheduler'].get('engine')))}. SLO: <b>{esc(doc['slo_label'])}</b>; odma and s3 at most
+{esc(doc['device'])}; predictor <code>{esc(doc['predictor'])}</code>; engine {esc(str(doc['scheduler'].get('engine')))};
+arrivals: {esc(doc.get('arrivals', {}).get('label', "the trace's own gaps"))}. SLO: <b>{esc(doc['slo_label'])}</b>; odma and s3 at most
 {format_metric('overflow_rate', doc['max_migration_rate'])} overflows (migrations + preemptions) per request. Rates bracketed to {doc['tolerance']:.0%} by replay;
 devices for {esc(target)} found by replaying replicas together behind the {esc(doc['router'])} router.</p>
 <table><tr><th>policy</th>{head}</tr>{body}</table>

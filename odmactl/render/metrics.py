@@ -32,10 +32,15 @@ class Metric:
         """The value written; a missing or non-finite one (a gain over a baseline that served nothing) is n/a."""
         if value is None or (isinstance(value, float) and not math.isfinite(value)):
             return "n/a"
-        return format(value * self.scale if self.scale != 1 else value, self.spec)
+        value = value * self.scale if self.scale != 1 else value
+        if self.spec == SIG3:  # three significant digits, never rounded to zero: 0.00234, 0.107, 1,235
+            if value == 0:
+                return "0"
+            return format(value, f",.{max(0, 2 - math.floor(math.log10(abs(value))))}f")
+        return format(value, self.spec)
 
 
-SHARE, RATE, GAIN, COUNT = ".1%", ".3%", "+.1%", ","
+SHARE, RATE, GAIN, COUNT, SIG3 = ".1%", ".3%", "+.1%", ",", "sig3"
 
 METRICS: dict[str, Metric] = {m.key: m for m in (
     Metric("kv_utilization", "KV util", "%", SHARE),
@@ -65,9 +70,9 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
     Metric("capacity_rate_scale", "rate at SLO", "x trace", ".3f"),
     Metric("tps_gain", "TPS gain", "%", GAIN),
     # odmactl capacity: per engine (a replica of tp devices) and per device, at the SLO
-    Metric("max_rate_per_replica", "req/s per engine", "", ",.2f"),
-    Metric("max_rate_per_device", "req/s per device", "", ",.2f"),
-    Metric("output_tps_per_device", "tok/s per device", "", ",.1f"),
+    Metric("max_rate_per_replica", "req/s per engine", "", SIG3),
+    Metric("max_rate_per_device", "req/s per device", "", SIG3),
+    Metric("output_tps_per_device", "tok/s per device", "", SIG3),
     Metric("devices_for_target", "devices for target", "", COUNT),
     Metric("devices_saved_vs_static", "saved vs static", "", "+,d"),
     Metric("rejected_never_fit", "never fit", "", COUNT),

@@ -69,34 +69,44 @@ def write_capacity_plot(doc: dict, path) -> None:
 
 
 def capacity_figure(doc: dict):
-    """TTFT p99 and TPOT p99 against the offered rate per engine, one line per policy and tp (the
-    bisection's probes), with the SLO's limits dashed (a matplotlib figure; the caller closes it)."""
+    """TTFT p99 and TPOT p99 against the offered rate per engine (the bisection's probes), a column
+    of panels per tp, a line per policy in a colour and style of its own; policies whose probes are
+    the same are drawn once, named together; the SLO's limits dashed (a matplotlib figure; the
+    caller closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     mean_rate = doc["trace"]["mean_rate_per_s"]
-    fig, axes = plt.subplots(2, 1, figsize=(10, 7.5), sharex=True)
-    policies = list(dict.fromkeys(row["policy"] for row in doc["rows"]))
     sizes = list(dict.fromkeys(row["tp"] for row in doc["rows"]))
+    policies = list(dict.fromkeys(row["policy"] for row in doc["rows"]))
+    fig, axes = plt.subplots(2, len(sizes), figsize=(max(6.0, 4.2 * len(sizes)), 7.5), sharex="col", squeeze=False)
     colors = plt.get_cmap("tab10")
-    for row in doc["rows"]:  # a color per policy, a line style per tp
-        probes = row["probes"]
-        rates = [p["rate_scale"] * mean_rate for p in probes]
-        style = ("-", "--", ":", "-.")[sizes.index(row["tp"]) % 4]
-        for ax, key in zip(axes, ("ttft_p99", "tpot_p99")):
-            ax.plot(rates, [p[key] for p in probes], marker=".", linestyle=style,
-                    color=colors(policies.index(row["policy"]) % 10), label=f"{row['policy']} tp {row['tp']}")
-    for ax, key, title in zip(axes, ("ttft_p99", "tpot_p99"), ("TTFT p99 (s)", "TPOT p99 (s)")):
-        if key in doc["slo"]:
-            ax.axhline(doc["slo"][key], color="black", linewidth=0.8, linestyle="--", label=f"SLO {key}")
-        ax.set_yscale("log")
-        ax.set_ylabel(title, fontsize=8)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", ncol=2, handlelength=4)  # long enough to show dashes and dots
-    axes[1].set_xscale("log")
-    axes[1].set_xlabel("offered rate per engine (requests/s)")
+    styles = ("-", "--", "-.", ":")
+    for column, tp in enumerate(sizes):
+        curves: dict[tuple, list[str]] = {}  # identical probes -> the policies that share them
+        for row in doc["rows"]:
+            if row["tp"] == tp:
+                key = tuple((p["rate_scale"], p["ttft_p99"], p["tpot_p99"]) for p in row["probes"])
+                curves.setdefault(key, []).append(row["policy"])
+        for key, names in curves.items():
+            j = policies.index(names[0])
+            rates = [scale * mean_rate for scale, _, _ in key]
+            for ax, index in zip(axes[:, column], (1, 2)):
+                ax.plot(rates, [point[index] for point in key], marker=".", linestyle=styles[j % 4],
+                        color=colors(j % 10), label=" = ".join(names))
+        for ax, metric, title in zip(axes[:, column], ("ttft_p99", "tpot_p99"), ("TTFT p99 (s)", "TPOT p99 (s)")):
+            if metric in doc["slo"]:
+                ax.axhline(doc["slo"][metric], color="black", linewidth=0.8, linestyle="--", label=f"SLO {metric}")
+            ax.set_yscale("log")
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # a narrow log range labels its minor ticks over each other
+            ax.grid(alpha=0.3)
+            ax.set_title(f"tp {tp}: {title}", fontsize=8)
+            ax.legend(fontsize=6, loc="upper left", handlelength=3.5)
+        axes[1, column].set_xlabel("offered rate per engine (requests/s)", fontsize=8)
     fig.suptitle(f"{doc['model']} on {doc['device']}: {doc['trace']['path']} (SLO {doc['slo_label']})", fontsize=9)
     fig.tight_layout()
     return fig

@@ -119,6 +119,14 @@ class _Collector:
                 if row[key] is not None:
                     family.add_metric([row["policy"], str(row["tp"])], float(row[key]))
             yield family
+        cached = [(row, (row.get("metrics_at_capacity") or {}).get("prefix_hit_rate")) for row in self.doc["rows"]]
+        if any(hits is not None for _, hits in cached):  # paged with a prefix cache
+            family = GaugeMetricFamily(f"{PREFIX}_capacity_prefix_cache_hit_ratio",
+                                       "prompt tokens found in the prefix cache at the rate found", labels=["policy", "tp"])
+            for row, hits in cached:
+                if hits is not None:
+                    family.add_metric([row["policy"], str(row["tp"])], float(hits))
+            yield family
 
 
 def metrics_text(doc: dict, kind: str) -> str:

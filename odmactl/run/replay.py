@@ -305,7 +305,7 @@ def run_policies(frame: pl.DataFrame, policies: list[str], spec: ReplaySpec, pro
         advance = "closed-form fast-forward" if scheduler.fast_forward else "token-by-token stepping"
     return {
         "trace": {"requests": workload.size, "arrivals": _arrivals_label(spec.load, workload),
-                  "total_output_tokens": int(workload.output_tokens.sum())},
+                  "total_output_tokens": int(workload.output_tokens.sum()), "prefix_hashes": workload.prefix is not None},
         "device": setup.device.name, "tp": setup.tp, "model": setup.model_name, "kv_dtype": spec.kv_dtype,
         "kv_pool_bytes": setup.pool_bytes, "kv_bytes_per_token": setup.bytes_per_token, "max_model_len": ctx.max_len,
         "predictor": label, "scheduler": scheduler_record(scheduler, ctx.max_len),

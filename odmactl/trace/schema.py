@@ -198,6 +198,13 @@ def _validate_prefix(sf: SourceFrame) -> None:
                                       < pl.col("prefix_hashes").list.len()))
     if row is not None:
         raise TraceError("expected integer prefix hashes, found a missing one", file=sf.path, row=row["_row"], column=src)
+    first = _first_row(sf.frame, has)
+    if first is not None:
+        row = _first_row(sf.frame, has & (block != first["prefix_block_tokens"]))
+        if row is not None:
+            raise TraceError(f"a prefix block of {row['prefix_block_tokens']} tokens where row {first['_row']} has "
+                             f"{first['prefix_block_tokens']}: expected one block size in a trace (a replay caches "
+                             "in one)", file=sf.path, row=row["_row"], column="prefix_block_tokens")
     blocks = (pl.col("prompt_tokens") / block.cast(pl.Float64)).ceil()
     row = _first_row(sf.frame, has & (pl.col("prefix_hashes").list.len().cast(pl.Float64) > blocks))
     if row is not None:
@@ -299,6 +306,15 @@ def build_trace(sources: list[SourceFrame], arrivals: ArrivalOptions) -> BuiltTr
     if multi and frame["request_id"].n_unique() != frame.height:
         dup = frame.filter(pl.col("request_id").is_duplicated())["request_id"][0]
         raise TraceError(f"request id '{dup}' occurs in more than one source", file=", ".join(str(s.path) for s in sources))
+    if prefix:
+        sizes = {(s.path, b) for s in sources if "prefix_block_tokens" in s.frame.columns
+                 for b in s.frame.filter(pl.col("prefix_hashes").list.len() > 0)["prefix_block_tokens"].unique()}
+        if len({b for _, b in sizes}) > 1:
+            raise TraceError("the sources' prefix hashes come in blocks of "
+                             + " and ".join(f"{b} tokens ({p})" for p, b in sorted(sizes, key=lambda x: x[1]))
+                             + ": expected one block size in a trace (a replay caches in one)",
+                             file=", ".join(str(s.path) for s in sources),
+                             hint="ingest them into separate traces")
     moved = _moved_rows(frame["arrival_s"].to_numpy())
     if moved:
         frame = frame.sort("arrival_s", maintain_order=True)

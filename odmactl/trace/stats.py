@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import polars as pl
 
 from odmactl.core.errors import TraceError
@@ -15,6 +16,21 @@ from odmactl.trace.prefix import prefix_keys, reuse
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 BREAKDOWN_LIMIT = 1000
 MAX_WINDOWS = 100_000  # drift windows in one report (the JSON holds one row each)
+BUSIEST_WINDOW_S = 600.0  # the busiest 10 minutes: stats reports it, capacity sizes for it by default
+
+
+def busiest_rate(arrival_s: np.ndarray, window_s: float = BUSIEST_WINDOW_S) -> float:
+    """The busiest `window_s` of a trace in requests/s: the most arrivals in any window [t, t +
+    window_s) that starts at an arrival (sliding, not fixed bins, which split a burst in two), over
+    window_s; the mean rate over the trace's span when it is shorter than the window; 0 for a
+    trace of one request, or of requests all at once."""
+    span = float(arrival_s[-1] - arrival_s[0]) if arrival_s.size else 0.0
+    if arrival_s.size < 2 or span <= 0:
+        return 0.0
+    if span < window_s:
+        return (arrival_s.size - 1) / span
+    ends = np.searchsorted(arrival_s, arrival_s + window_s, side="left")  # arrivals in [t_i, t_i + window)
+    return float((ends - np.arange(arrival_s.size)).max()) / window_s
 
 
 def _length_exprs(column: str, prefix: str = "") -> list[pl.Expr]:
@@ -89,6 +105,8 @@ def trace_stats(frame: pl.DataFrame, window_s: float) -> dict[str, object]:
         "by_tenant": _breakdown(frame, "tenant"),
         "window_s": window_s,
         "drift": _drift(frame, window_s) if duration_s > 0 else [],
+        # capacity's default target, by the same rule
+        "busiest_10min_rate_per_s": busiest_rate(frame["arrival_s"].to_numpy().astype(np.float64)),
         # the prompts' prefix reuse with an unbounded cache (trace/prefix.py), where the trace has hashes
         "prefix_reuse": None if keys is None else reuse(keys, frame["prompt_tokens"].to_numpy()),
     }

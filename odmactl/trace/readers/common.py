@@ -160,12 +160,14 @@ def _diagnose_jsonl(path: Path) -> TraceError:
     return TraceError("could not be read as JSON lines", file=path)
 
 
-def scan_jsonl(path: Path, columns: list[str]) -> pl.DataFrame:
-    """Read `columns` of a JSON-lines file with `_row` (the line number); a broken line is named."""
+def scan_jsonl(path: Path, columns: list[str], infer_rows: int | None = 10000) -> pl.DataFrame:
+    """Read `columns` of a JSON-lines file with `_row` (the line number); a broken line is named.
+    The columns' types are inferred from the first `infer_rows` lines (None: all of them, for a
+    column such as Mooncake's hash_ids that may first appear late)."""
     require_file(path)
     data = read_bytes(path)
     try:
-        lf = pl.scan_ndjson(io.BytesIO(data), infer_schema_length=10000)
+        lf = pl.scan_ndjson(io.BytesIO(data), infer_schema_length=infer_rows)
         present = lf.collect_schema().names()
         lf = lf.select([c for c in columns if c in present])
         frame = lf.with_row_index("_row", offset=1).with_columns(pl.col("_row").cast(pl.Int64)).collect()

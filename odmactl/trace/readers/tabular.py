@@ -83,29 +83,36 @@ MOONCAKE_HASH_BLOCK_TOKENS = 512  # Mooncake FAST25-release/README.md: "hash_ids
 
 
 def read_mooncake(path: Path, opts: ReadOptions) -> SourceFrame:
-    raw = scan_jsonl(path, ["timestamp", "input_length", "output_length", "hash_ids"])
+    raw = scan_jsonl(path, ["timestamp", "input_length", "output_length", "hash_ids"], infer_rows=None)
     require_columns(path, raw.columns, ["input_length", "output_length"], "mooncake")
     mapping = {"prompt_tokens": "input_length", "output_tokens": "output_length"}
     if "timestamp" in raw.columns:
         mapping["arrival_s"] = "timestamp"
     sf = _frame(path, "mooncake", raw, mapping, ts_unit_s=1e-3)
     if "hash_ids" in raw.columns:
-        sf.frame = sf.frame.with_columns(prefix_hashes(path, raw["hash_ids"], "hash_ids"),
+        sf.frame = sf.frame.with_columns(prefix_hashes(path, raw["hash_ids"], "hash_ids", raw["_row"]),
                                          pl.lit(MOONCAKE_HASH_BLOCK_TOKENS, pl.Int32).alias("prefix_block_tokens"))
         sf.columns["prefix_hashes"] = "hash_ids"
         sf.notes.append(f"hash_ids kept as prefix_hashes ({MOONCAKE_HASH_BLOCK_TOKENS}-token blocks)")
     return sf
 
 
-def prefix_hashes(path: Path, column: pl.Series, source: str) -> pl.Series:
-    """A source's list column of prefix block hashes as the canonical List(Int64) (null: none)."""
+def prefix_hashes(path: Path, column: pl.Series, source: str, rows: pl.Series) -> pl.Series:
+    """A source's list column of prefix block hashes as the canonical List(Int64) (null: none);
+    `rows` the source's record numbers, for the error that names one."""
     dtype = column.dtype
     if dtype == pl.Null:
         return pl.Series("prefix_hashes", [None] * column.len(), dtype=pl.List(pl.Int64))
     if not isinstance(dtype, pl.List) or not (dtype.inner.is_integer() or dtype.inner == pl.Null):
-        raise TraceError(f"expected a list of integer block hashes per row, got a column of type {dtype}",
-                         file=path, column=source)
-    return column.cast(pl.List(pl.Int64)).alias("prefix_hashes")
+        raise TraceError(f"expected a list of integer block hashes per row (within 64 bits), got a column of type "
+                         f"{dtype}", file=path, column=source)
+    try:
+        return column.cast(pl.List(pl.Int64)).alias("prefix_hashes")
+    except pl.exceptions.PolarsError:  # a hash past the signed 64-bit range
+        bad = next(i for i, row in enumerate(column.to_list()) if row and any(not -2**63 <= x < 2**63 for x in row
+                                                                               if x is not None))
+        raise TraceError("expected block hashes within the signed 64-bit range (-2^63 to 2^63-1)", file=path,
+                         row=int(rows[bad]), column=source) from None
 
 
 def _generic_mapping(path: Path, present: list[str], opts: ReadOptions, fmt: str) -> dict[str, str]:
@@ -133,10 +140,28 @@ def read_csv_generic(path: Path, opts: ReadOptions) -> SourceFrame:
     return _frame(path, "csv", raw, mapping)
 
 
+def _with_prefix(sf: SourceFrame, raw: pl.DataFrame) -> SourceFrame:
+    """A generic source that names the canonical prefix columns keeps them (a canonical trace
+    ingested again, or merged with others, keeps its hashes)."""
+    if "prefix_hashes" not in raw.columns:
+        return sf
+    if "prefix_block_tokens" not in raw.columns:
+        raise TraceError("prefix_hashes needs prefix_block_tokens (the tokens per hashed block) beside it",
+                         file=sf.path, column="prefix_block_tokens")
+    block = raw["prefix_block_tokens"]
+    if not (block.dtype.is_integer() or block.dtype == pl.Null):
+        raise TraceError(f"expected whole tokens per hashed block, got a column of type {block.dtype}", file=sf.path,
+                         column="prefix_block_tokens")
+    sf.frame = sf.frame.with_columns(prefix_hashes(sf.path, raw["prefix_hashes"], "prefix_hashes", raw["_row"]),
+                                     block.cast(pl.Int32, strict=False).alias("prefix_block_tokens"))
+    return sf
+
+
 def read_jsonl_generic(path: Path, opts: ReadOptions) -> SourceFrame:
-    raw = scan_jsonl(path, list(dict.fromkeys(list(CANONICAL_INPUTS) + list(opts.column_map.values()))))
+    raw = scan_jsonl(path, list(dict.fromkeys(list(CANONICAL_INPUTS) + list(opts.column_map.values())
+                                              + ["prefix_hashes", "prefix_block_tokens"])), infer_rows=None)
     mapping = _generic_mapping(path, raw.columns, opts, "jsonl")
-    return _frame(path, "jsonl", raw, mapping)
+    return _with_prefix(_frame(path, "jsonl", raw, mapping), raw)
 
 
 def read_parquet_generic(path: Path, opts: ReadOptions) -> SourceFrame:
@@ -147,6 +172,7 @@ def read_parquet_generic(path: Path, opts: ReadOptions) -> SourceFrame:
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise TraceError(f"not a readable parquet file ({str(exc).splitlines()[0]})", file=path) from exc
     mapping = _generic_mapping(path, present, opts, "parquet")
-    raw = lf.select(sorted(set(mapping.values()), key=present.index)).with_row_index("_row", offset=1)
+    kept = set(mapping.values()) | {c for c in ("prefix_hashes", "prefix_block_tokens") if c in present}
+    raw = lf.select(sorted(kept, key=present.index)).with_row_index("_row", offset=1)
     raw = raw.with_columns(pl.col("_row").cast(pl.Int64)).collect(engine="streaming")
-    return _frame(path, "parquet", raw, mapping)
+    return _with_prefix(_frame(path, "parquet", raw, mapping), raw)
