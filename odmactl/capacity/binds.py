@@ -37,7 +37,7 @@ def zero_load(ctx: ReplayContext) -> dict:
     if ctx.scheduler.max_new_tokens is not None:
         outputs = np.minimum(outputs, ctx.scheduler.max_new_tokens)
     ttft = np.array([cost.prefill.seconds(int(p), int(p) * int(p), 1) for p in prompts.tolist()])
-    coeff = cost.step_coefficients(KvLayout(16), max_batch=1)
+    coeff = cost.step_coefficients(KvLayout.contiguous(), max_batch=1)  # the cheapest read: a lower bound for every policy
     multi = outputs > 1
     tpot = np.array([coeff.step_ps([int(p + o // 2)]) / 1e12 for p, o in zip(prompts[multi].tolist(), outputs[multi].tolist())])
     longest = int(np.argmax(prompts))
@@ -49,7 +49,8 @@ def zero_load(ctx: ReplayContext) -> dict:
 
 
 def near_floor(floor: dict, limits: tuple[tuple[str, float], ...]) -> list[str]:
-    """The SLO terms whose limit is within 20% of (or under) the zero-load floor."""
+    """The SLO terms whose limit is within 20% of (or under) the zero-load floor (the console tells
+    the two apart)."""
     return [m for m, limit in limits if floor[m] >= NEAR_FLOOR * limit]
 
 
@@ -57,9 +58,13 @@ def floor_cause(floor: dict, limits: tuple[tuple[str, float], ...], chunked: boo
     """Why no rate meets the SLO, from the floor: a term under its floor, else what queues."""
     under = [(m, limit) for m, limit in limits if floor[m] > limit]
     if under:
-        parts = [f"{m} alone is {floor[m]:.3g} s against {limit:.3g} s" for m, limit in under]
-        return ("; ".join(parts) + f" (the longest prompt, {floor['longest_prompt_tokens']:,} tokens, prefills in "
-                f"{floor['longest_prefill_s']:.3g} s alone): a looser limit or a larger tp lifts it")
+        parts = []
+        for m, limit in under:
+            why = (f"the longest prompt, {floor['longest_prompt_tokens']:,} tokens, prefills in "
+                   f"{floor['longest_prefill_s']:.3g} s alone") if m.startswith("ttft") else \
+                "each a batch-1 decode step, its read of the weights and KV alone"
+            parts.append(f"{m} alone is {floor[m]:.3g} s against {limit:.3g} s ({why})")
+        return "; ".join(parts) + ": a looser limit, a larger tp or a faster device lifts it"
     stall = "" if chunked else (f"; without chunked prefill a decode waits for every prefill that joins its batch "
                                 f"(the longest takes {floor['longest_prefill_s']:.3g} s): --engine vllm-v1 chunks them")
     return ("every term is under its limit for a request alone, so queueing breaks it: requests that arrive "

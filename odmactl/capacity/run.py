@@ -17,7 +17,7 @@ from odmactl.capacity.slo import Slo
 from odmactl.core.errors import ConfigError
 from odmactl.core.limits import MAX_TP, MAX_WORKERS, check_seed, check_whole
 from odmactl.run.arrivals import label as arrival_label
-from odmactl.run.arrivals import parse_arrivals, with_arrivals
+from odmactl.run.arrivals import canonical, parse_arrivals, with_arrivals
 from odmactl.run.config import read_config, scheduler_record
 from odmactl.run.executors import EXECUTORS, run_jobs
 from odmactl.run.replay import prepare
@@ -112,8 +112,7 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
         tp = spec.tps[0]
         raise ConfigError(f"no policy meets the SLO at any tensor-parallel size tried; {policy} at tp "
                           f"{tp}: {result['infeasible']}; at tp {tp}, "
-                          + floor_cause(floors[tp], spec.slo.limits_s, contexts[tp].scheduler.chunked),
-                          hint="a larger --tp, another device, or a looser --slo")
+                          + floor_cause(floors[tp], spec.slo.limits_s, contexts[tp].scheduler.chunked))
     rows = []
     for (ctx, policy_name, settings, *_), policy, result in zip(jobs, names, found):
         tp = ctx.serving.tp
@@ -156,11 +155,13 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
         "headline": headline(rows), "memory_binds": {str(tp): b for tp, b in binds.items()},
         "zero_load": {str(tp): floor for tp, floor in floors.items()},
         "trace": {"requests": frame.height, "mean_rate_per_s": mean_rate, "peak_10min_rate_per_s": peak_rate,
-                  "span_s": float(arrival_s[-1] - arrival_s[0])},
+                  "span_s": float(arrival_s[-1] - arrival_s[0]), "prefix_hashes": first.workload.prefix is not None},
         "device": first.serving.device.name, "model": first.serving.full_model.name, "kv_dtype": spec.kv_dtype,
         "predictor": label, "slo": {m: s for m, s in spec.slo.limits_s}, "slo_label": spec.slo.label,
         "max_migration_rate": spec.max_migration_rate, "target_rate_per_s": target_rate, "router": spec.router,
-        "arrivals": {"process": spec.arrivals, "label": arrival_label(kind, cv, spec.seed)},
+        "arrivals": {"process": canonical(kind, cv), "seed": None if kind == "trace" else spec.seed,
+                     "label": arrival_label(kind, cv, spec.seed)},
+        "target_replay_s": float(arrival_s[-1] - arrival_s[0]) * mean_rate / target_rate,
         "target_is_peak": spec.target_rate_per_s is None, "tolerance": target.tolerance,
         "scheduler": scheduler_record(first.scheduler, first.max_len),
         "mismatches": mismatched, "rows": rows,

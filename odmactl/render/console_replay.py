@@ -228,6 +228,60 @@ def capacity_value(row: dict, key: str) -> str:
     return format_metric(key, value)
 
 
+def _caps_for(doc: dict) -> dict:
+    """The engine caps a capacity run states; prefix caching only where the trace has hashes."""
+    caps = _caps(doc["scheduler"])
+    if not doc["trace"].get("prefix_hashes", True):
+        caps["prefix_caching"] = None
+    return caps
+
+
+def _headline_row(doc: dict) -> dict | None:
+    h = doc.get("headline")
+    if not h:
+        return None
+    return next(r for r in doc["rows"] if r["policy"] == h["policy"] and r["tp"] == h["tp"])
+
+
+def headline_detail(doc: dict) -> list[str]:
+    """Under the headline: its latencies at the target (the headroom to the SLO), and why its
+    engines times one engine's rate is not the target, in this run's numbers."""
+    row = _headline_row(doc)
+    if row is None:
+        return []
+    lines = []
+    m = row.get("metrics_at_target") or {}
+    slo = doc.get("slo", {})
+    parts = []
+    for metric, unit, scale in (("ttft_p99", "s", 1.0), ("tpot_p99", "ms", 1e3)):
+        if metric in m:
+            text = f"{metric} {m[metric] * scale:.3g} {unit}"
+            if metric in slo:
+                text += f" ({1 - m[metric] / slo[metric]:.0%} under its limit)"
+            parts.append(text)
+    if parts:
+        n = row["replicas_for_target"]
+        lines.append(f"at the target on {'that engine' if n == 1 else f'those {n} engines'}: " + ", ".join(parts))
+    rate, replicas, target = row["max_rate_per_replica"], row["replicas_for_target"], doc["target_rate_per_s"]
+    if rate is None:
+        lines.append(f"one engine meets the SLO at no rate, yet {replicas} engines carry the target: the router splits "
+                     "what one engine could not absorb")
+    elif replicas * rate < target:
+        lines.append(f"{replicas} engines x {format_metric('max_rate_per_replica', rate)} req/s (one engine's rate on the "
+                     f"whole trace) = {format_metric('max_rate_per_replica', replicas * rate)} < {target:,.3g} req/s: "
+                     "each engine sees about 1/R of the trace, its bursts split by the router, so R engines carry more "
+                     "than R times one engine's rate")
+    elif (replicas - 1) * rate >= target:
+        lines.append(f"{replicas} engines although {replicas - 1} x {format_metric('max_rate_per_replica', rate)} req/s "
+                     f"covers {target:,.3g} req/s: the target replays the busiest part of the trace, whose bursts one "
+                     "engine fewer does not absorb")
+    else:
+        lines.append(f"{replicas} engine{'s' if replicas != 1 else ''} x {format_metric('max_rate_per_replica', rate)} req/s = "
+                     f"{format_metric('max_rate_per_replica', replicas * rate)} >= {target:,.3g} req/s: the target rounded "
+                     "up to whole engines")
+    return lines
+
+
 def capacity_headline(doc: dict) -> str | None:
     """The answer first: the cheapest row for the target, its ties and its savings."""
     h = doc.get("headline")
@@ -269,6 +323,10 @@ def binding_lines(doc: dict) -> list[str]:
     lines = []
     for tp, binds in doc.get("memory_binds", {}).items():
         devices = sorted({r["devices_for_target"] for r in doc["rows"] if str(r["tp"]) == tp} - {None})
+        if all(r["max_rate_per_replica"] is None for r in doc["rows"] if str(r["tp"]) == tp):
+            lines.append(f"tp {tp}: no policy has a rate for one engine, so memory is not judged there"
+                         + (f" (devices for the target: {devices[0]}-{devices[-1]})" if devices else ""))
+            continue
         spread = (f"; devices for the target still differ by policy ({devices[0]}-{devices[-1]}: the router and each "
                   "policy's KV layout in the step time)") if len(devices) > 1 else ""
         lines.append(f"tp {tp}: " + ("memory binds (the policies' rates per engine differ)" if binds else
@@ -288,12 +346,24 @@ def binding_lines(doc: dict) -> list[str]:
             if (metric, r["tp"]) in warned or floor is None:
                 continue
             warned.add((metric, r["tp"]))
-            lines.append(f"warning: tp {r['tp']}: the {metric} limit ({limits[metric]:.3g} s) is within 20% of its "
-                         f"zero-load floor ({floor[metric]:.3g} s, each request alone): the answer moves with small "
-                         "changes of it")
+            if floor[metric] > limits[metric]:
+                lines.append(f"warning: tp {r['tp']}: the {metric} limit ({limits[metric]:.3g} s) is under its zero-load "
+                             f"floor ({floor[metric]:.3g} s, each request alone): one engine meets it at no rate")
+            else:
+                lines.append(f"warning: tp {r['tp']}: the {metric} limit ({limits[metric]:.3g} s) is within 20% of its "
+                             f"zero-load floor ({floor[metric]:.3g} s, each request alone): the answer moves with small "
+                             "changes of it")
+    over = [f"{r['policy']} tp {r['tp']}" for r in doc["rows"] if r["devices_for_target"] is None
+            and (r["rate_scale"] is not None or r["infeasible"])]
+    if over:
+        lines.append(f"no devices for the target within --max-replicas engines for {', '.join(over)}: more engines "
+                     "than that, or none meets it")
+    replay_s = doc.get("target_replay_s")
+    if replay_s is not None and replay_s < 120:
+        lines.append(f"warning: at the target the trace replays in {replay_s:.3g} s: too short for the overload test "
+                     "to judge a queue, so devices for such a target may not follow the rate (replay a longer trace)")
     lines.append("devices for the target come from replaying the target traffic on that many engines behind the "
-                 "router; the rate per engine is one engine on the whole trace, so devices x rate need not equal the "
-                 "target (the router splits bursts)")
+                 "router; the rate per engine is one engine on the whole trace")
     return lines
 
 
@@ -303,7 +373,7 @@ def render_capacity(console: Console, doc: dict) -> None:
     t = doc["trace"]
     console.print(escape(f"{t['path']}: {t['requests']:,} requests at {t['mean_rate_per_s']:,.3f} req/s "
                          f"(peak 10 min {t['peak_10min_rate_per_s']:,.3f}), {doc['model']} on {doc['device']}, "
-                         f"predictor {doc['predictor']}, {engine_caps(**_caps(doc['scheduler']))}; arrivals: "
+                         f"predictor {doc['predictor']}, {engine_caps(**_caps_for(doc))}; arrivals: "
                          f"{doc['arrivals']['label']}; SLO {doc['slo_label']}"
                          f"{', overflow rate <= ' + format_metric('overflow_rate', doc['max_migration_rate'])}"
                          + (f"; outputs capped at {cap:,} new tokens" if (cap := doc['scheduler'].get('max_new_tokens'))
@@ -312,6 +382,8 @@ def render_capacity(console: Console, doc: dict) -> None:
     said = capacity_headline(doc)
     if said:
         _wrapped(console, said, "bold")
+        for line in headline_detail(doc):
+            console.print(escape(line), highlight=False)
     rows = [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k) for k in CAPACITY_KEYS)] for r in doc["rows"]]
     target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the peak 10 min)" if doc["target_is_peak"] else "") \
         + f", {doc['router']} router"

@@ -81,9 +81,12 @@ def render_stats(console: Console, path: str, stats: dict) -> None:
     console.print(f"[bold]{escape(path)}[/]: {stats['requests']:,} requests over {stats['duration_s']:,.1f} s"
                   + (f" ({rate:,.2f} req/s)" if rate else " (all at t=0)"))
     console.print(f"total prompt tokens {stats['total_prompt_tokens']:,}, output tokens {stats['total_output_tokens']:,}")
-    if rate:
+    if rate and stats["duration_s"] >= 600:
         console.print(f"busiest 10 minutes: {stats['busiest_10min_rate_per_s']:,.3g} req/s (a window sliding over the "
                       "arrivals; capacity's default target)", highlight=False)
+    elif rate:
+        console.print(f"shorter than 10 minutes: capacity's default target is its rate over the gaps, "
+                      f"{stats['busiest_10min_rate_per_s']:,.3g} req/s ((requests - 1) / span)", highlight=False)
     console.print(_length_table(stats))
     reuse = stats.get("prefix_reuse")
     if reuse is not None:

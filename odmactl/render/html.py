@@ -164,7 +164,8 @@ Searched on the first {t['search_requests']:,} requests, validated on the last {
 
 def write_capacity_report(doc: dict, path: Path) -> None:
     """`odmactl capacity`'s report: the table of rates and devices, and the latency-throughput curves."""
-    from odmactl.render.console_replay import binding_lines, capacity_headline, capacity_value
+    from odmactl.render.console_replay import (binding_lines, capacity_headline, capacity_value, headline_detail,
+                                               infeasible_lines)
     from odmactl.render.plots import capacity_figure
 
     esc = html.escape
@@ -173,11 +174,11 @@ def write_capacity_report(doc: dict, path: Path) -> None:
     body = "".join(f"<tr><td>{esc(r['policy'])} tp {r['tp']}</td>"
                    + "".join(f"<td>{esc(capacity_value(r, k))}</td>" for k in CAPACITY_KEYS) + "</tr>"
                    for r in doc["rows"])
-    notes = "".join(f"<li>{esc(r['policy'])} tp {r['tp']}: no rate meets the SLO: {esc(r['infeasible'])}; "
-                    f"{esc(r.get('floor_cause') or '')}</li>" for r in doc["rows"] if r["infeasible"])
+    notes = "".join(f"<li>{esc(line)}</li>" for line in infeasible_lines(doc))
     notes += "".join(f"<li>{esc(line)}</li>" for line in binding_lines(doc))
     said = capacity_headline(doc)
-    headline = f"<p><b>{esc(said)}</b></p>" if said else ""
+    headline = (f"<p><b>{esc(said)}</b></p>" + "".join(f"<p>{esc(line)}</p>" for line in headline_detail(doc))) \
+        if said else ""
     notes += "".join(f"<li>{esc(r['policy'])} tp {r['tp']}: the SLO failed below the reported rate (not monotone)</li>"
                      for r in doc["rows"] if not r["monotone"])
     target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the trace's busiest 10 minutes)" if doc["target_is_peak"] else "")

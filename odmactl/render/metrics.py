@@ -36,6 +36,8 @@ class Metric:
         if self.spec == SIG3:  # three significant digits, never rounded to zero: 0.00234, 0.107, 1,235
             if value == 0:
                 return "0"
+            if abs(value) >= 1e5:  # past five digits, as 1.05e+12, not a row of them
+                return format(value, ".3g")
             return format(value, f",.{max(0, 2 - math.floor(math.log10(abs(value))))}f")
         return format(value, self.spec)
 

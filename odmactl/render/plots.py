@@ -3,6 +3,8 @@ an on-device replay's measured against modelled decode steps."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from odmactl.render.tables import deployment
 
 
@@ -77,12 +79,12 @@ def capacity_figure(doc: dict):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     mean_rate = doc["trace"]["mean_rate_per_s"]
     sizes = list(dict.fromkeys(row["tp"] for row in doc["rows"]))
     policies = list(dict.fromkeys(row["policy"] for row in doc["rows"]))
-    fig, axes = plt.subplots(2, len(sizes), figsize=(max(6.0, 4.2 * len(sizes)), 7.5), sharex="col", squeeze=False)
+    fig, axes = plt.subplots(2, len(sizes), figsize=(max(8.0, 4.2 * len(sizes)), 7.5), sharex="col", squeeze=False)
     colors = plt.get_cmap("tab10")
     styles = ("-", "--", "-.", ":")
     for column, tp in enumerate(sizes):
@@ -97,17 +99,23 @@ def capacity_figure(doc: dict):
             for ax, index in zip(axes[:, column], (1, 2)):
                 ax.plot(rates, [point[index] for point in key], marker=".", linestyle=styles[j % 4],
                         color=colors(j % 10), label=" = ".join(names))
+        xs = [scale * mean_rate for key in curves for scale, _, _ in key]
+        span = max(xs) / min(xs) if xs and min(xs) > 0 else 1.0
         for ax, metric, title in zip(axes[:, column], ("ttft_p99", "tpot_p99"), ("TTFT p99 (s)", "TPOT p99 (s)")):
             if metric in doc["slo"]:
                 ax.axhline(doc["slo"][metric], color="black", linewidth=0.8, linestyle="--", label=f"SLO {metric}")
             ax.set_yscale("log")
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(NullFormatter())  # a narrow log range labels its minor ticks over each other
+            # labels at 1, 2 and 5 in a narrow range (a decade or two), at the decades in a wider one
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0,) if span > 100 else (1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.3g}"))
             ax.grid(alpha=0.3)
             ax.set_title(f"tp {tp}: {title}", fontsize=8)
-            ax.legend(fontsize=6, loc="upper left", handlelength=3.5)
+            ax.legend(fontsize=6, loc="best", handlelength=3.5, framealpha=0.6)
         axes[1, column].set_xlabel("offered rate per engine (requests/s)", fontsize=8)
-    fig.suptitle(f"{doc['model']} on {doc['device']}: {doc['trace']['path']} (SLO {doc['slo_label']})", fontsize=9)
+    fig.suptitle(f"{doc['model']} on {doc['device']}: {Path(doc['trace']['path']).name}\n"
+                 f"SLO {doc['slo_label']}; arrivals: {doc.get('arrivals', {}).get('process', 'trace')}", fontsize=9)
     fig.tight_layout()
     return fig
 

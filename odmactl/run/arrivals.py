@@ -7,8 +7,9 @@ trace's requests, in order, at generated gaps of the same mean rate.
 - `poisson`: exponential gaps (a coefficient of variation of 1), seeded;
 - `gamma:CV`: gamma gaps with coefficient of variation CV (shape 1 / CV^2): CV < 1 smoother than
   Poisson, CV > 1 burstier (ServeGen fits its clients' gaps with gamma and Weibull laws).
-The generated gaps keep the trace's mean rate over its span (the first request at the trace's
-first arrival), so the rate scales and the target mean the same in every process.
+The generated gaps are scaled to sum to the trace's span (the first request at the trace's first
+arrival, the last at its last), so the mean rate, the rate scales and the target mean the same in
+every process, whatever the seed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from odmactl.core.errors import ConfigError
 from odmactl.sim.workload import Workload
 
 ARRIVALS = ("trace", "poisson", "gamma:CV")
-MAX_CV = 100.0
+MIN_CV, MAX_CV = 0.01, 100.0
 
 
 def parse_arrivals(text: str) -> tuple[str, float | None]:
@@ -35,10 +36,16 @@ def parse_arrivals(text: str) -> tuple[str, float | None]:
             cv = float(value.split(":", 1)[1])
         except ValueError:
             cv = math.nan
-        if math.isfinite(cv) and 0 < cv <= MAX_CV:
+        if math.isfinite(cv) and MIN_CV <= cv <= MAX_CV:
             return "gamma", cv
-        raise ConfigError(f"--arrivals gamma:CV expects a coefficient of variation in (0, {MAX_CV:g}], got '{text}'")
+        raise ConfigError(f"--arrivals gamma:CV expects a coefficient of variation from {MIN_CV:g} to {MAX_CV:g}, "
+                          f"got '{text}'")
     raise ConfigError(f"--arrivals expects one of {', '.join(ARRIVALS)}, got '{text}'")
+
+
+def canonical(kind: str, cv: float | None) -> str:
+    """The process as the JSON names it, whatever its spelling on the command line."""
+    return kind if kind != "gamma" else f"gamma:{cv:g}"
 
 
 def label(kind: str, cv: float | None, seed: int) -> str:
@@ -62,5 +69,7 @@ def with_arrivals(w: Workload, kind: str, cv: float | None, seed: int) -> Worklo
     else:
         shape = 1.0 / (cv * cv)
         gaps = rng.gamma(shape, mean_gap / shape, w.size - 1)
-    arrival = start + np.round(np.concatenate([[0.0], np.cumsum(gaps)])).astype(np.int64)
+    total = float(gaps.sum())
+    gaps = gaps * (span / total) if total > 0 else np.full(w.size - 1, mean_gap)
+    arrival = np.minimum(start + np.round(np.concatenate([[0.0], np.cumsum(gaps)])).astype(np.int64), start + span)
     return dataclasses.replace(w, arrival_ps=arrival)
