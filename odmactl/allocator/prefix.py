@@ -50,6 +50,8 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 
+from odmactl.trace.prefix import cacheable_blocks, hit_limit_blocks
+
 
 def prefix_cache(alloc, batch, keys, enabled: bool, prompt_tokens) -> PrefixCache | None:
     """The prefix cache of a replay of `alloc` (its batch), when the engine caches prefixes
@@ -81,7 +83,7 @@ class PrefixCache:
         self.batch = batch
         self.keys = keys
         self.unit_tokens = unit_tokens
-        self.full = [min(len(row), p // unit_tokens) for row, p in zip(keys, prompt_tokens)]
+        self.full = [cacheable_blocks(len(row), p, unit_tokens) for row, p in zip(keys, prompt_tokens)]
         self.unit_blocks = unit_tokens // pool.block_size_tokens
         self.unit_bytes = self.unit_blocks * pool.block_bytes
         self.units: dict[int, _Unit] = {}
@@ -92,14 +94,18 @@ class PrefixCache:
         self.evictions = 0
         self.hit_tokens = 0
         self.looked_up_tokens = 0
-        self._match = (-1, 0, 0)  # the last lookup: (request, units, evictable blocks among them)
+        self._match = (-1, 0, 0, 0)  # the last lookup: (request, units, evictable blocks among them, KV tokens)
         pool.prefix = self
 
     def lookup(self, i: int, kv_tokens: int) -> int:
         """The tokens of request i's KV (`kv_tokens`: its prompt and what it generated) that the
-        cache holds now: its leading cached units, at most up to its last token less one."""
+        cache holds now: its leading cached units, at most up to its last token less one. The
+        answer is kept until the cache changes (an admission, a release, an eviction), so the
+        scheduler's budget check and its reservation look up once."""
+        if self._match[0] == i and self._match[3] == kv_tokens:
+            return self._match[1] * self.unit_tokens
         row = self.keys[i]
-        cap = min(self.full[i], (kv_tokens - 1) // self.unit_tokens)
+        cap = min(self.full[i], hit_limit_blocks(kv_tokens, self.unit_tokens))
         m = evictable = 0
         units = self.units
         while m < cap:
@@ -109,7 +115,7 @@ class PrefixCache:
             if u.owner is None and u.refs == 0:
                 evictable += self.unit_blocks
             m += 1
-        self._match = (i, m, evictable)
+        self._match = (i, m, evictable, kv_tokens)
         return m * self.unit_tokens
 
     def evictable_hit_blocks(self, i: int) -> int:
@@ -120,20 +126,19 @@ class PrefixCache:
     def admit(self, i: int, kv_tokens: int) -> None:
         """Request i, looked up last, is admitted holding `kv_tokens`: it references the units it hit
         and its own full prompt units are cached, owned by it."""
-        j, m, _ = self._match
+        j, m, _, _ = self._match
         assert j == i, "admit follows the request's own lookup"
-        self._match = (-1, 0, 0)
+        self._match = (-1, 0, 0, 0)
         row = self.keys[i]
         units = self.units
         for key in row[:m]:
             u = units[key]
-            if u.owner is None:
-                if u.refs == 0:
-                    del self.free[key]
-                    self.pool.cached_free_blocks -= self.unit_blocks
-                    self.shared_blocks += self.unit_blocks
-                    self.pool.reserved_bytes += self.unit_bytes
-                    self.pool.record_peak(self.pool.reserved_bytes)
+            if u.owner is None and u.refs == 0:  # a free unit: held again
+                del self.free[key]
+                self.pool.cached_free_blocks -= self.unit_blocks
+                self.shared_blocks += self.unit_blocks
+                self.pool.reserved_bytes += self.unit_bytes
+                self.pool.record_peak(self.pool.reserved_bytes)
             u.refs += 1
         owned = []
         for position in range(m, self.full[i]):
@@ -151,6 +156,7 @@ class PrefixCache:
         """Request i (completed or preempted) gives its memory back: its units keep their blocks,
         cached; its references go; the rest of its blocks return to the pool."""
         m, owned = self.held.pop(i)
+        self._match = (-1, 0, 0, 0)
         pool = self.pool
         k = self.unit_blocks
         freed = []  # units that become free, the request's tail first (evicted first)
@@ -213,6 +219,7 @@ class PrefixCache:
     def _evict(self, n: int) -> None:
         """The n least recently freed units (or all free ones) give their blocks to the queue's back."""
         n = min(n, len(self.free))
+        self._match = (-1, 0, 0, 0)
         free, units = self.free, self.units
         blocks = array("q")
         for _ in range(n):

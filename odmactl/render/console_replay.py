@@ -353,8 +353,7 @@ def binding_lines(doc: dict) -> list[str]:
                 lines.append(f"warning: tp {r['tp']}: the {metric} limit ({limits[metric]:.3g} s) is within 20% of its "
                              f"zero-load floor ({floor[metric]:.3g} s, each request alone): the answer moves with small "
                              "changes of it")
-    over = [f"{r['policy']} tp {r['tp']}" for r in doc["rows"] if r["devices_for_target"] is None
-            and (r["rate_scale"] is not None or r["infeasible"])]
+    over = [f"{r['policy']} tp {r['tp']}" for r in doc["rows"] if r["devices_for_target"] is None]
     if over:
         lines.append(f"no devices for the target within --max-replicas engines for {', '.join(over)}: more engines "
                      "than that, or none meets it")

@@ -66,6 +66,17 @@ class PrefixKeys:
         return out, unit
 
 
+def cacheable_blocks(hashes: int, prompt_tokens: int, block_tokens: int) -> int:
+    """The blocks of a prompt that can be cached: its full blocks that have a hash."""
+    return min(hashes, prompt_tokens // block_tokens)
+
+
+def hit_limit_blocks(kv_tokens: int, block_tokens: int) -> int:
+    """The most leading blocks a lookup of `kv_tokens` may hit: up to its last token less one,
+    which vLLM always computes for its logits (kv_cache_manager.py `get_computed_blocks`)."""
+    return (kv_tokens - 1) // block_tokens
+
+
 def reuse(keys: PrefixKeys, prompt_tokens: np.ndarray) -> dict:
     """The trace's prefix reuse with an unbounded cache, counted from the hashes alone: each
     prompt's leading blocks that an earlier prompt's full blocks already hold, at most up to its
@@ -79,8 +90,8 @@ def reuse(keys: PrefixKeys, prompt_tokens: np.ndarray) -> dict:
         row = flat[offsets[i]:offsets[i + 1]]
         if row:
             with_hashes += 1
-        full = min(len(row), prompt // unit)
-        cap = min(full, (prompt - 1) // unit)
+        full = cacheable_blocks(len(row), prompt, unit)
+        cap = min(full, hit_limit_blocks(prompt, unit))
         m = 0
         while m < cap and row[m] in seen:
             m += 1
