@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The capacity tables of the README ("Capacity: devices at a latency SLO"), made again:
+# The capacity tables of docs/capacity.md ("Capacity: devices at a latency SLO"), made again:
 #   bash examples/capacity_tables.sh [WORK]     (needs ../shared/traces; about 20 minutes on 2 cores)
 # Azure conv 2023: the predictor is fitted on the first 6,000 requests, plan chooses ODMA's config on
 # the other 13,366 for one MLU370-X4 with a 1% migration-rate limit (at 0.5% its pick fails the gate
 # on the held-out part and plan writes no config), and capacity runs on those 13,366 on MLU370-X4
 # (vllm-v0) and A100-80GB-SXM (vllm-v1) at tp 1, 2 and 4, applying that config to every size (--allow-mismatch).
 # Mooncake conversation: four MLU370-X4 at tp 4, oracle lengths, a looser SLO; then prefix caching on and
-# off (README, "Prefix caching"): MLU370-X4 at tp 4 (vllm-v0), A100 and H100 at tp 1, 2 and 4 (vllm-v1).
+# off (docs/capacity.md, "Prefix caching on Mooncake"): MLU370-X4 at tp 4 (vllm-v0), A100 and H100 at tp 1, 2 and 4 (vllm-v1).
 set -euo pipefail
 WORK=${1:-/tmp/odmactl-capacity}
 SHARED=$(cd "$(dirname "$0")/../.." && pwd)/shared/traces
@@ -40,7 +40,7 @@ for run in mlu370-x4:4 a100-80gb-sxm:1,2,4 h100-sxm:1,2,4; do
   done
 done
 
-# Azure code and conv 2023, whole, both arrival processes (README, "Azure code and conv, both arrival processes")
+# Azure code and conv 2023, whole, both arrival processes (docs/capacity.md, "Azure code and conv, both arrival processes")
 odmactl ingest "$SHARED/AzureLLMInferenceTrace_code.csv.gz" --out code.parquet --force > /dev/null
 for trace in code conv; do
   for device in a100-80gb-sxm mlu370-x4; do

@@ -38,7 +38,7 @@ MODEL = "DeepSeek-R1-Distill-Qwen-7B"
 POLICIES = ["static", "paged", "s3", "odma", "ellm", "unified"]
 ENGINE = "vllm-v0"  # the schedule every row replays (the module docstring says why)
 HOST_BUFFER_BYTES = 64 << 30
-SLO = {"ellm_ttft_slo_s": 2.0, "ellm_tpot_slo_s": 0.1}  # the capacity SLO of the README's tables
+SLO = {"ellm_ttft_slo_s": 2.0, "ellm_tpot_slo_s": 0.1}  # the capacity SLO of the tables in docs/capacity.md
 VARIANTS = {  # ellm again, with a host buffer: all of it usable, then scaled by its SLO-aware rule
     "ellm+offload": {"ellm_host_buffer_bytes": HOST_BUFFER_BYTES},
     "ellm+offload+SLO": {"ellm_host_buffer_bytes": HOST_BUFFER_BYTES, **SLO},

@@ -1,5 +1,5 @@
 """Prefix hits of an LRU cache of a given size over Mooncake's hash_ids alone, without odmactl: the
-check behind README's "Prefix caching on Mooncake" (the hits a pool of that many tokens can give).
+check behind docs/capacity.md's "Prefix caching on Mooncake" (the hits a pool of that many tokens can give).
 
     python examples/mooncake_lru.py [TRACE.jsonl.gz] [POOL_TOKENS ...]
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 BLOCK = 512
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation_trace.jsonl.gz"
-# the KV pools of DeepSeek-R1-Distill-Qwen-7B in README's table: A100 tp 1, 2, 4; 4 x MLU370-X4
+# the KV pools of DeepSeek-R1-Distill-Qwen-7B in docs/capacity.md's table: A100 tp 1, 2, 4; 4 x MLU370-X4
 POOLS = (932_858, 2_131_322, 4_528_248, 1_012_623)
 
 

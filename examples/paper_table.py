@@ -260,7 +260,7 @@ def main() -> None:
             ("odma, oracle, fcfs", "odma", "oracle", None, {"[scheduler]": "fcfs"}),
             ("odma, fitted", "odma", str(pred), None, {}),
         ]
-        if name == "alpaca_eval":  # the papers' u, the class entropy (the default is the headroom u: README)
+        if name == "alpaca_eval":  # the papers' u, the class entropy (the default is the headroom u: docs/policies.md)
             entropy = _entropy_predictor(args.work, name, max_len, split)
             runs.insert(7, ("odma, fitted, papers' u (entropy)", "odma", str(entropy), None, {}))
         if planned is not None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The plan examples of the README ("Plan: what to configure"), made again; the console outputs and
+# The plan examples of docs/plan.md ("Plan: what to configure"), made again; the console outputs and
 # the configs land in examples/plan_holds/ (OUT) and the rest in WORK:
 #   bash examples/plan_holds.sh [WORK] [OUT]     (needs ../shared/traces; about 1 minute on 2 cores)
 # 1. Azure conv 2023: a predictor fitted on the first 3,000 requests (--split-by time), plan on the

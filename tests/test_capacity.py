@@ -388,3 +388,69 @@ def test_the_headline_says_why_engines_times_rate_is_not_the_target(replicas, ra
     lines = headline_detail(doc)
     assert "ttft_p99 1.5 s (25% under its limit)" in lines[0] and "tpot_p99 50 ms (50% under its limit)" in lines[0]
     assert said in lines[1]
+
+
+@pytest.mark.parametrize("case, args, said", [
+    ("every request rejected", ["--max-model-len", "2"],
+     "300 of 300 requests are rejected at any rate (300 with a prompt at or past max_model_len); a rate is reported "
+     "only when at most 10% are"),
+    ("297 of 300 rejected", ["--max-model-len", "PICK"], "requests are rejected at any rate"),
+    ("a two-request trace", ["--limit", "2"], "only 2 of 2 requests complete; a rate is reported only from at least 50"),
+])
+def test_no_rate_from_too_few_served_requests(cli, conv_sample_head, case, args, said):
+    """Issue 40: an all-rejected trace reported 3,731,138 req/s per engine, a two-request one 243,031;
+    a rate now needs 50 completed requests and at most 10% rejected, and the message names the cause."""
+    trace = conv_sample_head(300)
+    if "PICK" in args:  # a max_model_len that only the three shortest prompts fit under
+        prompts = sorted(read_trace(trace)["prompt_tokens"].to_list())
+        args = ["--max-model-len", str(prompts[2] + 2)]
+    if "--limit" in args:
+        trace = conv_sample_head(2)
+        args = []
+    r = cli("capacity", trace, *DEVICE, "--slo", SLO, "--policies", "paged", *args)
+    assert r.code == 1 and said in r.err and "Traceback" not in r.err, r.err
+    assert "req/s per engine" not in r.out
+
+
+def test_more_engines_than_requests_is_never_tried(cli, conv_sample_head):
+    """Issue 40: --target-rate 1000 on 50 requests asked for more engines than requests (IndexError)."""
+    r = cli("capacity", conv_sample_head(60), *DEVICE, "--slo", "ttft_p99=2s", "--policies", "paged",
+            "--target-rate", "1000", "--json")
+    assert r.code == 0, r.err
+    row = json.loads(r.out)["rows"][0]
+    assert 1 <= row["replicas_for_target"] <= 60
+
+
+def test_capacity_says_where_the_slo_binds_not_the_queue_and_writes_markdown(cli, small, tmp_path):
+    """Issue 39: plan and replay say a run keeps up at a rate (its queue stops growing); capacity
+    reports that rate per row beside the SLO's, and says so where the SLO binds below it."""
+    md = tmp_path / "c.md"
+    r = cli("capacity", small, *DEVICE, "--slo", SLO, "--predictor", "oracle", "--policies", "paged,odma",
+            "--markdown", md, "--json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    from odmactl.capacity.search import served
+    from odmactl.render.console_replay import queue_lines
+
+    binding = []
+    for row in doc["rows"]:
+        keeps, slo = row["keeps_up_rate_per_replica"], row["max_rate_per_replica"]
+        assert keeps is not None and keeps > 0
+        if slo is None or keeps > (1 + doc["tolerance"]) * slo:
+            binding.append(row["policy"])
+    lines = queue_lines(doc)
+    assert binding and len(lines) == 1 and "the SLO binds, not the queue" in lines[0]
+    assert all(f"{name} " in lines[0] for name in binding)
+    text = md.read_text()
+    assert text.startswith("### odmactl capacity\n\n**cheapest for ") and "| paged tp 1 |" in text
+    assert "- tp 1: the SLO binds, not the queue" in text
+    # the queue's rate is the one replay reports: sustainable_scale's, at which the queue keeps up
+    from odmactl.capacity.search import sustainable_scale
+
+    frame = read_trace(small)
+    spec = _spec(policies=("paged",), tps=(1,))
+    ctx, _ = prepare(frame, spec, serving(spec.device, spec.model), policies=("paged",))
+    row = next(r for r in doc["rows"] if r["policy"] == "paged" and r["tp"] == 1)
+    scale = row["keeps_up_rate_per_replica"] / doc["trace"]["mean_rate_per_s"]
+    assert abs(sustainable_scale(ctx, "paged", {})["rate_scale"] / scale - 1) < 1e-9
+    assert not served(ctx, "paged", {}, scale)["falling_behind"]

@@ -52,6 +52,9 @@ def test_violation_exits_1_with_a_failure_per_violated_threshold(cli, trace, tmp
     assert r.code == 1
     doc = json.loads(r.out)
     assert doc["passed"] is False
+    # the failed gate is said on stderr too, naming the threshold, the value and what was expected
+    assert r.err.startswith("error: check failed: 1 of ") and "min_utilization: kv_utilization 6" in r.err
+    assert "expected >= 99.0%" in r.err and r.err.count("\n") == 1
     by_name = {v["name"]: v for v in doc["verdicts"]}
     assert by_name["min_utilization"]["passed"] is False and by_name["min_utilization"]["value"] < 0.99
     assert by_name["max_rejection_rate"]["passed"] is True

@@ -1,4 +1,4 @@
-"""The folder tree is the architecture: every import points down the layers (README, "Layout"), no
+"""The folder tree is the architecture: every import points down the layers (docs/layout.md), no
 import cycle exists, torch stays in the layers that need it, and the replay loop stays readable.
 
 Imports are read with `ast` from every module of the package, those inside functions included (a
@@ -62,7 +62,9 @@ def _graph() -> dict[str, set[str]]:
 
 
 def test_every_module_lives_in_a_layer():
-    stray = [m for m in _modules() if m not in ("odmactl", "odmactl.__main__") and _layer(m) is None]
+    # the package and its entry points (`python -m odmactl`; the script's, which takes the stop signals
+    # over before it imports cli/: odmactl/launch.py) stand above the layers
+    stray = [m for m in _modules() if m not in ("odmactl", "odmactl.__main__", "odmactl.launch") and _layer(m) is None]
     assert not stray, f"modules outside the layer folders: {stray}"
 
 

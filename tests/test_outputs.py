@@ -208,3 +208,20 @@ def test_force_never_destroys_what_odmactl_did_not_write(tmp_path, cli, conv_sam
     assert result.code == 1 and words in result.err, result.err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
     assert trace.read_bytes() == conv_sample_head(200).read_bytes()
+
+
+def test_a_full_disk_on_a_later_output_writes_none(tmp_path, cli, conv_sample_head, monkeypatch):
+    """Issue 40: replay wrote --out first, then the plot hit a full disk and the message said nothing
+    was written; now every output is written first and all are put in place together."""
+    import odmactl.render.plots as plots
+
+    def full(doc, path):
+        Path(path).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(plots, "write_replay_plot", full)
+    out, plot = tmp_path / "r.json", tmp_path / "r.png"
+    r = cli("replay", conv_sample_head(200), "--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B",
+            "--policy", "paged", "--out", out, "--plot", plot)
+    assert r.code == 1 and "r.png" in r.err and "no space left on the device; nothing was written" in r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -304,3 +304,17 @@ def test_cli_replay_compare_json_plot_and_errors(cli, conv_sample, tmp_path):
     assert out.read_text() == good and not (tmp_path / "x.json").exists()
     r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "paged", "--json", "--limit", "20")
     assert r.code == 0 and json.loads(r.out)["results"]["paged"]["metrics"]["completed"] == 20
+
+
+def test_a_replay_that_completes_no_request_reports_null_latencies(cli, conv_sample_head):
+    """Issue 40: 0 requests completed reported TTFT and TPOT p50/p99 as 0.0; a latency no request
+    had is null in the JSON, n/a in the table, and absent from the Prometheus text."""
+    import json
+
+    trace = conv_sample_head(100)
+    r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "paged", "--max-model-len", "2", "--json")
+    m = json.loads(r.out)["results"]["paged"]["metrics"]
+    assert r.code == 0 and m["completed"] == 0
+    assert [m[k] for k in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")] == [None] * 4
+    text = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "paged", "--max-model-len", "2").out
+    assert "TTFT p99" in text and "n/a" in text

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
 
-from odmactl.core.errors import ConfigError
+from odmactl.core.errors import ConfigError, did_you_mean
 
 ALLOCATORS: dict[str, type] = {}
 _SETTINGS: list[type] = []  # the registered policies' settings classes, each once, in registration order
@@ -78,6 +78,15 @@ def unregister(name: str) -> None:
         if settings not in still and settings in _SETTINGS:
             _SETTINGS.remove(settings)
     _generation[0] += 1
+
+
+def unknown_policy(name: object, what: str = "policy") -> str | None:
+    """What is wrong with `name` as a policy's name (`what`: how the message calls one), naming the
+    registered ones close to it and all of them; None when it is registered."""
+    if isinstance(name, str) and name in ALLOCATORS:
+        return None
+    near = did_you_mean(name, ALLOCATORS) if isinstance(name, str) else None
+    return f"unknown {what} {name!r}" + (f"; {near}" if near else "") + f" (choose from: {', '.join(ALLOCATORS)})"
 
 
 def generation() -> int:

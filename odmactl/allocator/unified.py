@@ -114,6 +114,7 @@ class UnifiedAllocator(AllocatorBase):
         notes = {"pages": f"{page}-token pages, {config.unified_fit} fit, growth by "
                           + (f"{config.unified_growth_fraction:g} of the pages held" if config.unified_growth_fraction
                              else "a page at a time")}
+        sized_by = "adapter_bytes" if config.adapter_bytes is not None else "lora_rank"  # what a message blames
         if config.adapter_bytes is None and deployment is not None and deployment.lora_bytes_per_rank:
             config = config.replace(adapter_bytes=config.lora_rank * deployment.lora_bytes_per_rank)
         if deployment is not None and deployment.adapters and config.adapter_bytes:
@@ -125,7 +126,7 @@ class UnifiedAllocator(AllocatorBase):
                 raise ConfigError(f"a request of max_model_len ({config.max_model_len_tokens:,} tokens, {longest:,} pages) "
                                   f"and its tenant's LoRA adapter ({config.adapter_bytes:,} bytes, {adapter_pages:,} "
                                   f"pages) do not fit the pool's {pages:,} pages together, so it could never run",
-                                  key="adapter_bytes" if adapter_pages > pages // 2 else "max_model_len_tokens",
+                                  key=sized_by if adapter_pages > pages // 2 else "max_model_len_tokens",
                                   hint="a smaller lora_rank or adapter_bytes, a smaller max_model_len, or a larger pool")
             notes["adapters"] = (f"a tenant's LoRA adapter, rank {config.lora_rank} on q, k, v and o, takes "
                                  f"{config.adapter_bytes / (1 << 20):.1f} MiB (adapter_bytes {config.adapter_bytes:,})")

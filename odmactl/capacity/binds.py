@@ -99,7 +99,7 @@ def headline(rows: list[dict]) -> dict | None:
     ties = [r for r in feasible if r["devices_for_target"] == fewest]
     def latency(r: dict) -> tuple:  # among ties, the fewest engines, then the lowest TTFT p99 and TPOT p99 at the target
         m = r.get("metrics_at_target") or {}
-        return r["replicas_for_target"], m.get("ttft_p99", 0.0), m.get("tpot_p99", 0.0), r["tp"]
+        return r["replicas_for_target"], m.get("ttft_p99") or 0.0, m.get("tpot_p99") or 0.0, r["tp"]  # None: no such latency
 
     best = min(ties, key=latency)
 

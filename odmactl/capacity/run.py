@@ -110,6 +110,8 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
     if all(result["rate_scale"] is None and result["target"]["replicas"] is None for result in found):
         policy, result = names[0], found[0]
         tp = spec.tps[0]
+        if result["too_few_served"]:  # not the SLO: too few requests served to judge it (capacity/search.py)
+            raise ConfigError(f"no rate is reported for {policy} at tp {tp}: {result['infeasible']}")
         raise ConfigError(f"no policy meets the SLO at any tensor-parallel size tried; {policy} at tp "
                           f"{tp}: {result['infeasible']}; at tp {tp}, "
                           + floor_cause(floors[tp], spec.slo.limits_s, contexts[tp].scheduler.chunked))
@@ -123,8 +125,12 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
             "policy": policy, "replayed_as": {"policy": policy_name, "allocator": settings},
             "tp": tp, "max_model_len": ctx.max_len, "kv_pool_tokens": ctx.serving.pool_tokens,
             "rate_scale": scale, "next_rate_scale": result["next_rate_scale"], "infeasible": result["infeasible"],
+            "too_few_served": result["too_few_served"],
             "unbounded": scale is not None and result["next_rate_scale"] is None,
             "max_rate_per_replica": None if scale is None else scale * mean_rate,
+            # the rate plan's and replay's overload test says one engine keeps up at (no SLO)
+            "keeps_up_rate_per_replica": None if (result["keeps_up"] or {}).get("rate_scale") is None
+            else result["keeps_up"]["rate_scale"] * mean_rate,
             "max_rate_per_device": None if scale is None else scale * mean_rate / tp,
             # completed output tokens per second of offered load: the rate times the tokens a request
             # yields on average (m["tps"] divides by the makespan, ramp-up and drain included)
@@ -147,7 +153,7 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
         ctx = contexts[row["tp"]]
         row["breaks_above"] = breaking(row["probes"], row["next_rate_scale"]) if row["rate_scale"] is not None else []
         row["near_floor"] = near_floor(floors[row["tp"]], spec.slo.limits_s)
-        row["floor_cause"] = None if row["rate_scale"] is not None else \
+        row["floor_cause"] = None if row["rate_scale"] is not None or row["too_few_served"] else \
             floor_cause(floors[row["tp"]], spec.slo.limits_s, ctx.scheduler.chunked)
     binds = memory_binding(rows, target.tolerance)
     first = contexts[spec.tps[0]]

@@ -41,6 +41,11 @@ from odmactl.sim.metrics import p50_p99
 from odmactl.sim.workload import CLOCK_LIMIT_PS, PS
 
 MAX_SCALE_STEPS = 20  # doubling or halving from the trace's own rate: scales 2**-20 .. 2**20
+# a rate is reported only from enough served requests: a p99 over fewer than MIN_COMPLETED is a
+# statement about a handful (a two-request trace "sustained" 243,031 req/s), and a rate whose
+# requests were mostly rejected describes the few it served, not the traffic (`too_few_served`)
+MIN_COMPLETED = 50
+MAX_REJECTED_SHARE = 0.10
 MONOTONE_FACTORS = (0.5, 0.25)
 
 
@@ -58,10 +63,12 @@ class CapacityTarget:
     max_replicas: int = 256
     queue_flag: str = "overloaded"  # or the stricter "falling_behind"
     router: str = "round-robin"  # how requests reach R > 1 engines (sim/cluster.py ROUTERS)
+    served_enough: bool = True  # refuse a rate from too few served requests (`too_few_served`)
 
 
 # only that the queue keeps up, by the stricter test: `sustainable_scale`
-STABLE = CapacityTarget(Slo(()), math.inf, queue_flag="falling_behind")
+# (the rate a replay's overload warning names, on whatever it replayed: no minimum of requests)
+STABLE = CapacityTarget(Slo(()), math.inf, queue_flag="falling_behind", served_enough=False)
 
 
 TOTALS = ("requests", "completed", "rejections", "rejected_prompt_too_long", "migrations", "preemptions",
@@ -98,7 +105,7 @@ def served(ctx: ReplayContext, policy: str, table: dict, scale: float, replicas:
         results = replayed_together(dataclasses.replace(ctx, workload=workload), policy, table, replicas, router)
     else:
         results = [replay_policy(dataclasses.replace(ctx, workload=workload.replica(r, replicas)), policy, table)[0]
-                   for r in range(replicas)]
+                   for r in range(min(replicas, workload.arrival_ps.size))]  # an engine past the requests gets none
     for result in results:
         if not result.metrics["requests"]:
             continue  # an engine the router sent nothing
@@ -136,28 +143,55 @@ def failures(metrics: dict, policy: str, target: CapacityTarget) -> list[tuple[s
     return broken
 
 
+def too_few_served(metrics: dict) -> str | None:
+    """Why no rate is reported from a replay whose served requests are too few (MIN_COMPLETED,
+    MAX_REJECTED_SHARE), or None. Rejections do not depend on the load (the module docstring), so
+    the replay at the trace's own rate decides it for every rate."""
+    n, done, rejected = metrics["requests"], metrics["completed"], metrics["rejections"]
+    if rejected > MAX_REJECTED_SHARE * n:
+        too_long = metrics["rejected_prompt_too_long"]
+        why = f"{too_long:,} with a prompt at or past max_model_len" if too_long == rejected else \
+            f"{too_long:,} with a prompt at or past max_model_len, {rejected - too_long:,} larger than the pool"
+        return (f"{rejected:,} of {n:,} requests are rejected at any rate ({why}); a rate is reported only when at "
+                f"most {MAX_REJECTED_SHARE:.0%} are: a larger --max-model-len or KV pool serves them")
+    if done < MIN_COMPLETED:
+        return (f"only {done:,} of {n:,} requests complete; a rate is reported only from at least {MIN_COMPLETED} "
+                "completed requests (a p99 over fewer describes a handful): replay a longer trace")
+    return None
+
+
 def lowest_scale(arrival_s: np.ndarray) -> float:
     """The slowest rate tried: the trace's span stretched to at most a quarter of the replay clock."""
     span_ps = float(arrival_s[-1] - arrival_s[0]) * PS
     return max(2.0 ** -MAX_SCALE_STEPS, 4 * span_ps / CLOCK_LIMIT_PS)
 
 
-def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, known: dict | None = None,
-                  monotone: bool = True) -> dict:
+def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget,
+                  memo: dict[float, dict] | None = None, monotone: bool = True) -> dict:
     """The largest rate scale at which the SLO holds (see the module docstring), with every probe.
-    `known`: the probe at the trace's own rate, when the caller replayed it already
-    (`served_as_replayed`); `monotone` False skips the checks below the scale found."""
+    `memo`: rate scale -> `served`'s metrics on one engine, read before replaying and filled after
+    (a replay depends on nothing else, so two searches of one (ctx, policy, table) can share
+    their probes); `monotone` False skips the checks below the scale found."""
     probes: list[dict] = []
+    memo = {} if memo is None else memo
 
     def probe(scale: float) -> bool:
-        m = known if scale == 1.0 and known is not None else served(ctx, policy, table, scale)
+        if scale not in memo:
+            memo[scale] = served(ctx, policy, table, scale)
+        m = memo[scale]
         broken = failures(m, policy, target)
         probes.append({"rate_scale": scale, "holds": not broken, "failures": [list(f) for f in broken],
                        "ttft_p99": m["ttft_p99"], "tpot_p99": m["tpot_p99"], "metrics": m})
         return not broken
 
     lo = hi = None
-    if probe(1.0):
+    held = probe(1.0)
+    few = too_few_served(probes[0]["metrics"]) if target.served_enough else None
+    if few is not None:
+        return {"rate_scale": None, "next_rate_scale": None, "metrics": probes[0]["metrics"], "monotone": True,
+                "failed_below_at_scale": None, "infeasible": few, "too_few_served": True,
+                "probes": [{k: v for k, v in probes[0].items() if k != "metrics"}]}
+    if held:
         lo, scale = 1.0, 2.0
         for _ in range(MAX_SCALE_STEPS):
             if not probe(scale):
@@ -180,7 +214,7 @@ def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: Capacity
         why = "the queue grows through the run" if metric == target.queue_flag else f"{metric} = {value:.4g} > {limit:.4g}"
         return {"rate_scale": None, "next_rate_scale": last["rate_scale"], "metrics": last["metrics"], "monotone": True,
                 "failed_below_at_scale": None,
-                "infeasible": f"{why} even at {last['rate_scale']:.3g}x the trace's rate",
+                "infeasible": f"{why} even at {last['rate_scale']:.3g}x the trace's rate", "too_few_served": False,
                 "probes": without_metrics()}
     while hi is not None and hi / lo > 1 + target.tolerance:
         mid = math.sqrt(lo * hi)
@@ -191,7 +225,7 @@ def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: Capacity
     at = next(p for p in probes if p["rate_scale"] == lo)
     broken_below = next((lo * f for f in MONOTONE_FACTORS if not probe(lo * f)), None) if monotone else None
     return {"rate_scale": lo, "next_rate_scale": hi, "metrics": at["metrics"], "monotone": broken_below is None,
-            "failed_below_at_scale": broken_below, "infeasible": None, "probes": without_metrics()}
+            "failed_below_at_scale": broken_below, "infeasible": None, "too_few_served": False, "probes": without_metrics()}
 
 
 def replicas_for(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, target_scale: float,
@@ -200,7 +234,9 @@ def replicas_for(ctx: ReplayContext, policy: str, table: dict, target: CapacityT
     found by replaying from the division's guess, then bisecting: up by doubling steps from the
     guess while the SLO fails, then between the last count that failed and the first that held;
     {"replicas": None} past `max_replicas`. Where one engine more never breaks the SLO this is the
-    count a search one engine at a time finds, in a logarithmic number of replays."""
+    count a search one engine at a time finds, in a logarithmic number of replays. Never more
+    engines than requests (one more would be sent nothing)."""
+    target = dataclasses.replace(target, max_replicas=min(target.max_replicas, ctx.workload.arrival_ps.size))
     guess = min(max(1, math.ceil(target_scale / per_replica_scale)), target.max_replicas)
     runs: dict[int, dict] = {}
 
@@ -236,20 +272,30 @@ def capacity_job(ctx: ReplayContext, policy: str, table: dict, target: CapacityT
     Where one engine meets the SLO at no rate (a burst or a long prefill that one engine cannot
     absorb), the replicas are still searched, from one engine up: R engines behind the router
     split what one engine could not."""
-    found = find_capacity(ctx, policy, table, target)
+    memo: dict[float, dict] = {}
+    found = find_capacity(ctx, policy, table, target, memo)
+    if found["too_few_served"]:  # no count of engines changes which requests are served
+        return {**found, "keeps_up": None, "target": {"replicas": None, "metrics": found["metrics"]}}
+    # the rate plan and replay say one engine keeps up at (its queue stops growing), from the same
+    # probes where they coincide: where the SLO's rate is lower, the SLO binds, not the queue
+    keeps_up = sustainable_scale(ctx, policy, table, memo=memo)
     per_replica = found["rate_scale"] if found["rate_scale"] is not None else target_scale
     need = replicas_for(ctx, policy, table, target, target_scale, per_replica)
-    return {**found, "target": need}
+    return {**found, "keeps_up": keeps_up, "target": need}
 
 
-def sustainable_scale(ctx: ReplayContext, policy: str, table: dict, metrics: dict | None = None) -> dict:
+def sustainable_scale(ctx: ReplayContext, policy: str, table: dict, metrics: dict | None = None,
+                      memo: dict[float, dict] | None = None) -> dict:
     """The highest rate scale at which the queue stops growing (`find_capacity` with no SLO and no
     migration limit): {"rate_scale": the scale or None, "next_rate_scale": the first scale tried
     above it}. `metrics`: the replay of `ctx` at its own rate, when the caller has it (its probe at
     scale 1 is not replayed again). The monotonicity checks are not run: they do not enter this
-    answer."""
+    answer. `memo` as `find_capacity` takes it."""
+    memo = {} if memo is None else memo
     known = None if metrics is None else served_as_replayed(ctx, metrics)
-    found = find_capacity(ctx, policy, table, STABLE, known=known, monotone=False)
+    if known is not None:
+        memo.setdefault(1.0, known)
+    found = find_capacity(ctx, policy, table, STABLE, memo, monotone=False)
     return {"rate_scale": found["rate_scale"], "next_rate_scale": found["next_rate_scale"]}
 
 

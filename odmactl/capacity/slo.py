@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from odmactl.core.errors import ConfigError
-from odmactl.core.units import format_seconds, parse_quantity
+from odmactl.core.errors import ConfigError, did_you_mean
+from odmactl.core.units import QuantityError, format_seconds, parse_quantity
 
 METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")  # the replay's latency metrics, in seconds
 
@@ -29,13 +29,17 @@ class Slo:
             if not sep:
                 raise ConfigError(f"--slo expects METRIC=TIME pairs such as ttft_p99=2s, got '{item}'")
             if metric not in METRICS:
-                raise ConfigError(f"--slo: unknown metric '{metric}' (one of {', '.join(METRICS)})")
+                near = did_you_mean(metric, METRICS)
+                raise ConfigError(f"--slo: unknown metric '{metric}'" + (f"; {near}" if near else ""),
+                                  hint=f"one of {', '.join(METRICS)}")
             if metric in limits:
                 raise ConfigError(f"--slo names {metric} twice")
             try:
                 seconds = parse_quantity(value.strip(), "seconds")
-            except ValueError as exc:
-                raise ConfigError(f"--slo {metric}: {exc}") from None
+            except QuantityError as exc:  # its guess in the flag's own form: ttft_p99=2s
+                guess = exc.suggested(space="")
+                raise ConfigError(f"--slo {metric}: {exc.problem}"
+                                  + (f"; did you mean {metric}={guess}?" if guess else "")) from None
             if not (math.isfinite(seconds) and seconds > 0):
                 raise ConfigError(f"--slo {metric} must be a time > 0, got '{value.strip()}'")
             limits[metric] = seconds
@@ -44,8 +48,11 @@ class Slo:
         return cls(tuple(limits.items()))
 
     def failures(self, metrics: dict) -> list[tuple[str, float, float]]:
-        """(metric, value, limit) for every limit `metrics` exceeds."""
-        return [(m, float(metrics[m]), limit) for m, limit in self.limits_s if metrics[m] > limit]
+        """(metric, value, limit) for every limit `metrics` exceeds. A latency no request had (None:
+        TPOT where every reply is one token) breaks no limit; a replay that completed too few
+        requests is refused before its latencies are judged (capacity/search.py `too_few_served`)."""
+        return [(m, float(metrics[m]), limit) for m, limit in self.limits_s
+                if metrics[m] is not None and metrics[m] > limit]
 
     @property
     def label(self) -> str:

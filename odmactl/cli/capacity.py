@@ -68,7 +68,9 @@ def capacity(
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the result (every probe included) as JSON")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="write a PNG of TTFT p99 and TPOT p99 against the offered rate")] = None,
     report: Annotated[Optional[Path], typer.Option(help="write an HTML report: the table and the curves")] = None,
-    force: Annotated[bool, typer.Option(help="replace --out / --plot / --report if they exist")] = False,
+    markdown_path: Annotated[Optional[Path], typer.Option("--markdown", help="write the headline, the table and what "
+                                                          "binds as Markdown (a pull request, a planning document)")] = None,
+    force: Annotated[bool, typer.Option(help="replace --out / --plot / --report / --markdown if they exist")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     metrics_out: MetricsOutOption = None,
 ) -> None:
@@ -76,7 +78,7 @@ def capacity(
     from odmactl.capacity.run import CapacitySpec
     from odmactl.capacity.run import capacity as run_capacity
     from odmactl.capacity.slo import Slo
-    from odmactl.core.atomic import atomic_output
+    from odmactl.core.atomic import write_outputs
     from odmactl.core.errors import OdmaError
     from odmactl.render.console_replay import render_capacity
     from odmactl.render.html import write_capacity_report
@@ -87,7 +89,7 @@ def capacity(
     chosen = parse_policies(policies, None, flag="--policies")
     if plot is not None and plot.suffix.lower() != ".png":
         raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
-    check_outputs([metrics_out, out_path, plot, report], force, input_paths(trace_path, config, predictor, device, model))
+    check_outputs([metrics_out, out_path, plot, report, markdown_path], force, input_paths(trace_path, config, predictor, device, model))
     spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                         prefix_caching=prefix_caching,
                         max_new_tokens=max_new_tokens, predictor=predictor,
@@ -102,20 +104,22 @@ def capacity(
     with progress_for(json_out, lines_when_piped=True) as progress:
         doc = run_capacity(frame, spec, progress=progress)
     doc = {"trace": {"path": str(trace_path), **doc["trace"]}, **{k: v for k, v in doc.items() if k != "trace"}}
-    if plot is not None:  # the plot and report first, the JSON last: a stopped run leaves no JSON without them
-        with atomic_output(plot, force=force) as tmp:
-            write_capacity_plot(doc, tmp)
+    outputs = []
+    if plot is not None:
+        outputs.append((plot, lambda tmp: write_capacity_plot(doc, tmp)))
     if report is not None:
-        with atomic_output(report, force=force) as tmp:
-            write_capacity_report(doc, tmp)
+        outputs.append((report, lambda tmp: write_capacity_report(doc, tmp)))
     if out_path is not None:
-        with atomic_output(out_path, force=force) as tmp:
-            tmp.write_text(to_json(doc) + "\n", encoding="utf-8")
+        outputs.append((out_path, lambda tmp: tmp.write_text(to_json(doc) + "\n", encoding="utf-8")))
     if metrics_out is not None:
         from odmactl.render.prometheus import metrics_text
 
-        with atomic_output(metrics_out, force=force) as tmp:
-            tmp.write_text(metrics_text(doc, "capacity"), encoding="utf-8")
+        outputs.append((metrics_out, lambda tmp: tmp.write_text(metrics_text(doc, "capacity"), encoding="utf-8")))
+    if markdown_path is not None:
+        from odmactl.render.markdown import capacity_markdown
+
+        outputs.append((markdown_path, lambda tmp: tmp.write_text(capacity_markdown(doc), encoding="utf-8")))
+    write_outputs(outputs, force=force)
     if json_out:
         print(to_json(doc))
     else:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from odmactl.cli.app import app, out, progress_for
+from odmactl.cli.app import app, out, print_error, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     EngineOption,
@@ -61,7 +61,7 @@ def check(
     import time
 
     from odmactl.capacity.search import sustainable_scale
-    from odmactl.core.atomic import atomic_output
+    from odmactl.core.atomic import write_outputs
     from odmactl.gate.check import prepare_check, run_check
     from odmactl.render.console_replay import render_check
     from odmactl.render.json import to_json
@@ -89,24 +89,30 @@ def check(
                             sustainable=sustainable_scale)
     doc = outcome.doc
     doc["trace"]["path"] = str(trace_path)
+    outputs = []
     if out_path is not None:  # the replay, with the verdicts
-        with atomic_output(out_path, force=force) as tmp:
-            summary = outcome.document(policy, config)
-            tmp.write_text(to_json({**doc, "passed": summary["passed"], "verdicts": summary["verdicts"]}) + "\n")
+        summary = outcome.document(policy, config)
+        replayed = to_json({**doc, "passed": summary["passed"], "verdicts": summary["verdicts"]}) + "\n"
+        outputs.append((out_path, lambda tmp: tmp.write_text(replayed)))
     if metrics_out is not None:
         from odmactl.render.prometheus import metrics_text
 
-        with atomic_output(metrics_out, force=force) as tmp:
-            tmp.write_text(metrics_text(doc, "check"), encoding="utf-8")
+        outputs.append((metrics_out, lambda tmp: tmp.write_text(metrics_text(doc, "check"), encoding="utf-8")))
     if junit is not None:
-        with atomic_output(junit, force=force) as tmp:
-            tmp.write_text(junit_xml(outcome.verdicts, f"{trace_path.name} / {config.name} / {policy}", outcome.seconds,
-                                     replay_warnings(doc)), encoding="utf-8")
+        outputs.append((junit, lambda tmp: tmp.write_text(
+            junit_xml(outcome.verdicts, f"{trace_path.name} / {config.name} / {policy}", outcome.seconds,
+                      replay_warnings(doc)), encoding="utf-8")))
     if markdown_path is not None:
-        with atomic_output(markdown_path, force=force) as tmp:
-            tmp.write_text(check_markdown(outcome.verdicts, doc, policy, config), encoding="utf-8")
+        outputs.append((markdown_path, lambda tmp: tmp.write_text(check_markdown(outcome.verdicts, doc, policy, config),
+                                                                  encoding="utf-8")))
+    write_outputs(outputs, force=force)
     if json_out:
         print(to_json(outcome.document(policy, config)))
     else:
         render_check(out, doc, policy, outcome.verdicts, outcome.passed)
+    if not outcome.passed:  # the failed gate on stderr too, where CI logs and `2>` look for it
+        failed = [v for v in outcome.verdicts if not v.passed]
+        print_error(f"check failed: {len(failed)} of {len(outcome.verdicts)} thresholds violated: "
+                    + "; ".join(f"{v.name}: {v.metric} {v.value_text}, expected {v.comparison} {v.threshold_text}"
+                                for v in failed))
     return 0 if outcome.passed else 1

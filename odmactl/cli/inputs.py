@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.allocator import ALLOCATORS
+from odmactl.allocator.registry import unknown_policy
 from odmactl.core.atomic import absolute, check_writable, check_writable_dir
 from odmactl.core.errors import ConfigError, OutputError
 from odmactl.core.units import parse_quantity
@@ -46,8 +47,9 @@ def parse_policies(compare: str | None, policy: str | None, default: str = "odma
 
 def check_policy_names(policies: list[str]) -> None:
     for p in policies:
-        if p not in ALLOCATORS:
-            raise ConfigError(f"unknown policy '{p}' (choose from: {', '.join(ALLOCATORS)})")
+        problem = unknown_policy(p)
+        if problem is not None:
+            raise ConfigError(problem)
 
 
 def parse_kv_pool(kv_pool: str | None) -> int | None:

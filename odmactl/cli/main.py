@@ -12,12 +12,14 @@ from __future__ import annotations
 import errno
 import importlib
 import os
+import re
 import signal
 import sys
 
 from odmactl.cli.app import app, print_error
 from odmactl.core.atomic import completed, forget_completed
 from odmactl.core.errors import OdmaError
+from odmactl.core.stops import Stopped, handler, reset
 
 # the command modules, each registering its command on `app`, in the order `odmactl --help` lists them
 COMMANDS = ("ingest", "stats", "fit", "replay", "plan", "check", "capacity", "profiles", "calibrate", "version")
@@ -39,21 +41,6 @@ def _click_errors() -> tuple[type, type, type, type]:
     import click
 
     return click.ClickException, click.UsageError, click.exceptions.Exit, click.exceptions.Abort
-
-
-class Stopped(BaseException):
-    """SIGINT (Ctrl-C) or SIGTERM, raised wherever the process is, so that outputs are cleaned up on
-    the way out; a BaseException, so no `except Exception` (Typer's included) swallows it."""
-
-    CODES = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated")}
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.exit_code, self.word = self.CODES[signum]
-
-
-def _stop(signum, frame) -> None:
-    raise Stopped(signum)
 
 
 class StdoutFailed(Exception):
@@ -101,10 +88,11 @@ def _detach_stdout(stream) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and is the single place errors become messages and exit codes."""
     try:
-        previous = {sig: signal.signal(sig, _stop) for sig in Stopped.CODES}
+        previous = {sig: signal.signal(sig, handler) for sig in Stopped.CODES}
     except ValueError:  # not the main thread (an embedding program): leave the signals alone
         previous = {}
     forget_completed()
+    reset()
     stdout = sys.stdout
     sys.stdout = _GuardedStream(stdout)
     try:
@@ -119,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         sys.stdout = stdout
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, before in previous.items():
+            signal.signal(sig, before)
 
 
 def _written() -> str:
@@ -155,6 +143,9 @@ def _run(argv: list[str] | None) -> int:
     except usage_error as exc:  # click's usage line, the hint to --help, and the error
         if debug:
             raise
+        hint = _list_hint(sys.argv[1:] if argv is None else argv, exc.message)
+        if hint:
+            exc.message = f"{exc.message}; {hint}"
         exc.show()
         return exc.exit_code
     except click_exception as exc:
@@ -168,6 +159,19 @@ def _run(argv: list[str] | None) -> int:
         print_error(f"{exc.__class__.__name__}: {exc} (this is a bug in odmactl; rerun with ODMACTL_DEBUG=1 for the "
                     "traceback)", label="internal error")
         return 1
+
+
+def _list_hint(argv: list[str], message: str) -> str | None:
+    """For click's "unexpected extra argument(s) (2 4)" right after an option's value (`--tp 1 2 4`):
+    how a list is given (`--tp 1,2,4`); None otherwise."""
+    found = re.search(r"unexpected extra argument(?:s|\(s\))? \((.*)\)", message)
+    if found is None:
+        return None
+    extras = found.group(1).split()
+    for i, arg in enumerate(argv[:-1]):
+        if arg.startswith("--") and "=" not in arg and argv[i + 2:i + 2 + len(extras)] == extras:
+            return f"several values go in one argument, separated by commas: {arg} {','.join([argv[i + 1], *extras])}"
+    return None
 
 
 def entry() -> None:

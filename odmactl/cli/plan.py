@@ -53,7 +53,7 @@ def plan(
     otherwise (no config; the message and the report, if asked, say why)."""
     from odmactl.allocator import AllocatorConfig
     from odmactl.cli.app import print_error
-    from odmactl.core.atomic import atomic_output
+    from odmactl.core.atomic import write_outputs
     from odmactl.plan.config import config_document, config_text, plan_command
     from odmactl.plan.search import plan as run_plan
     from odmactl.plan.spec import PlanSpec
@@ -86,12 +86,10 @@ def plan(
     text = config_text(config, config_heading(doc))
     holds = doc["holds"]
     written = [p for p in (report, out_path if holds else None) if p is not None]
-    if report is not None:  # the report first: a run stopped between the two leaves no new config beside an old report
-        with atomic_output(report, force=force) as tmp:
-            write_plan_report(doc, config, tmp)
+    outputs = [(report, lambda tmp: write_plan_report(doc, config, tmp))] if report is not None else []
     if holds:
-        with atomic_output(out_path, force=force) as tmp:
-            tmp.write_text(text, encoding="utf-8")
+        outputs.append((out_path, lambda tmp: tmp.write_text(text, encoding="utf-8")))
+    write_outputs(outputs, force=force)
     if json_out:
         print(to_json({"out": str(out_path) if holds else None, **doc}))
     else:

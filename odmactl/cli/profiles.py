@@ -40,8 +40,8 @@ def profiles_show(
 ) -> None:
     """One profile with its derived quantities (usable memory, KV pool per model, KV bytes per token;
     for a device with --model, the paged/contiguous decode-step ratio at a full pool)."""
-    from odmactl.core.errors import ProfileError
-    from odmactl.hw.profiles import find_model_dir, load_device, load_model, model_dirs, read_model
+    from odmactl.core.errors import ProfileError, did_you_mean
+    from odmactl.hw.profiles import device_paths, find_model_dir, load_device, load_model, model_dirs, read_model
     from odmactl.hw.summary import device_summary, model_summary, paged_vs_contiguous
     from odmactl.render.console_profiles import render_device, render_model
     from odmactl.render.json import to_json
@@ -55,8 +55,9 @@ def profiles_show(
         try:
             device = load_device(name)
         except ProfileError as exc:
-            if exc.file is None:
-                raise ProfileError(f"'{name}' is neither a device nor a model profile",
+            if exc.file is None and str(exc).startswith("unknown device"):  # not a family of several: that names them
+                near = did_you_mean(name, [p.stem for p in device_paths()] + [p.name for p in model_dirs()])
+                raise ProfileError(f"'{name}' is neither a device nor a model profile" + (f"; {near}" if near else ""),
                                    hint="`odmactl profiles list` shows the shipped ones") from None
             raise
         models = [read_model(p, kv_dtype=kv_dtype) for p in model_dirs()]

@@ -63,7 +63,7 @@ def replay(
     metrics_out: MetricsOutOption = None,
 ) -> None:
     """Replay a trace through allocator policies under continuous batching; report DESIGN.md's metrics."""
-    from odmactl.core.atomic import atomic_output
+    from odmactl.core.atomic import write_outputs
     from odmactl.core.errors import OdmaError
     from odmactl.render.console_replay import render_replay
     from odmactl.render.json import to_json
@@ -108,17 +108,16 @@ def replay(
             doc = replay_on_device(frame, policies, spec, device_spec, progress=progress)
     doc["trace"]["path"] = str(trace_path)
     text = to_json(doc)
+    outputs = []
     if out_path is not None:
-        with atomic_output(out_path, force=force) as tmp:
-            tmp.write_text(text + "\n")
+        outputs.append((out_path, lambda tmp: tmp.write_text(text + "\n")))
     if metrics_out is not None:
         from odmactl.render.prometheus import metrics_text
 
-        with atomic_output(metrics_out, force=force) as tmp:
-            tmp.write_text(metrics_text(doc, "replay"), encoding="utf-8")
+        outputs.append((metrics_out, lambda tmp: tmp.write_text(metrics_text(doc, "replay"), encoding="utf-8")))
     if plot is not None:
-        with atomic_output(plot, force=force) as tmp:
-            write_replay_plot(doc, tmp)
+        outputs.append((plot, lambda tmp: write_replay_plot(doc, tmp)))
+    write_outputs(outputs, force=force)
     if json_out:
         print(text)
     else:

@@ -15,6 +15,10 @@ What a user gets (tests/test_outputs.py checks each):
   a socket is refused even with --force (replacing /dev/stdout's link would break it for everyone),
   and --force replaces a non-empty directory only when `owned` recognises it as one odmactl wrote,
   so a mistyped path cannot delete a folder of other files.
+- A command's outputs are committed together (`write_outputs`): each is written to its temp file
+  first, then all are put in place in one step that a stop signal does not interrupt (core/stops.py);
+  if one cannot be put in place, or a stop arrives meanwhile, those already placed are taken back
+  (an output it replaced is restored from a hard link made before), so none is.
 - `completed()` lists the outputs this process has put in place, so an interrupted command can say
   which of its outputs were already complete.
 - Paths are made absolute first (without following links), so `.` and `..` name real directories.
@@ -27,10 +31,11 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from odmactl.core import stops
 from odmactl.core.errors import OutputError
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.(?:tmp|old)$")
@@ -228,3 +233,78 @@ def atomic_output_dir(path: Path, *, force: bool, owned: Callable[[Path], str | 
     _COMPLETED.append(path)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+Writer = Callable[[Path], None]  # writes an output's whole content to the (temp) path it is given
+
+
+def write_outputs(outputs: Sequence[tuple[Path, Writer]], *, force: bool) -> None:
+    """Write every (path, writer) of one command, then put them all in place together (see the
+    module docstring): on any failure or stop before the last is in place, none is."""
+    targets = [absolute(path) for path, _ in outputs]
+    if len(set(targets)) < len(targets):
+        raise OutputError("is given for two outputs of one command", file=next(p for p in targets if targets.count(p) > 1))
+    for path in targets:
+        check_writable(path, force=force)
+        sweep_stale(path)
+    temps: list[Path] = []
+    try:
+        for path, (_, write) in zip(targets, outputs):
+            temps.append(_temp_name(path, "tmp"))
+            try:
+                write(temps[-1])
+                if not temps[-1].exists():
+                    raise AssertionError(f"nothing was written to {temps[-1]}")
+            except BaseException as exc:
+                if _is_write_error(exc):
+                    raise _write_error(path, exc) from None
+                raise
+        with stops.deferred():
+            _commit(list(zip(temps, targets)), force)
+    finally:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+
+
+def _kept_aside(path: Path) -> Path:
+    """A hidden copy of the output `path` is about to replace (a hard link; a copy on a file system
+    without them), so that it can be put back."""
+    kept = _temp_name(path, "old")
+    try:
+        os.link(path, kept)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        shutil.copy2(path, kept)
+    return kept
+
+
+def _commit(pairs: list[tuple[Path, Path]], force: bool) -> None:
+    """Put each complete temp file in place; an output replaced is first hard-linked aside, so that
+    a failure or a stop (`stops.pending`) before the last is in place takes every one back."""
+    placed: list[tuple[Path, Path | None]] = []  # (output, the hard link to what it replaced, or None)
+    try:
+        for tmp, path in pairs:
+            if stops.pending() is not None:
+                raise stops.Stopped(stops.pending())
+            kept = _kept_aside(path) if force and path.exists() else None
+            try:
+                _put_in_place(tmp, path, force)
+            except BaseException:
+                if kept is not None:
+                    kept.unlink(missing_ok=True)
+                raise
+            placed.append((path, kept))
+    except BaseException as exc:
+        for path, kept in reversed(placed):
+            if kept is not None:
+                os.replace(kept, path)
+            else:
+                path.unlink(missing_ok=True)
+        if _is_write_error(exc):
+            raise _write_error(path, exc) from None
+        raise
+    for path, kept in placed:
+        if kept is not None:
+            kept.unlink(missing_ok=True)
+        _COMPLETED.append(path)

@@ -6,6 +6,8 @@ The CLI is the single place that turns these into a one-paragraph message and ex
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -51,6 +53,19 @@ class OdmaError(Exception):
         if self.hint:
             text += f" ({self.hint})"
         return text
+
+
+def did_you_mean(given: str, choices: Iterable[str]) -> str | None:
+    """"did you mean 'X'?" (or "'X', 'Y' or 'Z'") naming the choices closest to `given`, compared in any
+    case (difflib's close matches, at most three), or None when none is close: what a message about
+    a mistyped name adds."""
+    choices = list(dict.fromkeys(choices))
+    folded = {c.casefold(): c for c in reversed(choices)}  # the first spelling of each
+    near = [folded[c] for c in difflib.get_close_matches(given.casefold(), list(folded))]
+    if not near:
+        return None
+    quoted = [f"'{c}'" for c in near]
+    return "did you mean " + (", ".join(quoted[:-1]) + " or " if len(quoted) > 1 else "") + quoted[-1] + "?"
 
 
 class TraceError(OdmaError):

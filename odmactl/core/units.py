@@ -24,25 +24,62 @@ KINDS = {
     "flops": (_FLOPS, "a rate such as '96 TFLOPS'"),
     "seconds": (_SECONDS, "a time such as '12 us'"),
 }
-_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z/]+)\s*$")
+# the unit a number written without one most likely means, where one does: a time in seconds (a
+# size of "80" may mean bytes or gigabytes, so it gets no guess)
+BARE_UNIT = {"seconds": "s"}
+_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)(\s*)([A-Za-z/]*)\s*$")
+
+
+class QuantityError(ValueError):
+    """A quantity that does not read: `problem` says what was expected; where the text is a number
+    with a unit of the right kind misspelt (`2 sec`, `100 MS`) or, for a time, missing (`2`),
+    `number` and `unit` are what it likely meant, and the message ends "did you mean '2 s'?"."""
+
+    def __init__(self, problem: str, number: str | None = None, unit: str | None = None, space: str = " ") -> None:
+        self.problem, self.number, self.unit = problem, number, unit
+        super().__init__(problem if unit is None else f"{problem}; did you mean '{self.suggested(space)}'?")
+
+    def suggested(self, space: str = " ") -> str | None:
+        """The quantity it likely meant, the number and unit `space` apart; None without a guess."""
+        return None if self.unit is None else f"{self.number}{space}{self.unit}"
+
+
+def _likely_unit(unit: str, units: dict[str, float]) -> str | None:
+    """The unit of `units` a misspelt `unit` likely means: the same in another case (`MS`, `gib`),
+    else the longest one it starts with, as written (`sec` and `seconds` are s, `msec` ms, `GBytes`
+    GB; `bits` is not B)."""
+    folded = unit.casefold()
+    same = [u for u in units if u.casefold() == folded]
+    if len(same) == 1:
+        return same[0]
+    starts = sorted((u for u in units if unit.startswith(u)), key=len, reverse=True)
+    return starts[0] if starts else None
 
 
 def parse_quantity(text: object, kind: str) -> float:
-    """The value of `text` in base units (bytes, bytes/s, FLOP/s, s); ValueError says what was expected."""
+    """The value of `text` in base units (bytes, bytes/s, FLOP/s, s); a QuantityError (a
+    ValueError) says what was expected, and what was likely meant where that is clear."""
     units, expected = KINDS[kind]
     if not isinstance(text, str):
-        raise ValueError(f"expected {expected} (a string with its unit), got {text!r}")
+        raise QuantityError(f"expected {expected} (a string with its unit), got {text!r}")
     match = _QUANTITY.match(text)
     if not match:
-        raise ValueError(f"expected {expected}, got {text!r}")
-    number, unit = float(match.group(1)), match.group(2)
+        raise QuantityError(f"expected {expected}, got {text!r}")
+    number, space, unit = match.group(1), match.group(2), match.group(3)
+    if not unit:
+        raise QuantityError(f"expected {expected}, got {text!r}: a number without its unit", number,
+                            BARE_UNIT.get(kind))
     if unit not in units:
         other = next((k for k, (table, _) in KINDS.items() if unit in table), None)
-        what = f"'{unit}' is a unit of {other}" if other else f"'{unit}' is not a unit odmactl knows"
-        raise ValueError(f"expected {expected}, got {text!r}: {what}")
-    value = number * units[unit]
+        if other is not None:
+            raise QuantityError(f"expected {expected}, got {text!r}: '{unit}' is a unit of {other}")
+        likely = _likely_unit(unit, units)
+        if likely is not None:
+            raise QuantityError(f"expected {expected}, got {text!r}", number, likely, space)
+        raise QuantityError(f"expected {expected}, got {text!r}: '{unit}' is not a unit odmactl knows")
+    value = float(number) * units[unit]
     if not math.isfinite(value):
-        raise ValueError(f"expected a finite value, got {text!r}")
+        raise QuantityError(f"expected a finite value, got {text!r}")
     return value
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from odmactl import __version__
-from odmactl.core.errors import ProfileError
+from odmactl.core.errors import ProfileError, did_you_mean
 from odmactl.core.limits import check_seed
 from odmactl.rules.engines import DEFAULT_ENGINE, VLLM_V1
 from odmactl.core.units import format_bytes, format_rate
@@ -70,11 +70,17 @@ class CalibrationSettings:
 
 
 def resolve_device(name: str) -> str:
-    """'auto' picks cuda, then mlu, then cpu; an explicit device that is not there is an error."""
+    """'auto' picks cuda, then mlu, then cpu (any case: CUDA is cuda); an explicit device that is
+    not there is an error, and a name that is none of them suggests the close ones."""
+    if name.casefold() not in DEVICES:
+        near = did_you_mean(name, DEVICES)
+        raise ProfileError(f"--device expects one of {', '.join(DEVICES)}, got '{name}'"
+                           + (f"; {near}" if near else ""),
+                           hint="the torch device to measure on; a profile name (`odmactl profiles list`) is for "
+                                "replays without --on-device")
+    name = name.casefold()
     import torch
 
-    if name not in DEVICES:
-        raise ProfileError(f"--device expects one of {', '.join(DEVICES)}, got '{name}'")
     mlu_ok = hasattr(torch, "mlu") and torch.mlu.is_available()
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "mlu" if mlu_ok else "cpu"

@@ -2,7 +2,8 @@
 them as a table, JUnit XML and a markdown summary).
 
 Thresholds come from the command's flags or, for those not given, from the config's
-`[thresholds]` table (plan writes it next to the expected metrics):
+`[thresholds]` table (plan writes it next to the expected metrics; run/config.Thresholds holds
+their rules, so that every command reading a config checks the table the same way):
 
     min_utilization     kv_utilization of the checked policy >= value
     max_migration_rate  migration_rate <= value
@@ -15,57 +16,19 @@ Thresholds come from the command's flags or, for those not given, from the confi
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
-from odmactl.core.errors import ConfigError
-from odmactl.core.tomltable import TomlTable
 from odmactl.render.metrics import METRICS
+from odmactl.run.config import THRESHOLD_KEYS, Thresholds
 
-THRESHOLD_KEYS = ("min_utilization", "max_migration_rate", "max_overflow_rate", "max_rejection_rate", "min_tps_gain",
-                  "baseline")
+__all__ = ["THRESHOLD_KEYS", "THRESHOLD_METRIC", "Thresholds", "Verdict", "evaluate", "policies_needed",
+           "rejection_rate"]
+
 # the metric (render/metrics.py) each threshold bounds
 THRESHOLD_METRIC = {"min_utilization": "kv_utilization", "max_migration_rate": "migration_rate",
                     "max_overflow_rate": "overflow_rate", "max_rejection_rate": "rejection_rate",
                     "min_tps_gain": "tps_gain"}
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Bounds a replay must meet; None leaves that bound unchecked. Invariant: rates and
-    utilization in [0, 1], min_tps_gain > -1, baseline a policy name."""
-
-    min_utilization: float | None = None
-    max_migration_rate: float | None = None
-    max_overflow_rate: float | None = None
-    max_rejection_rate: float | None = None
-    min_tps_gain: float | None = None
-    baseline: str = "static"
-
-    def __post_init__(self) -> None:
-        for name in ("min_utilization", "max_migration_rate", "max_overflow_rate", "max_rejection_rate"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
-                raise ConfigError(f"{name} must be between 0 and 1, got {value}", key=name)
-        if self.min_tps_gain is not None and not (math.isfinite(self.min_tps_gain) and self.min_tps_gain > -1.0):
-            raise ConfigError(f"min_tps_gain must be > -1 (a fraction: 0.2 is +20%), got {self.min_tps_gain}",
-                              key="min_tps_gain")
-
-    @property
-    def empty(self) -> bool:
-        return all(getattr(self, k) is None for k in THRESHOLD_KEYS if k != "baseline")
-
-    @classmethod
-    def merged(cls, table: dict, flags: dict, source: Path | None) -> Thresholds:
-        """The config table's thresholds (errors name `source` and the key), then the flags' values
-        where given."""
-        from_file = TomlTable(dict(table), source, "thresholds").to_dataclass(cls)
-        try:
-            return dataclasses.replace(from_file, **{k: v for k, v in flags.items() if v is not None})
-        except ConfigError as exc:  # a flag's value: name the flag, not a key
-            raise ConfigError(f"--{exc.key.replace('_', '-')}: {exc.message}" if exc.key else exc.message) from None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ profiles.Kernels to them (profiles/README.md, "Kernels", has the derivation):
   per_token * tokens over decode batches and prompt lengths.
 Each least-squares fit weighs points by 1 / measured time (relative errors) and keeps every
 coefficient >= 0. `reference` gives the estimator's totals that acceptance compares the cost model
-with (tests/test_kernels.py, README "Step times against aiconfigurator").
+with (tests/test_kernels.py, docs/cost-model.md, "Step times against aiconfigurator").
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from odmactl.core.errors import ProfileError
+from odmactl.core.errors import ProfileError, did_you_mean
 from odmactl.core.tomltable import TomlTable, load_toml
 from odmactl.rules.engines import DEFAULT_ENGINE, ENGINES
 
@@ -304,14 +304,19 @@ def _interconnect(table: TomlTable | None, sources: dict[str, str]) -> Interconn
     return Interconnect(kind, bandwidth, step, base)
 
 
+MIN_HOST_LINK_BYTES_PER_S = 2.5e8  # PCIe 1.0 x1 moves 0.25 GB/s each way: no host link is slower
+MAX_HOST_LINK_BYTES_PER_S = 1e12  # PCIe 6.0 x16 moves 121 GB/s each way: past a TB/s is a typo
+
+
 def _host_link(table: TomlTable | None, sources: dict[str, str]) -> HostLink | None:
     if table is None:
         return None
     kind = _figure(table, "kind", "text", sources)
     bandwidth = _figure(table, "bandwidth", "bandwidth", sources)
-    if not 1e8 <= bandwidth <= 1e12:  # PCIe 1.0 x1 moves 0.25 GB/s each way, PCIe 6.0 x16 121 GB/s
-        raise table.error("bandwidth", f"impossible value: {bandwidth:.4g} B/s; a host link moves from about "
-                          "0.25 GB/s (PCIe 1.0 x1) to 0.1 TB/s (PCIe 6.0 x16) each way")
+    if not MIN_HOST_LINK_BYTES_PER_S <= bandwidth <= MAX_HOST_LINK_BYTES_PER_S:
+        raise table.error("bandwidth", f"impossible value: {bandwidth:.4g} B/s; a host link moves from "
+                          f"{MIN_HOST_LINK_BYTES_PER_S / 1e9:g} GB/s (PCIe 1.0 x1) to at most "
+                          f"{MAX_HOST_LINK_BYTES_PER_S / 1e12:g} TB/s each way (PCIe 6.0 x16 moves 121 GB/s)")
     table.finish()
     return HostLink(kind, bandwidth)
 
@@ -439,22 +444,24 @@ def device_paths() -> list[Path]:
 
 
 def load_device(ref: str | Path) -> DeviceProfile:
-    """A device by shipped name (file stem or `name`, any case) or by path to a TOML file."""
+    """A device by shipped name (its file's stem, any case, or a unique family of stems:
+    `shipped_name`; or the profile's `name`, any case) or by path to a TOML file."""
     candidate = Path(ref)
     if candidate.suffix == ".toml" or candidate.exists():
         if not candidate.is_file():
             raise ProfileError("no such device profile file", file=candidate)
         return read_device(candidate)
-    wanted = str(ref).lower()
-    for path in device_paths():
-        if path.stem.lower() == wanted:
-            return read_device(path)
-    for path in device_paths():
+    paths = {path.stem: path for path in device_paths()}
+    stem = shipped_name(str(ref), list(paths), "device", required=False)
+    if stem is not None:
+        return read_device(paths[stem])
+    wanted = str(ref).casefold()
+    for path in paths.values():
         profile = read_device(path)
-        if profile.name.lower() == wanted:
+        if profile.name.casefold() == wanted:
             return profile
-    names = ", ".join(p.stem for p in device_paths())
-    raise ProfileError(f"unknown device '{ref}'", hint=f"shipped: {names}; or give a path to a device TOML")
+    shipped_name(str(ref), list(paths), "device", hint="or give a path to a device TOML")
+    raise AssertionError("shipped_name raises for a name it does not find")
 
 
 # ----------------------------------------------------------------------------------------- models
@@ -685,11 +692,14 @@ def model_dirs() -> list[Path]:
 
 
 def find_model_dir(ref: str | Path) -> Path | None:
-    """The directory `ref` names: itself if it is one, else the shipped model of that name (any case)."""
+    """The directory `ref` names: itself if it is one, else the shipped model it names
+    (`shipped_name`: any case, or a unique family), else None; a family of several is an error."""
     candidate = Path(ref)
     if candidate.is_dir():
         return candidate
-    return next((p for p in model_dirs() if p.name.lower() == str(ref).lower()), None)
+    dirs = {p.name: p for p in model_dirs()}
+    name = shipped_name(str(ref), list(dirs), "model", required=False)
+    return None if name is None else dirs[name]
 
 
 def load_model(ref: str | Path, kv_dtype: str = "fp16", weight_dtype: str | None = None) -> ModelProfile:
@@ -699,5 +709,38 @@ def load_model(ref: str | Path, kv_dtype: str = "fp16", weight_dtype: str | None
         if not (model_dir / "config.json").is_file():
             raise ProfileError("no config.json in this directory", file=model_dir)
         return read_model(model_dir, kv_dtype=kv_dtype, weight_dtype=weight_dtype)
-    names = ", ".join(p.name for p in model_dirs())
-    raise ProfileError(f"unknown model '{ref}'", hint=f"shipped: {names}; or give a local HF model directory")
+    shipped_name(str(ref), [p.name for p in model_dirs()], "model", hint="or give a local HF model directory")
+    raise AssertionError("shipped_name raises for a name it does not find")
+
+
+# ---------------------------------------------------------------------------------------- names
+
+
+def shipped_name(given: str, names: list[str], what: str, *, required: bool = True, hint: str = "") -> str | None:
+    """The one of the shipped profile `names` that `given` names, read in this order:
+
+    1. a name, in any case: `A100-80GB-SXM` is `a100-80gb-sxm`;
+    2. a family: the leading dash-separated parts of exactly one name, in any case (`a100` and
+       `A100-80GB` name `a100-80gb-sxm` while it is the only A100 profile; `mlu370` names
+       `mlu370-x4` and `mlu370-x8`, and is refused naming both rather than guessed);
+    3. nothing: an error that suggests the names close to `given` (core/errors.did_you_mean), or
+       None when not `required` (the caller tries another reading first).
+
+    Aliases are derived from the names present, never from a table: adding a second A100 profile
+    makes `a100` a family of two, which is then refused with both named. `what` is "device" or
+    "model", for the message; `hint` is added to the list of shipped names."""
+    folded = given.casefold()
+    exact = [n for n in names if n.casefold() == folded]
+    if exact:
+        return exact[0]
+    family = [n for n in names if n.casefold().startswith(folded + "-")]
+    if len(family) == 1:
+        return family[0]
+    if len(family) > 1:
+        raise ProfileError(f"'{given}' could be any of the {what} profiles {', '.join(family)}",
+                           hint="give one of them")
+    if not required:
+        return None
+    near = did_you_mean(given, names)
+    listed = f"shipped: {', '.join(names)}" + (f"; {hint}" if hint else "")
+    raise ProfileError(f"unknown {what} '{given}'" + (f"; {near}" if near else ""), hint=listed)

@@ -39,7 +39,10 @@ def _shortfalls(m: dict, spec: PlanSpec, margin: bool) -> list[tuple[float, str]
                                                f"{spec.max_overflow_rate:.3%}"),
            (rejected - spec.max_rejection_rate, f"rejection rate {rejected:.3%} > {spec.max_rejection_rate:.3%}")]
     if spec.ttft_p99_s is not None:
-        out.append((m["ttft_p99"] / spec.ttft_p99_s - 1.0, f"TTFT p99 {m['ttft_p99']:.3g} s > {spec.ttft_p99_s:g} s"))
+        if m["ttft_p99"] is None:  # no request completed: the limit cannot be shown to hold
+            out.append((1.0, "no request completed, so TTFT p99 is unknown"))
+        else:
+            out.append((m["ttft_p99"] / spec.ttft_p99_s - 1.0, f"TTFT p99 {m['ttft_p99']:.3g} s > {spec.ttft_p99_s:g} s"))
     if spec.objective == "capacity":
         out.append((1.0 if m["capacity_rate_scale"] <= 0 else 0.0, "no rate meets the SLO"))
     return [(excess, what) for excess, what in out if excess > 0]

@@ -387,7 +387,7 @@ def verdict(validation: dict, objective: str) -> dict:
     static = validation["static"]["metrics"]
     mine = validation["odma"]["metrics"]
     regressions = [{"metric": m, "odma": mine[m], "static": static[m]} for m in ("ttft_p99", "tpot_p99")
-                   if mine[m] > static[m] * (1.0 + REGRESSION_SHARE)]
+                   if None not in (mine[m], static[m]) and mine[m] > static[m] * (1.0 + REGRESSION_SHARE)]
     return {"metric": key, "best": best, "tied_with": tied, "odma_is_best": best == "odma", "odma_value": odma,
             "best_value": values[best],
             "against": compared, "regressions_vs_static": regressions}
@@ -439,7 +439,7 @@ def _tune(ctx: ReplayContext, table: dict, spec: PlanSpec, progress, large_share
         if progress is not None:
             progress("plan: large pool and scheduler", k + 1, len(SCHEDULERS_COMPARED))
     if spec.objective == "capacity":
-        best = min(SCHEDULERS_COMPARED, key=lambda name: runs[name]["ttft_p99"])
+        best = min(SCHEDULERS_COMPARED, key=lambda name: math.inf if runs[name]["ttft_p99"] is None else runs[name]["ttft_p99"])
     else:
         key = OBJECTIVE_METRIC[spec.objective]
         best = max(SCHEDULERS_COMPARED, key=lambda name: runs[name][key])

@@ -24,11 +24,11 @@ import tomli_w
 
 from odmactl import __version__
 from odmactl.core.digest import file_sha256
-from odmactl.core.errors import PredictorError
+from odmactl.core.errors import PredictorError, did_you_mean
 from odmactl.core.tomltable import TomlTable, load_toml
 from odmactl.predict.network import build_net
 from odmactl.predict.predictor import LengthPredictor
-from odmactl.predict.settings import FittedState, PredictorSettings
+from odmactl.predict.settings import PREDICTOR_CHOICES, FittedState, PredictorSettings
 
 FORMAT = "odmactl-predictor"
 FORMAT_VERSION = 3  # 2: the quantile head and the headroom uncertainty; 3: manifest_sha256
@@ -113,8 +113,10 @@ def _non_finite(value, key: str = "") -> str | None:
 
 def read_manifest(directory: Path) -> dict:
     path = directory / MANIFEST
-    if not directory.is_dir():
-        raise PredictorError("no such predictor directory", file=directory, hint="make one with `odmactl fit`")
+    if not directory.is_dir():  # a bare name close to oracle or none was likely meant as one
+        near = did_you_mean(str(directory), PREDICTOR_CHOICES) if len(directory.parts) == 1 else None
+        raise PredictorError("no such predictor directory" + (f"; {near}" if near else ""), file=directory,
+                             hint=f"make one with `odmactl fit`, or give {' or '.join(PREDICTOR_CHOICES)}")
     if not path.is_file():
         raise PredictorError(f"not a predictor artifact: {MANIFEST} is missing", file=directory,
                              hint="make one with `odmactl fit`")

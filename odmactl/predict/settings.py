@@ -9,6 +9,7 @@ from typing import Callable
 from odmactl.core.errors import PredictorError
 from odmactl.core.limits import MAX_BUCKETS, MAX_EPOCHS, MAX_TOKENS, whole_number_problem
 
+PREDICTOR_CHOICES = ("none", "oracle")  # what --predictor takes besides an artifact folder (predict/source.py)
 FAMILIES = ("embedded", "encoder")
 MODES = ("odma", "s3")
 # odma mode's u: "entropy", the papers' (seeds/001 §3.2: the normalised entropy of the bucket

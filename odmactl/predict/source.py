@@ -8,8 +8,9 @@ import numpy as np
 import polars as pl
 
 from odmactl.core.errors import PredictorError
+from odmactl.predict.settings import PREDICTOR_CHOICES
 
-PREDICTOR_CHOICES = ("none", "oracle")
+__all__ = ["PREDICTOR_CHOICES", "predictions"]
 
 
 def predictions(frame: pl.DataFrame, predictor: str) -> tuple[np.ndarray | None, np.ndarray | None, str]:

@@ -25,14 +25,30 @@ def render_profiles_list(console: Console, devices: list[dict], models: list[dic
     rows = [[escape(Path(d["file"]).stem), d["memory_type"], format_bytes(d["capacity_bytes"], binary=False),
              format_rate(d["peak_bandwidth_bytes_per_s"], "B/s"), format_rate(d["peak_fp16_flops"], "FLOPS"),
              "yes" if d["measured"] else "no"] for d in devices]
-    console.print(narrow_table("devices (profiles/devices/, measured ones in measured/)",
-                               ("memory", "capacity", "peak\nbandwidth", "fp16", "measured"), rows, key="--device"))
+    console.print(_names_whole(narrow_table("devices (profiles/devices/, measured ones in measured/)",
+                                            ("memory", "capacity", "peak\nbandwidth", "fp16", "measured"), rows,
+                                            key="--device"), rows))
     rows = [[escape(m["name"]), str(m["num_layers"]), f"{m['num_attention_heads']} / {m['num_kv_heads']}",
              str(m["head_dim"]), f"{m['total_params'] / 1e9:.2f} B", f"{m['active_params'] / 1e9:.2f} B",
              f"{m['kv_bytes_per_token']['fp16']:,}"] for m in models]
-    console.print(narrow_table("models (profiles/models/)", ("layers", "heads\n/ kv", "head\ndim", "params",
-                                                             "active\nparams", "KV bytes\nper token\n(fp16)"),
-                               rows, key="--model"))
+    console.print(_names_whole(narrow_table("models (profiles/models/)", ("layers", "heads\n/ kv", "head\ndim",
+                                                                          "params", "active\nparams",
+                                                                          "KV bytes\nper token\n(fp16)"),
+                                            rows, key="--model"), rows))
+
+
+def _names_whole(table: Table, rows: list[list[str]]) -> Table:
+    """`table` (narrow_table's, with a key column) with its names, which a user types after
+    --device or --model, never wrapped: the key column as wide as the longest name and never
+    folded, its room taken from the other columns, whose values wrap between words instead (a
+    number above its unit)."""
+    names, *others = table.columns
+    names.no_wrap, names.overflow = True, "ignore"
+    names.min_width = max((len(row[0]) for row in rows), default=0)
+    for j, column in enumerate(others, start=1):
+        words = str(column.header).split() + [word for row in rows for word in row[j].split()]
+        column.min_width, column.max_width = max(len(word) for word in words), None
+    return table
 
 
 def render_device(console: Console, d: dict) -> None:

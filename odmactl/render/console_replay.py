@@ -254,7 +254,7 @@ def headline_detail(doc: dict) -> list[str]:
     slo = doc.get("slo", {})
     parts = []
     for metric, unit, scale in (("ttft_p99", "s", 1.0), ("tpot_p99", "ms", 1e3)):
-        if metric in m:
+        if m.get(metric) is not None:
             text = f"{metric} {m[metric] * scale:.3g} {unit}"
             if metric in slo:
                 text += f" ({1 - m[metric] / slo[metric]:.0%} under its limit)"
@@ -312,8 +312,28 @@ def infeasible_lines(doc: dict) -> list[str]:
         after = (f"; behind the router, enough engines still meet it at the target for "
                  f"{', '.join(r['policy'] for r in replicas)} (the router splits what one engine could not absorb: "
                  "devices in the table)") if replicas else ""
+        cause = f"; {none[0]['floor_cause']}" if none[0]["floor_cause"] else ""
         lines.append(f"tp {tp}: one engine meets the SLO at no rate for {names} ({none[0]['policy']}: "
-                     f"{none[0]['infeasible']}); {none[0]['floor_cause']}{after}")
+                     f"{none[0]['infeasible']}){cause}{after}")
+    return lines
+
+
+def queue_lines(doc: dict) -> list[str]:
+    """Per tp, where the SLO (not the queue) binds one engine: the rate its queue keeps up with (the
+    rate plan's and replay's overload test reports) against the rate that meets the SLO, so that a
+    plan that keeps up on a device and a capacity answer of many more do not contradict each other."""
+    lines = []
+    tolerance = doc["tolerance"]
+    for tp in dict.fromkeys(r["tp"] for r in doc["rows"]):
+        parts = []
+        for r in doc["rows"]:
+            keeps, slo = r["tp"] == tp and r.get("keeps_up_rate_per_replica"), r["max_rate_per_replica"]
+            if keeps and (slo is None or keeps > (1 + tolerance) * slo):
+                parts.append(f"{r['policy']} {format_metric('max_rate_per_replica', keeps)} vs "
+                             + ("none" if slo is None else format_metric("max_rate_per_replica", slo)))
+        if parts:
+            lines.append(f"tp {tp}: the SLO binds, not the queue; req/s one engine keeps up with (the rate plan and "
+                         "replay report) vs req/s within the SLO: " + ", ".join(parts))
     return lines
 
 
@@ -332,6 +352,7 @@ def binding_lines(doc: dict) -> list[str]:
         lines.append(f"tp {tp}: " + ("memory binds (the policies' rates per engine differ)" if binds else
                                      f"memory does not bind one engine (every policy within {doc['tolerance']:.0%}): "
                                      f"choose by latency or simplicity{spread}"))
+    lines += queue_lines(doc)
     breaks: dict[str, list[str]] = {}
     for r in doc["rows"]:
         if r.get("breaks_above"):

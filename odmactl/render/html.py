@@ -1,9 +1,8 @@
-"""The HTML report of `odmactl plan`: one self-contained file (plots embedded as PNG), comparing the
-recommendation with static, paged and s3 on the held-out part of the trace.
-
-Plots: the utilization / migration-rate Pareto front of the search (every candidate's cheap
-estimate, the replayed ones measured), the recommended boundaries over the held-out KV-length
-histogram (with S3's equal-width buckets for contrast), and pool occupancy over time per policy.
+"""The HTML reports of `odmactl plan` and `odmactl capacity`: one self-contained file each (plots
+embedded as PNG). Plan's compares the recommendation with static, paged and s3 on the held-out part
+of the trace, with the plots of render/plan_plots.py (the Pareto front of the search, the
+boundaries as ticks under the held-out length histogram, pool occupancy a panel per policy);
+capacity's has the headline, the table, what binds and the latency curves (render/plots.py).
 """
 
 from __future__ import annotations
@@ -13,14 +12,12 @@ import html
 import io
 from pathlib import Path
 
-import numpy as np
-
 from odmactl.core.units import format_bytes
 from odmactl.render.metrics import CAPACITY_KEYS, METRICS, format_metric, metric_rows, plan_keys
+from odmactl.render.plan_plots import boundaries_png, occupancy_png, pareto_png
 from odmactl.render.plan_text import failure_message, holdout_title, plan_headline
 from odmactl.render.tables import deployment
 from odmactl.render.warnings import mismatch_lines
-from odmactl.rules.s3 import s3_capacities
 
 
 def _png(fig) -> str:
@@ -31,73 +28,6 @@ def _png(fig) -> str:
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _pareto(doc: dict) -> str:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    est = doc["search"]["estimates"]
-    ax.scatter([e["estimate"]["overflow_rate"] for e in est], [e["estimate"]["kv_utilization"] for e in est],
-               s=8, color="0.7", label="every candidate (cheap estimate)")
-    rep = doc["search"]["replays"]
-    xs = np.array([r["measured"]["overflow_rate"] for r in rep])
-    ys = np.array([r["measured"]["kv_utilization"] for r in rep])
-    ax.scatter(xs, ys, s=24, color="tab:blue", label="replayed on the search part")
-    order = np.lexsort((-ys, xs))
-    front, best = [], -1.0
-    for i in order:  # non-dominated: no other point has lower migration rate and higher utilization
-        if ys[i] > best:
-            front.append(i)
-            best = ys[i]
-    ax.step(xs[front], ys[front], where="post", color="tab:blue", linewidth=1, label="Pareto front (replayed)")
-    chosen = next(i for i, r in enumerate(rep) if r["label"] == doc["chosen"]["label"])
-    ax.scatter([xs[chosen]], [ys[chosen]], s=160, marker="*", color="tab:red", label="recommended", zorder=5)
-    ax.axvline(doc["max_overflow_rate"], color="tab:red", linestyle=":", linewidth=1, label="overflow-rate limit")
-    ax.set_xlabel("overflow rate ((migrations + preemptions) / request)")
-    ax.set_ylabel("KV utilization")
-    ax.set_xscale("symlog", linthresh=1e-3)
-    ax.set_xlim(left=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _png(fig)
-
-
-def _boundaries(doc: dict) -> str:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    odma = doc["validation"]["odma"]
-    s3 = doc["validation"]["s3"]["config"] if "s3" in doc["validation"] else None
-    hist = doc["holdout_histogram"]
-    edges = np.asarray(hist["edges_tokens"])
-    ax.bar(edges[:-1], hist["counts"], width=np.diff(edges), align="edge", color="0.75",
-           label="held-out KV lengths (prompt + output)")
-    for j, b in enumerate(odma["config"]["boundaries_tokens"]):
-        ax.axvline(b, color="tab:red", linewidth=1.5, label="recommended boundaries (start)" if j == 0 else None)
-    max_len = doc["max_model_len"]
-    for j, capacity in enumerate(s3_capacities(max_len, s3["s3_num_buckets"]) if s3 is not None else ()):
-        ax.axvline(capacity, color="tab:green", linestyle=":", linewidth=1,
-                   label="s3 equal-width output buckets (reserved: prompt + one)" if j == 0 else None)
-    ax.set_xlabel("KV tokens")
-    ax.set_ylabel("requests")
-    ax.legend(fontsize=8)
-    return _png(fig)
-
-
-def _occupancy(doc: dict) -> str:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    for name, v in doc["validation"].items():  # from each replay's first point: one axis for all
-        s = v["series"]
-        start = s["time_s"][0] if s["time_s"] else 0.0
-        ax.step([t - start for t in s["time_s"]], s["pool_occupancy"], where="post", linewidth=1, label=name)
-    ax.set_xlabel("time since the held-out part's first arrival (s)")
-    ax.set_ylabel("pool occupancy (reserved / pool)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _png(fig)
 
 
 HEADLINE_COLOURS = {"default": "#222", "bold red": "#b00020", "bold yellow": "#8a6d00", "yellow": "#8a6d00", "bold green": "#1b6e20",
@@ -151,9 +81,9 @@ Searched on the first {t['search_requests']:,} requests, validated on the last {
 <table><tr><th>metric</th>{head}</tr>{body}</table>
 <h2>{'Recommended' if holds else 'Closest candidate (not written)'} [allocator]</h2><table>{allocator}</table>
 {engine}
-<h2>Utilization against overflow rate: the Pareto front</h2><img src="data:image/png;base64,{_pareto(doc)}">
-<h2>Bucket boundaries over the held-out lengths</h2><img src="data:image/png;base64,{_boundaries(doc)}">
-<h2>Pool occupancy over time (held-out part)</h2><img src="data:image/png;base64,{_occupancy(doc)}">
+<h2>Utilization against overflow rate: the Pareto front</h2><img src="data:image/png;base64,{pareto_png(doc)}">
+<h2>Bucket boundaries over the held-out lengths</h2><img src="data:image/png;base64,{boundaries_png(doc)}">
+<h2>Pool occupancy over time (held-out part)</h2><img src="data:image/png;base64,{occupancy_png(doc)}">
 <h2>Replayed candidates (search part)</h2>
 <table><tr><th>candidate</th><th>est. KV util</th><th>est. overflow rate</th><th>KV util</th><th>overflow rate</th><th>TPS (tok/s)</th><th>rejected</th></tr>
 {replays}</table>

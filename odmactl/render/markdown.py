@@ -33,3 +33,30 @@ def check_markdown(verdicts: list, doc: dict, policy: str, config: Path | None) 
         for line in warnings:
             lines += ["", f"> **warning:** {line}"]
     return "\n".join(lines) + "\n"
+
+
+def capacity_markdown(doc: dict) -> str:
+    """`odmactl capacity --markdown`: the headline, the table and what binds, for a pull request or
+    a planning document (the same lines as the console and the HTML report)."""
+    from odmactl.render.console_replay import (binding_lines, capacity_headline, capacity_value, headline_detail,
+                                               infeasible_lines)
+    from odmactl.render.metrics import CAPACITY_KEYS, METRICS
+    from odmactl.render.warnings import mismatch_lines
+
+    t = doc["trace"]
+    said = capacity_headline(doc)
+    lines = ["### odmactl capacity", ""]
+    if said:
+        lines += [f"**{said}**", ""] + [f"{line}  " for line in headline_detail(doc)] + [""]
+    lines += [f"`{t['path']}`: {t['requests']:,} requests at {t['mean_rate_per_s']:,.3f} req/s; {doc['model']} on "
+              f"{doc['device']}; predictor `{doc['predictor']}`; engine {doc['scheduler'].get('engine')}; arrivals: "
+              f"{doc.get('arrivals', {}).get('label', 'the trace')}; SLO {doc['slo_label']}; devices for "
+              f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the busiest 10 minutes)" if doc["target_is_peak"] else "")
+              + f" behind the {doc['router']} router", ""]
+    lines += markdown_table(["policy", *(METRICS[k].header for k in CAPACITY_KEYS)],
+                            [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k) for k in CAPACITY_KEYS)]
+                             for r in doc["rows"]])
+    notes = infeasible_lines(doc) + binding_lines(doc) + [f"warning: {line}" for line in mismatch_lines(doc)]
+    if notes:
+        lines += [""] + [f"- {line}" for line in notes]
+    return "\n".join(lines) + "\n"

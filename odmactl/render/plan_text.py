@@ -122,4 +122,4 @@ def config_heading(doc: dict) -> str:
     return (f"odmactl plan: ODMA settings for {deployment(doc)}.\n"
             "[plan]: what it was planned for and expects (check, replay and capacity compare it with each run);\n"
             "[allocator], [scheduler], [thresholds]: what they apply; [engine.*]: the same in engines' terms\n"
-            "(README: \"Applying a plan\").")
+            "(docs/plan.md: \"Applying a plan\").")

@@ -3,6 +3,7 @@ an on-device replay's measured against modelled decode steps."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from odmactl.render.tables import deployment
@@ -97,7 +98,8 @@ def capacity_figure(doc: dict):
             j = policies.index(names[0])
             rates = [scale * mean_rate for scale, _, _ in key]
             for ax, index in zip(axes[:, column], (1, 2)):
-                ax.plot(rates, [point[index] for point in key], marker=".", linestyle=styles[j % 4],
+                ax.plot(rates, [math.nan if point[index] is None else point[index] for point in key], marker=".",
+                        linestyle=styles[j % 4],
                         color=colors(j % 10), label=" = ".join(names))
         xs = [scale * mean_rate for key in curves for scale, _, _ in key]
         span = max(xs) / min(xs) if xs and min(xs) > 0 else 1.0

@@ -90,7 +90,8 @@ class _Collector:
         for key, name, text, kind in REPLAY_SAMPLES:
             family_type = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
             family = family_type(f"{PREFIX}_{name}", text, labels=["policy"])
-            have = [(policy, r["metrics"][key]) for policy, r in results.items() if key in r["metrics"]]
+            have = [(policy, r["metrics"][key]) for policy, r in results.items()
+                    if r["metrics"].get(key) is not None]  # a latency no request had is left out, not 0
             for policy, value in have:
                 family.add_metric([policy], float(value))
             if have:

@@ -5,16 +5,24 @@ planned for (`mismatches`).
 Tables: [allocator], [scheduler] and [thresholds] are settings the commands apply; [plan] records
 what the config was planned for (device, model, kv_dtype, tp, the KV pool, the predictor, the trace,
 the expected metrics); [engine.*] restates the settings in serving engines' terms (plan/engine.py)
-and is not read back. A config from before [plan] keeps that record in [meta], read the same way."""
+and is not read back. A config from before [plan] keeps that record in [meta], read the same way.
+Every table is checked when the config is read (`config_tables`), whichever command reads it, by
+the one class that holds its rules: AllocatorConfig, SchedulerSettings and `Thresholds` (check's
+gate, gate/thresholds.py, kept here below it)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from odmactl.allocator import AllocatorConfig
-from odmactl.core.errors import ConfigError
+from odmactl.allocator.registry import unknown_policy
+from odmactl.core.errors import ConfigError, OdmaError
+from odmactl.core.limits import MAX_TOKENS
 from odmactl.core.tomltable import TomlTable, load_toml
 from odmactl.predict.source import PREDICTOR_CHOICES
 from odmactl.run.serving import Serving
@@ -27,6 +35,53 @@ RECORD_TABLES = ("plan", "engine")  # what plan records and restates; "meta" is 
 PLAN_RECORD = {"device": str, "model": str, "kv_dtype": str, "tp": int, "kv_pool_bytes": int, "kv_pool_tokens": int,
                "predictor": str}
 RUN_ONLY = ("fast_forward", "series_points")  # SchedulerSettings a command sets, never a config file
+THRESHOLD_KEYS = ("min_utilization", "max_migration_rate", "max_overflow_rate", "max_rejection_rate", "min_tps_gain",
+                  "baseline")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """check's gate (gate/thresholds.py): bounds a replay must meet; None leaves that bound
+    unchecked. Invariant: rates and utilization in [0, 1], min_tps_gain > -1, baseline a
+    registered policy. Here, below gate/, so that every command reading a config checks its
+    [thresholds] with these rules (`config_tables`)."""
+
+    min_utilization: float | None = None
+    max_migration_rate: float | None = None
+    max_overflow_rate: float | None = None
+    max_rejection_rate: float | None = None
+    min_tps_gain: float | None = None
+    baseline: str = "static"
+
+    def __post_init__(self) -> None:
+        for name in ("min_utilization", "max_migration_rate", "max_overflow_rate", "max_rejection_rate"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
+                raise ConfigError(f"{name} must be between 0 and 1, got {value}", key=name)
+        if self.min_tps_gain is not None and not (math.isfinite(self.min_tps_gain) and self.min_tps_gain > -1.0):
+            raise ConfigError(f"min_tps_gain must be > -1 (a fraction: 0.2 is +20%), got {self.min_tps_gain}",
+                              key="min_tps_gain")
+        problem = unknown_policy(self.baseline)
+        if problem is not None:
+            raise ConfigError(problem, key="baseline")
+
+    @property
+    def empty(self) -> bool:
+        return all(getattr(self, k) is None for k in THRESHOLD_KEYS if k != "baseline")
+
+    @classmethod
+    def from_table(cls, table: dict, source: Path | None) -> Thresholds:
+        """A config's [thresholds] table, checked: errors name `source` and the key."""
+        return TomlTable(dict(table), source, "thresholds").to_dataclass(cls)
+
+    @classmethod
+    def merged(cls, table: dict, flags: dict, source: Path | None) -> Thresholds:
+        """The config table's thresholds (`from_table`), then the flags' values where given."""
+        from_file = cls.from_table(table, source)
+        try:
+            return dataclasses.replace(from_file, **{k: v for k, v in flags.items() if v is not None})
+        except ConfigError as exc:  # a flag's value: name the flag, not a key
+            raise ConfigError(f"--{exc.key.replace('_', '-')}: {exc.message}" if exc.key else exc.message) from None
 
 
 def predictor_for_config(predictor: str, config_path: Path) -> str:
@@ -84,7 +139,8 @@ def read_config(path: Path | None) -> dict[str, dict]:
 def config_tables(data: dict, source: Path | None) -> dict[str, dict]:
     """A parsed config's tables: "allocator", "scheduler" and "thresholds" (read by gate/), each {}
     when absent, and "plan" (plan's record, from [plan] or an older config's [meta]); unknown tables
-    refused, and bad allocator and scheduler settings and record keys, naming `source` and the key."""
+    refused, and bad allocator, scheduler and threshold settings and record keys, naming `source`
+    and the key, whichever command reads the config."""
     top = TomlTable(data, source)
     known = CONFIG_TABLES + RECORD_TABLES + ("meta",)
     for key in top.data:
@@ -114,9 +170,26 @@ def config_tables(data: dict, source: Path | None) -> dict[str, dict]:
             raise ConfigError(f"expected {'a name' if kind is str else 'a whole number >= 1'}, got {value!r}",
                               file=source, key=f"{record}.{key}")
     del tables["engine"]
-    AllocatorConfig.from_mapping(tables["allocator"], source=source, prefix="allocator")  # bad keys now
+    # bad keys now; what depends on max_model_len against the config's, else when a run knows its own
+    # (run/replay.settings_of names this file then too)
+    AllocatorConfig.from_mapping({"max_model_len_tokens": MAX_TOKENS, **tables["allocator"]}, source=source,
+                                 prefix="allocator")
     scheduler_settings(tables["scheduler"], source)
+    Thresholds.from_table(tables["thresholds"], source)
     return tables
+
+
+def config_setting_error(exc: OdmaError, config: Path | None, name: str, from_file: Mapping[str, object],
+                         ran: Mapping[str, object]) -> OdmaError:
+    """`exc`, an error about one setting that names its key alone (what a policy checks as it
+    completes its config against the deployment), as the config's own when the config set that key
+    of its table `name` (`from_file`) to the value that ran (`ran`): naming the file and the full key,
+    `[name] key` as a config error always does. Else `exc` as it is: a flag's value or a default."""
+    key = exc.key
+    if config is None or exc.file is not None or key is None or key not in from_file or \
+            key not in ran or from_file[key] != ran[key]:
+        return exc
+    return type(exc)(exc.message, file=config, key=f"{name}.{key}", hint=exc.hint)
 
 
 def mismatches(record: dict, setup: Serving, kv_dtype: str) -> list[str]:

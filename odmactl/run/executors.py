@@ -10,6 +10,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from odmactl.core.errors import ConfigError
+from odmactl.core.stops import Stopped, deferred
 from odmactl.run.replay import ReplayContext, replay_policy
 
 EXECUTORS = ("process", "ray")
@@ -40,26 +41,45 @@ def run_jobs(jobs: list[tuple], workers: int, label: str, progress=None, fn=None
                 progress(label, i + 1, len(jobs))
         return results
     method = "fork" if sys.platform == "linux" else "spawn"
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
-                               initializer=_worker_signals)
+    pool = None
     try:
-        futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+        with deferred():  # the workers are forked in the first submit (core/stops.py: a stop then is raised after it)
+            pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
+                                       initializer=_worker_signals)
+            futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
         for done, future in enumerate(as_completed(futures), start=1):
             results[futures[future]] = future.result()
             if progress is not None:
                 progress(label, done, len(jobs))
     except BaseException:  # an error, Ctrl-C or SIGTERM in this process: stop the workers now, not after their jobs
-        for process in list(getattr(pool, "_processes", {}).values()):
-            process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
+        if pool is not None:
+            _stop_workers(pool)
         raise
     pool.shutdown(wait=True)
     return results
 
 
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Kill the pool's workers and wait for its bookkeeping thread to see them go, so that nothing
+    of the pool is left running at exit (its exit hook would write to a closed pipe). SIGKILL, not
+    SIGTERM: a worker forked a moment ago may not have run its initializer yet, and the handler it
+    inherited records a SIGTERM rather than die (core/stops.py), after which it would wait forever
+    on the queue's lock a killed sibling held. Called while an error or a stop is under way: a stop
+    meanwhile (a second Ctrl-C) is the same stop."""
+    try:
+        with deferred():
+            for process in list((getattr(pool, "_processes", None) or {}).values()):
+                process.kill()
+            pool.shutdown(wait=True, cancel_futures=True)
+    except Stopped:
+        pass
+
+
 def _worker_signals() -> None:
     """A worker leaves Ctrl-C and SIGTERM to the parent, which stops it (a forked worker would
-    otherwise inherit the CLI's handlers and raise in the middle of the pool's own bookkeeping)."""
+    otherwise inherit the CLI's handlers and raise in the middle of the pool's own bookkeeping; until
+    this runs, the handler it inherited records a signal rather than raise: it was forked inside
+    `deferred`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 

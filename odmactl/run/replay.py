@@ -11,7 +11,8 @@ in, a probe that runs each decode iteration, and the section its measurements ad
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -21,7 +22,14 @@ from odmactl.allocator import ALLOCATORS, AllocatorConfig, make_allocator
 from odmactl.allocator.config import Deployment
 from odmactl.core.errors import ConfigError
 from odmactl.rules.engines import ENGINES, seqs_problem
-from odmactl.run.config import mismatches, predictor_from_config, read_config, scheduler_record, scheduler_settings
+from odmactl.run.config import (
+    config_setting_error,
+    mismatches,
+    predictor_from_config,
+    read_config,
+    scheduler_record,
+    scheduler_settings,
+)
 from odmactl.run.serving import Serving, default_max_model_len, serving
 from odmactl.run.spec import LoadOptions, ReplaySpec, ServingSpec, papers_static
 from odmactl.run.workload import build_workload
@@ -42,6 +50,8 @@ class ReplayContext:
     max_len: int
     scheduler: SchedulerSettings
     mismatches: tuple[str, ...] = ()  # how the deployment differs from the config's [plan] (allowed)
+    config: Path | None = None  # the config file whose tables apply, and its [allocator] table: what a
+    config_allocator: Mapping[str, object] = field(default_factory=dict)  # setting's error names (`settings_of`)
 
 
 class DeviceHooks(Protocol):
@@ -85,12 +95,25 @@ def policy_config(policy: str, table: dict, ctx: ReplayContext,
                   facts: Deployment | None = None) -> tuple[AllocatorConfig, dict]:
     """The policy's config for this context and notes on what the policy filled in (`facts`: the
     context's deployment, when the caller has it)."""
-    config = AllocatorConfig.from_mapping({**table, "max_model_len_tokens": ctx.max_len})
     s = ctx.serving
-    return ALLOCATORS[policy].complete_config(config, pool_bytes=s.pool_bytes, bytes_per_token=s.bytes_per_token,
-                                              realized_kv_tokens=ctx.workload.kv_tokens(
-                                                  ctx.max_len, ctx.scheduler.max_new_tokens),
-                                              deployment=facts or deployment(ctx))
+    with settings_of(ctx, table):
+        config = AllocatorConfig.from_mapping({**table, "max_model_len_tokens": ctx.max_len})
+        return ALLOCATORS[policy].complete_config(config, pool_bytes=s.pool_bytes, bytes_per_token=s.bytes_per_token,
+                                                  realized_kv_tokens=ctx.workload.kv_tokens(
+                                                      ctx.max_len, ctx.scheduler.max_new_tokens),
+                                                  deployment=facts or deployment(ctx))
+
+
+@contextlib.contextmanager
+def settings_of(ctx: ReplayContext, table: dict):
+    """A policy's check of the [allocator] settings `table` (as it completes its config, or builds
+    its allocator) that names a key the context's config set to the value replayed, as the config's
+    error: its file and the full key (run/config.config_setting_error)."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise config_setting_error(exc, ctx.config, "allocator", ctx.config_allocator,
+                                   {**table, "max_model_len_tokens": ctx.max_len}) from None
 
 
 @contextlib.contextmanager
@@ -129,7 +152,8 @@ def replay_policy(ctx: ReplayContext, policy: str, table: dict, progress=None,
     config, notes = policy_config(policy, table, ctx, facts)
     s = ctx.serving
     arena = "virtual" if device is None else device.arena(ctx, ALLOCATORS[policy].arena_bytes(s.pool_bytes, config))
-    allocator = make_allocator(policy, s.pool_bytes, s.bytes_per_token, config, arena=arena, deployment=facts)
+    with settings_of(ctx, table):
+        allocator = make_allocator(policy, s.pool_bytes, s.bytes_per_token, config, arena=arena, deployment=facts)
     tier = allocator.host_tier() if allocator.block_size_tokens is not None else None
     moves = "offloads KV to a host buffer" if tier is not None else \
         "loads LoRA adapters from host memory" if ctx.workload.adapters is not None and allocator.adapter_cache() else None
@@ -182,17 +206,54 @@ def prepare(frame: pl.DataFrame, spec: ServingSpec, setup: Serving, *, load: Loa
     workload, _, label = build_workload(frame, load, predictor)
     given = spec.max_model_len or tables["allocator"].get("max_model_len_tokens")
     positions = setup.full_model.max_position_embeddings
-    where = "--max-model-len" if spec.max_model_len else f"{config}: allocator.max_model_len_tokens"
+    set_by = _set_by("--max-model-len", spec.max_model_len, config, "allocator", tables["allocator"],
+                     "max_model_len_tokens")
     if given and positions and given > positions:
-        raise ConfigError(f"{where} {given:,} is past {setup.full_model.name}'s {positions:,} positions, which vLLM "
-                          "refuses too", hint=f"a max_model_len up to {positions:,}")
+        raise set_by.error(f"{given:,} is past {setup.full_model.name}'s {positions:,} positions, which vLLM refuses "
+                           "too", hint=f"a max_model_len up to {positions:,}")
     if given and given > setup.pool_tokens:
-        raise ConfigError(f"{where} {given:,} is more than the KV pool holds ({setup.pool_tokens:,} tokens), which vLLM "
-                          "refuses at start-up too", hint=f"a max_model_len up to {setup.pool_tokens:,}, or a larger "
-                          "--kv-pool, --tp or device")
+        raise set_by.error(f"{given:,} is more than the KV pool holds ({setup.pool_tokens:,} tokens), which vLLM "
+                           "refuses at start-up too", hint=f"a max_model_len up to {setup.pool_tokens:,}, or a larger "
+                           "--kv-pool, --tp or device")
     max_len = given or default_max_model_len(workload, setup.model, setup.pool_tokens)
     scheduler = engine_scheduler(spec, setup, tables, config, max_len, fast_forward)
-    return ReplayContext(setup, workload, max_len, scheduler, tuple(found)), label
+    return ReplayContext(setup, workload, max_len, scheduler, tuple(found), config, dict(tables["allocator"])), label
+
+
+@dataclass(frozen=True)
+class _SetBy:
+    """Who set a setting whose value is refused: a flag (`flag`, as the message names it), a
+    config's key (`file` and the full `key`; `file` None for a table that came from code) or, with
+    neither, `default`."""
+
+    flag: str | None = None
+    file: Path | None = None
+    key: str | None = None
+    default: str | None = None
+
+    @property
+    def given(self) -> bool:
+        """Whether a flag or a config set it (not a default)."""
+        return self.flag is not None or self.key is not None
+
+    def error(self, message: str, hint: str | None = None) -> ConfigError:
+        """The refusal, naming the flag and its value's problem, the config's file and key, or the default."""
+        if self.flag is not None:
+            return ConfigError(f"{self.flag}: {message}", hint=hint)
+        if self.key is not None:
+            return ConfigError(message, file=self.file, key=self.key, hint=hint)
+        return ConfigError(f"{message} ({self.default})" if self.default else message, hint=hint)
+
+
+def _set_by(flag: str, flag_value, config: Path | None, name: str, table: dict, key: str,
+            default: str | None = None) -> _SetBy:
+    """Who set `key` of the config's table `name` (`table`): the flag when `flag_value` is given,
+    else the config when the table has the key, else the default (`default` says which)."""
+    if flag_value is not None:
+        return _SetBy(flag=flag)
+    if key in table:
+        return _SetBy(file=config, key=f"{name}.{key}")
+    return _SetBy(default=default)
 
 
 def engine_scheduler(spec: ServingSpec, setup: Serving, tables: dict[str, dict], config: Path | None, max_len: int,
@@ -223,23 +284,25 @@ def engine_scheduler(spec: ServingSpec, setup: Serving, tables: dict[str, dict],
         overrides["prefix_caching"] = spec.prefix_caching
     scheduler = scheduler_settings(table, config, **overrides)  # an unknown engine is refused here, naming its key
     engine = ENGINES[scheduler.engine]
-    where = "--max-num-batched-tokens" if spec.max_num_batched_tokens is not None else \
-        f"{config}: scheduler.max_num_batched_tokens" if "max_num_batched_tokens" in table else \
-        f"{engine.name}'s default max_num_batched_tokens"
+    budget = _set_by("--max-num-batched-tokens", spec.max_num_batched_tokens, config, "scheduler", table,
+                     "max_num_batched_tokens", f"{engine.name}'s default max_num_batched_tokens")
     settable = "the flags or the config's [scheduler] table" if config is not None else "the flags"
     if not engine.chunked and scheduler.batched_tokens(max_len) < max_len:
-        raise ConfigError(f"max_num_batched_tokens ({scheduler.max_num_batched_tokens:,}) is smaller than max_model_len "
-                          f"({max_len:,}): a prompt of max_model_len could never be scheduled (vLLM refuses it too "
-                          f"without chunked prefill) ({where})", hint=f"raise max_num_batched_tokens ({settable}), lower "
-                          "max_model_len, or --engine vllm-v1 (chunked prefill)")
+        raise budget.error(f"max_num_batched_tokens ({scheduler.max_num_batched_tokens:,}) is smaller than "
+                           f"max_model_len ({max_len:,}): a prompt of max_model_len could never be scheduled (vLLM "
+                           "refuses it too without chunked prefill)", hint=f"raise max_num_batched_tokens ({settable}), "
+                           "lower max_model_len, or --engine vllm-v1 (chunked prefill)")
     problem = seqs_problem(scheduler.max_num_seqs, scheduler.batched_tokens(max_len))
-    if problem is not None:
-        raise ConfigError(f"{problem} ({where})", hint=f"lower max_num_seqs or raise max_num_batched_tokens ({settable})")
+    if problem is not None:  # the budget when it was set, else the cap when that was
+        seqs = _set_by("--max-num-seqs", spec.max_num_seqs, config, "scheduler", table, "max_num_seqs")
+        raise (budget if budget.given or not seqs.given else seqs).error(
+            problem, hint=f"lower max_num_seqs or raise max_num_batched_tokens ({settable})")
     block = spec.block_size_tokens or tables["allocator"].get("block_size_tokens")
     if isinstance(block, int) and not isinstance(block, bool) and engine.block_problem(block) is not None:
-        where = "--block-size" if spec.block_size_tokens else f"{config}: allocator.block_size_tokens"
-        raise ConfigError(f"{where} {block}: {engine.block_problem(block)}",
-                          hint="another --block-size, or --engine vllm-v0" if engine.chunked else None)
+        set_by = _set_by(f"--block-size {block}", spec.block_size_tokens, config, "allocator", tables["allocator"],
+                         "block_size_tokens")
+        raise set_by.error(engine.block_problem(block),
+                           hint="another --block-size, or --engine vllm-v0" if engine.chunked else None)
     return scheduler
 
 

@@ -36,7 +36,7 @@ from odmactl.core.errors import ConfigError
 from odmactl.sim.router import cluster_manager
 
 ROUTERS = ("round-robin", "least-outstanding", "least-kv", "cluster-manager")
-DEFAULT_ROUTER = "least-kv"  # capacity's: the load-aware rule that needed the fewest devices over the README's router table
+DEFAULT_ROUTER = "least-kv"  # capacity's: the load-aware rule that needed the fewest devices over the router table in docs/capacity.md
 
 
 def outstanding(engine) -> int:

@@ -42,10 +42,11 @@ class Timeline:
     first_arrival_ps: int
 
 
-def p50_p99(values: np.ndarray) -> tuple[float, float]:
-    """The 50th and 99th percentiles (0 for no values); one selection for both levels, the same
-    values as two np.percentile calls."""
-    return tuple(float(v) for v in np.percentile(values, [50, 99])) if values.size else (0.0, 0.0)
+def p50_p99(values: np.ndarray) -> tuple[float | None, float | None]:
+    """The 50th and 99th percentiles; None for no values (no request completed, or none had a
+    second token: a latency that was never observed is not 0); the same values as two
+    np.percentile calls."""
+    return tuple(float(v) for v in np.percentile(values, [50, 99])) if values.size else (None, None)
 
 
 OVERLOAD_PARTS = 4  # the run's requests split by arrival into this many equal parts

@@ -1,0 +1,83 @@
+"""Stop signals (SIGINT, Ctrl-C; SIGTERM) as an exception, and the moments a stop must wait for.
+
+The CLI installs `handler` for both signals (cli/main.py): a stop raises `Stopped` wherever the
+process is, so that outputs are cleaned up on the way out. A few moments cannot take an exception
+without losing the stop or leaving a half-done state, and run inside `deferred()`:
+- forking worker processes (run/executors.py): Python runs its at-fork hooks (logging's, threading's)
+  in the parent after the fork, where an exception is printed as "Exception ignored" and dropped,
+  so the run would carry on; and a worker forked with `handler` installed would raise in its own
+  bootstrap (a broken pool) until its initializer sets its signals;
+- putting a command's outputs in place (core/atomic.py `commit`): all of them or none;
+- stopping the workers of a stopped run (a second Ctrl-C is the same stop).
+Inside `deferred()` the handler records the signal instead of raising; when the outermost
+`deferred()` block ends normally, the recorded stop is raised there. When the block ends by an
+exception (the stop already under way, or an error), that exception goes on and the recorded stop
+is dropped: the run is ending either way.
+
+Invariant: `_depth` counts the open `deferred()` blocks of this process (a forked worker inherits
+its parent's count, so a signal before its initializer runs is recorded, never raised); `_pending`
+is the first signal received while `_depth > 0`, or None.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class Stopped(BaseException):
+    """SIGINT (Ctrl-C) or SIGTERM, raised wherever the process is; a BaseException, so no
+    `except Exception` (Typer's included) swallows it. `exit_code` is the shell's: 128 + signal."""
+
+    CODES = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated")}
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.exit_code, self.word = self.CODES[signum]
+
+
+_depth = 0
+_pending: int | None = None
+
+
+def handler(signum, frame) -> None:
+    """The CLI's handler for both signals: raise `Stopped`, or record it inside `deferred()`."""
+    global _pending
+    if _depth:
+        if _pending is None:
+            _pending = signum
+        return
+    raise Stopped(signum)
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """A block a stop does not interrupt: a stop received in it is raised when it ends (see the
+    module docstring)."""
+    global _depth, _pending
+    _depth += 1
+    try:
+        yield
+    except BaseException:
+        _depth -= 1
+        if not _depth:
+            _pending = None
+        raise
+    _depth -= 1
+    if not _depth and _pending is not None:
+        signum, _pending = _pending, None
+        raise Stopped(signum)
+
+
+def pending() -> int | None:
+    """The stop recorded inside `deferred()`, not raised yet, or None."""
+    return _pending
+
+
+def reset() -> None:
+    """Forget any recorded stop and open block (the CLI at the start of a command; tests run many
+    commands in one process)."""
+    global _depth, _pending
+    _depth, _pending = 0, None

@@ -1,0 +1,194 @@
+"""Names a user types (issue 40): any case, a family that names one profile, and for anything else
+"did you mean ...?" naming the close ones: devices, models, policies, predictors, SLO metrics, time
+units; and `profiles list` never wraps a name one types."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from odmactl.capacity.slo import Slo
+from odmactl.core.errors import ConfigError, ProfileError, did_you_mean
+from odmactl.core.units import QuantityError, parse_quantity
+from odmactl.hw.profiles import device_paths, load_device, load_model, model_dirs, shipped_name
+
+DEVICE, MODEL = "mlu370-x4", "DeepSeek-R1-Distill-Qwen-7B"
+
+
+@pytest.fixture(scope="module")
+def trace(conv_sample_head):
+    return conv_sample_head(30)
+
+
+# --------------------------------------------------------------------------------- profile names
+
+def test_a_unique_family_names_its_profile_and_any_case_is_the_name():
+    assert load_device("a100").name == load_device("a100-80gb-sxm").name == "A100-80GB-SXM"
+    assert load_device("A100-80GB").name == "A100-80GB-SXM"
+    assert load_device("H100").name == "H100-SXM"  # h100-sxm is the only name starting h100-
+    assert load_device("MLU370-X4").name == "MLU370-X4"
+    assert load_model("llama-3").name == "Llama-3-8B"
+    assert load_model("llama-2-7B").name == "Llama-2-7B"
+
+
+def test_a_family_of_several_is_refused_naming_them():
+    with pytest.raises(ProfileError) as info:
+        load_device("mlu370")
+    assert "mlu370-x4, mlu370-x8" in str(info.value) and "give one of them" in str(info.value)
+    with pytest.raises(ProfileError, match="Llama-2-13B, Llama-2-7B"):
+        load_model("llama-2")
+
+
+def test_aliases_come_from_the_names_present():
+    """Two A100 profiles make `a100` a family of two: refused, both named, none guessed."""
+    names = ["a100-40gb-pcie", "a100-80gb-sxm", "h100-sxm"]
+    with pytest.raises(ProfileError, match="a100-40gb-pcie, a100-80gb-sxm"):
+        shipped_name("a100", names, "device")
+    assert shipped_name("A100-80GB", names, "device") == "a100-80gb-sxm"
+    assert shipped_name("h100", names, "device") == "h100-sxm"
+    assert shipped_name("a10", names, "device", required=False) is None  # a family ends at a dash
+    with pytest.raises(ProfileError, match="did you mean 'a100-80gb-sxm'"):
+        shipped_name("a100-80gb-sm", names, "device")
+
+
+def test_an_unknown_name_suggests_the_close_ones():
+    with pytest.raises(ProfileError) as info:
+        load_device("mlu37-x4")
+    assert "unknown device 'mlu37-x4'; did you mean 'mlu370-x4' or 'mlu370-x8'?" in str(info.value)
+    assert all(p.stem in str(info.value) for p in device_paths())  # and every shipped name
+    with pytest.raises(ProfileError, match="unknown model 'llama-3-7b'; did you mean 'Llama-3-8B'"):
+        load_model("llama-3-7b")
+    with pytest.raises(ProfileError) as info:
+        load_device("tpu9")
+    assert "did you mean" not in str(info.value)
+
+
+def test_the_cli_takes_an_alias_and_suggests(cli, trace):
+    result = cli("replay", trace, "--device", "a100", "--model", "llama-3", "--policy", "paged", "--json")
+    assert result.code == 0, result.err
+    result = cli("replay", trace, "--device", "mlu370", "--model", MODEL, "--policy", "paged")
+    assert result.code == 1 and "mlu370-x4, mlu370-x8" in result.err and "Traceback" not in result.err
+    result = cli("replay", trace, "--device", "h200x", "--model", MODEL, "--policy", "paged")
+    assert result.code == 1 and "unknown device 'h200x'; did you mean 'h200'" in result.err
+
+
+def test_a_torch_device_suggests_the_close_one():
+    from odmactl.device.calibrate import resolve_device
+
+    with pytest.raises(ProfileError, match="got 'cdua'; did you mean 'cuda'?"):
+        resolve_device("cdua")
+    assert resolve_device("CPU") == "cpu"
+
+
+# -------------------------------------------------------------------------- policies, predictors
+
+def test_a_mistyped_policy_suggests_the_registered_one(cli, trace, tmp_path):
+    result = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--compare", "pagd,static")
+    assert result.code == 1 and "unknown policy 'pagd'; did you mean 'paged'?" in result.err
+    result = cli("capacity", trace, "--device", DEVICE, "--model", MODEL, "--slo", "ttft_p99=2s",
+                 "--policies", "statik")
+    assert result.code == 1 and "unknown policy 'statik'; did you mean 'static'?" in result.err
+    config = tmp_path / "c.toml"
+    config.write_text("[allocator]\n")
+    result = cli("check", trace, "--device", DEVICE, "--model", MODEL, "--config", config, "--min-tps-gain", "0.1",
+                 "--baseline", "pagd")
+    assert result.code == 1 and "--baseline: unknown policy 'pagd'; did you mean 'paged'?" in result.err
+
+
+def test_a_predictor_name_close_to_a_choice_suggests_it(cli, trace):
+    result = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "odma", "--predictor", "oracel")
+    assert result.code == 1 and "no such predictor directory; did you mean 'oracle'?" in result.err
+    result = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "odma", "--predictor", "nnoe")
+    assert result.code == 1 and "did you mean 'none'?" in result.err
+    result = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "odma", "--predictor",
+                 "runs/oracel")
+    assert result.code == 1 and "no such predictor directory" in result.err and "did you mean" not in result.err
+
+
+def test_did_you_mean_names_up_to_three_in_their_own_spelling():
+    assert did_you_mean("PAGD", ["static", "paged"]) == "did you mean 'paged'?"
+    assert did_you_mean("zzz", ["static", "paged"]) is None
+
+
+# ------------------------------------------------------------------------------------ time units
+
+def test_a_time_without_its_unit_suggests_seconds():
+    with pytest.raises(QuantityError) as info:
+        parse_quantity("2", "seconds")
+    assert str(info.value).endswith("did you mean '2 s'?") and info.value.suggested("") == "2s"
+    for text, meant in [("2 sec", "2 s"), ("100 msec", "100 ms"), ("100MS", "100ms"), ("5 usec", "5 us")]:
+        with pytest.raises(ValueError, match=f"did you mean '{meant}'"):
+            parse_quantity(text, "seconds")
+    with pytest.raises(ValueError, match="did you mean '8 GiB'"):
+        parse_quantity("8 gib", "bytes")
+    with pytest.raises(ValueError) as info:  # a size without its unit: bytes or gigabytes? no guess
+        parse_quantity("80", "bytes")
+    assert "without its unit" in str(info.value) and "did you mean" not in str(info.value)
+    with pytest.raises(ValueError, match="'GB/s' is a unit of bandwidth"):
+        parse_quantity("24 GB/s", "bytes")
+
+
+def test_an_slo_without_a_unit_suggests_the_flag_as_it_is_written():
+    with pytest.raises(ConfigError, match="did you mean ttft_p99=2s\\?"):
+        Slo.parse("ttft_p99=2")
+    with pytest.raises(ConfigError, match="did you mean tpot_p99=100ms\\?"):
+        Slo.parse("ttft_p99=2s,tpot_p99=100 msec")
+    with pytest.raises(ConfigError, match="unknown metric 'ttft_99'; did you mean 'ttft_p99'"):
+        Slo.parse("ttft_99=2s")
+
+
+def test_the_cli_suggests_the_slo(cli, trace):
+    result = cli("capacity", trace, "--device", DEVICE, "--model", MODEL, "--slo", "ttft_p99=2", "--policies", "paged")
+    assert result.code == 1 and "did you mean ttft_p99=2s?" in result.err and "Traceback" not in result.err
+
+
+# ------------------------------------------------------------------------------- profiles list
+
+def _names() -> list[str]:
+    return [p.stem for p in device_paths()] + [p.name for p in model_dirs()]
+
+
+def test_profiles_list_never_wraps_a_name_at_80_columns():
+    from odmactl.hw.profiles import read_device, read_model
+    from odmactl.hw.summary import device_summary, model_summary
+    from odmactl.render.console_profiles import render_profiles_list
+
+    devices = [device_summary(read_device(p), []) for p in device_paths()]
+    models = [model_summary(read_model(p)) for p in model_dirs()]
+    buffer = io.StringIO()
+    render_profiles_list(Console(file=buffer, width=80), devices, models)
+    words = {word for line in buffer.getvalue().splitlines() for word in line.split()}
+    assert all(name in words for name in _names()), buffer.getvalue()
+    assert max(len(line.rstrip()) for line in buffer.getvalue().splitlines()) <= 80
+
+
+def test_profiles_list_piped_and_at_80_columns_keeps_names_whole():
+    for columns in ("80", None):
+        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | ({"COLUMNS": columns} if columns else {})
+        out = subprocess.run([sys.executable, "-m", "odmactl", "profiles", "list"], capture_output=True, text=True,
+                             env=env, check=True).stdout
+        words = {word for line in out.splitlines() for word in line.split()}
+        assert all(name in words for name in _names()), out
+
+
+@pytest.mark.parametrize("args, hint", [
+    (["capacity", "T", "--device", DEVICE, "--model", MODEL, "--slo", "ttft_p99=2s", "--tp", "1", "2", "4"],
+     "several values go in one argument, separated by commas: --tp 1,2,4"),
+    (["replay", "T", "--device", DEVICE, "--model", MODEL, "--compare", "paged", "odma"],
+     "separated by commas: --compare paged,odma"),
+])
+def test_a_list_given_as_several_arguments_says_how_to_give_it(cli, trace, args, hint):
+    r = cli(*[str(trace) if a == "T" else a for a in args])
+    assert r.code == 2 and "unexpected extra argument" in r.err and hint in r.err and "Usage:" in r.err
+
+
+def test_profiles_show_suggests_devices_and_models_and_names_a_family(cli):
+    r = cli("profiles", "show", "lama-3-8b")
+    assert r.code == 1 and "neither a device nor a model profile; did you mean 'Llama-3-8B'" in r.err
+    r = cli("profiles", "show", "mlu370")
+    assert r.code == 1 and "could be any of the device profiles mlu370-x4, mlu370-x8" in r.err
