@@ -454,3 +454,13 @@ def test_capacity_says_where_the_slo_binds_not_the_queue_and_writes_markdown(cli
     scale = row["keeps_up_rate_per_replica"] / doc["trace"]["mean_rate_per_s"]
     assert abs(sustainable_scale(ctx, "paged", {})["rate_scale"] / scale - 1) < 1e-9
     assert not served(ctx, "paged", {}, scale)["falling_behind"]
+
+
+def test_a_trace_longer_than_the_replay_clock_is_named_as_such(cli, small, tmp_path):
+    """A red team's case (issue 40): it blamed a --target-rate nobody gave, with a range printed backwards."""
+    import polars as pl
+
+    trace = tmp_path / "span.parquet"
+    pl.read_parquet(small).with_columns(pl.col("arrival_s") * 1e12).write_parquet(trace)
+    r = cli("capacity", trace, *DEVICE, "--slo", "ttft_p99=2s", "--policies", "paged")
+    assert r.code == 1 and "the trace's arrivals span" in r.err and "--target-rate" not in r.err, r.err

@@ -225,3 +225,15 @@ def test_a_full_disk_on_a_later_output_writes_none(tmp_path, cli, conv_sample_he
             "--policy", "paged", "--out", out, "--plot", plot)
     assert r.code == 1 and "r.png" in r.err and "no space left on the device; nothing was written" in r.err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+
+def test_a_name_too_long_for_the_temp_file_is_refused_before_the_work(tmp_path, cli, conv_sample_head):
+    """A red team's case (issue 40): a name over 255 bytes, or one the temp name's suffix pushes past
+    it, was an internal error, after the work."""
+    for size in (300, 240):
+        name = tmp_path / ("b" * size + ".md")
+        r = cli("replay", conv_sample_head(200), "--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B",
+                "--policy", "paged", "--out", name)
+        assert r.code == 1 and "the file name is" in r.err and "internal error" not in r.err, r.err
+    assert list(tmp_path.iterdir()) == []

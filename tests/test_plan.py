@@ -201,3 +201,17 @@ def test_a_config_names_its_predictor_relative_to_itself(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "ci" / "pred")  # check run from elsewhere finds the same folder
     assert Path(predictor_from_config(named, config)).resolve() == (tmp_path / "ci" / "pred")
     assert predictor_from_config("none", config) == "none"
+
+
+def test_a_plan_whose_replies_are_one_token_leaves_tpot_out_of_its_config(cli, conv_sample_head, tmp_path):
+    """A red team's case (issue 40): every reply one token, so no TPOT exists (null in the JSON);
+    TOML has no null, and the config's [plan.expected] used to fail to serialize (internal error)."""
+    import polars as pl
+
+    trace = tmp_path / "one-token.parquet"
+    pl.read_parquet(conv_sample_head(300)).with_columns(pl.lit(1).cast(pl.Int32).alias("output_tokens")).write_parquet(trace)
+    out = tmp_path / "p.toml"
+    r = cli("plan", trace, "--device", DEVICE, "--model", MODEL, "--predictor", "oracle", "--out", out, "--replays", "2")
+    assert r.code == 0, r.err
+    text = out.read_text()
+    assert "ttft_p99" in text and "tpot_p99" not in text

@@ -7,6 +7,8 @@ sends the signal at the moment in question, so every try lands in the window:
   exception raised there: the stop used to be swallowed and the outputs replaced);
 - `fork-child`: from the first worker before its initializer runs, to the parent and to itself, as a
   terminal's Ctrl-C reaches the whole process group (the worker used to die, a broken pool);
+- `fork-later`: 40 ms after the second worker starts, as results come back (a worker killed while
+  sending one used to leave the pool's thread reading for the rest forever: a hang);
 - `commit`: after the first of a command's outputs is put in place (the others must not follow, and
   the first must be taken back).
 Every try starts with existing outputs and --force, and must exit 130 or 143 with one message, no
@@ -15,6 +17,7 @@ traceback, the old outputs byte for byte, no temp file, and no worker left holdi
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -37,7 +40,13 @@ mode, sig = sys.argv[1], getattr(signal, sys.argv[2])
 parent = os.getpid()
 fired = []
 
+forks = []
+
 def first_fork_parent():
+    forks.append(1)
+    if mode == "fork-later" and len(forks) == 2:  # 40 ms after the last worker starts: its first results
+        import threading
+        threading.Timer(0.04, os.kill, (parent, sig)).start()
     if not fired and mode.startswith("fork"):
         fired.append(1)
         if mode == "fork-parent":
@@ -107,7 +116,7 @@ def _try(folder: Path, mode: str, sig: str, args: list[str], outputs: list[Path]
 def test_a_stop_as_the_first_worker_starts_is_never_lost(small, tmp_path, command, sig):
     args, outputs = _commands(small, tmp_path)[command]
     # the parent's after-fork hook, then the worker's (a process group's Ctrl-C), alternating; two at a time
-    moments = [("fork-parent", "fork-child")[i % 2] for i in range(TRIES)]
+    moments = [("fork-parent", "fork-child", "fork-later")[i % 3] for i in range(TRIES)]
 
     def one(i: int) -> None:
         folder = tmp_path / f"try{i}"
@@ -205,3 +214,63 @@ def test_a_deferred_stop_is_raised_when_the_block_ends_and_dropped_with_an_error
     assert stops.pending() is None
     with pytest.raises(stops.Stopped):
         stops.handler(signal.SIGINT, None)  # outside a block: at once
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def _start_with_workers(args: list[str]) -> tuple[subprocess.Popen, list[int]]:
+    """The command in a child, once its two workers run."""
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "odmactl", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    while len(_children(proc.pid)) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    return proc, _children(proc.pid)
+
+
+@pytest.fixture(scope="module")
+def longer(conv_sample_head) -> Path:
+    return conv_sample_head(1500)
+
+
+def test_workers_die_with_a_parent_killed_outright(longer, tmp_path):
+    """A red team's case (issue 40): SIGKILL to the parent left its workers waiting forever."""
+    import time
+
+    args, _ = _commands(longer, tmp_path)["capacity"]
+    proc, workers = _start_with_workers(args)
+    proc.kill()
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{w}").exists() and "zombie" not in Path(f"/proc/{w}/status").read_text().lower()
+              for w in workers if Path(f"/proc/{w}/status").exists()):
+        assert time.monotonic() < deadline, f"workers {workers} outlived their parent"
+        time.sleep(0.1)
+
+
+def test_a_worker_killed_from_outside_is_a_message_not_a_bug(longer, tmp_path):
+    """A red team's case (issue 40): a worker the OOM killer takes was reported as a bug in odmactl."""
+    args, outputs = _commands(longer, tmp_path)["capacity"]
+    for i, path in enumerate(outputs):
+        path.write_bytes(f"old output {i}\n".encode())
+    proc, workers = _start_with_workers(args)
+    os.kill(workers[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "a worker process died" in err and "internal error" not in err, err
+    assert all(p.read_bytes() == f"old output {i}\n".encode() for i, p in enumerate(outputs))
+
+
+def test_a_stop_once_the_outcome_is_decided_is_recorded_not_raised():
+    """A red team's case (issue 40): a stop in Python's exit hooks raised inside an atexit callback."""
+    stops.reset()
+    stops.settle()
+    stops.handler(signal.SIGINT, None)  # no exception
+    assert stops.pending() == signal.SIGINT
+    stops.reset()
+    assert stops.pending() is None

@@ -24,6 +24,7 @@ from odmactl.run.replay import prepare
 from odmactl.run.serving import serving, static_baselines
 from odmactl.run.spec import ServingSpec
 from odmactl.sim.cluster import DEFAULT_ROUTER, ROUTERS
+from odmactl.sim.workload import CLOCK_LIMIT_PS, PS
 from odmactl.trace.stats import BUSIEST_WINDOW_S, busiest_rate
 
 PEAK_WINDOW_S = BUSIEST_WINDOW_S  # the default target: the trace's busiest 10 minutes (trace/stats.py's rule)
@@ -85,8 +86,15 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
     mean_rate, peak_rate = trace_rates(arrival_s)
     target_rate = spec.target_rate_per_s or peak_rate
     low, high = mean_rate * lowest_scale(arrival_s), mean_rate * 2.0 ** MAX_SCALE_STEPS
+    span_s = float(arrival_s[-1] - arrival_s[0])
+    if low > high:  # even the fastest replay of the trace (2**20 times its rate) outlasts the replay clock
+        raise ConfigError(f"the trace's arrivals span {span_s:.3g} s: replayed even {2 ** MAX_SCALE_STEPS:,} times faster "
+                          f"its backlog would not fit the replay clock ({CLOCK_LIMIT_PS / PS / 86400:.0f} days)",
+                          hint="check the trace's arrival_s column (seconds since its first request)")
     if not low <= target_rate <= high:
-        raise ConfigError(f"--target-rate {target_rate:g} req/s lies outside the rates this trace can be replayed at "
+        what = f"--target-rate {target_rate:g} req/s" if spec.target_rate_per_s else \
+            f"the target, the trace's busiest 10 minutes ({target_rate:g} req/s),"
+        raise ConfigError(f"{what} lies outside the rates this trace can be replayed at "
                           f"({low:.3g} to {high:.3g} req/s: its own {mean_rate:.3g} req/s scaled by 2**-{MAX_SCALE_STEPS} "
                           f"to 2**{MAX_SCALE_STEPS}, within the replay clock)", hint="give a target in that range")
     target = CapacityTarget(spec.slo, spec.max_migration_rate, max_replicas=spec.max_replicas, router=spec.router)

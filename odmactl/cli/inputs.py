@@ -133,8 +133,12 @@ def check_outputs(outputs: list[Path | None], force: bool, inputs: list[Path | N
             check_writable(path, force=force)
         else:
             check_writable_dir(path, force=force, owned=directory_owned)
-    if len({p.resolve() for p in named}) != len(named):
-        raise OutputError("two outputs name the same file", hint="give each output its own path")
+    resolved = [p.resolve() for p in named]
+    if len(set(resolved)) != len(named):
+        twice = next(p for p, r in zip(named, resolved) if resolved.count(r) > 1)
+        raise OutputError("is given for two outputs (through a link, or as two spellings of one path)"
+                          if named.count(twice) == 1 else "is given for two outputs", file=twice,
+                          hint="give each output its own path")
 
 
 # options several replaying commands share (one declaration each)

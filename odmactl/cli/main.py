@@ -19,7 +19,7 @@ import sys
 from odmactl.cli.app import app, print_error
 from odmactl.core.atomic import completed, forget_completed
 from odmactl.core.errors import OdmaError
-from odmactl.core.stops import Stopped, handler, reset
+from odmactl.core.stops import Stopped, handler, reset, settle
 
 # the command modules, each registering its command on `app`, in the order `odmactl --help` lists them
 COMMANDS = ("ingest", "stats", "fit", "replay", "plan", "check", "capacity", "profiles", "calibrate", "version")
@@ -97,8 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout = _GuardedStream(stdout)
     try:
         code = _run(argv)
+        settle()  # decided: a stop from here to the process's end changes nothing (core/stops.py)
         sys.stdout.flush()
         return code
+    except Stopped as exc:  # a stop between the command's return and `settle`: the command had finished
+        settle()
+        print_error(f"{exc.word}; {_written()}", label="aborted")
+        return exc.exit_code
     except StdoutFailed as exc:
         _detach_stdout(stdout)
         if exc.errno == errno.EPIPE:  # `odmactl ... | head`: the reader has what it wanted

@@ -46,9 +46,26 @@ def absolute(path: Path) -> Path:
     return Path(os.path.abspath(path))
 
 
+TEMP_NAME_EXTRA = len(".") + len(".4194304.0123abcd.tmp")  # what `_temp_name` adds to a name, at most
+
+
+def _check_name(path: Path) -> None:
+    """A name the file system takes with the temp name's additions (`_temp_name`), and a path it takes."""
+    try:
+        name_max = os.pathconf(path.parent if path.parent.is_dir() else "/", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    size = len(os.fsencode(path.name))
+    if size + TEMP_NAME_EXTRA > name_max:
+        raise OutputError(f"the file name is {size} bytes; odmactl writes it through a temp name {TEMP_NAME_EXTRA} bytes "
+                          f"longer, and this file system takes names of at most {name_max}", file=path,
+                          hint=f"a name of at most {name_max - TEMP_NAME_EXTRA} bytes")
+
+
 def check_writable(path: Path, *, force: bool) -> None:
     """Fail before any expensive work if `path` cannot be (over)written."""
     path = absolute(path)
+    _check_name(path)
     if path.is_symlink():
         raise OutputError("is a symbolic link; odmactl replaces only regular files, never a link", file=path,
                           hint="give the path of a regular file")
@@ -68,6 +85,7 @@ def check_writable_dir(path: Path, *, force: bool, owned: Callable[[Path], str |
     `force` a non-empty directory is replaced only when `owned(path)` finds nothing wrong (it
     returns None for a directory odmactl wrote, else why it is not one)."""
     path = absolute(path)
+    _check_name(path)
     if path.is_symlink():
         raise OutputError("is a symbolic link; odmactl replaces only a directory it wrote, never a link", file=path,
                           hint="give the directory's own path")

@@ -88,6 +88,12 @@ class ConfigError(OdmaError):
     kind = "config error"
 
 
+class RunError(OdmaError):
+    """A run could not finish for a reason outside its input: a worker process killed from outside."""
+
+    kind = "run error"
+
+
 class AllocationError(OdmaError):
     """Misuse of the allocator API: releasing twice, an allocation this allocator does not own,
     a request id that is already live, a request that can never fit, a KV length that shrinks."""

@@ -14,9 +14,12 @@ Inside `deferred()` the handler records the signal instead of raising; when the 
 exception (the stop already under way, or an error), that exception goes on and the recorded stop
 is dropped: the run is ending either way.
 
-Invariant: `_depth` counts the open `deferred()` blocks of this process (a forked worker inherits
-its parent's count, so a signal before its initializer runs is recorded, never raised); `_pending`
-is the first signal received while `_depth > 0`, or None.
+Once a command's outcome is decided, `settle()` makes every later stop a recorded one: the
+process is exiting with the code and message already chosen.
+
+Invariant: `_depth` counts the open `deferred()` blocks of this process, plus one once settled (a
+forked worker inherits its parent's count, so a signal before its initializer runs is recorded,
+never raised); `_pending` is the first signal received while `_depth > 0`, or None.
 """
 
 from __future__ import annotations
@@ -74,6 +77,15 @@ def deferred() -> Iterator[None]:
 def pending() -> int | None:
     """The stop recorded inside `deferred()`, not raised yet, or None."""
     return _pending
+
+
+def settle() -> None:
+    """The run's outcome is decided (its exit code and outputs): from now on a stop is recorded and
+    never raised, so one that lands while Python exits (its atexit hooks: torch's, the worker
+    pools') neither prints a traceback nor contradicts the message and exit code already chosen.
+    `reset` (the next command run in this process) undoes it."""
+    global _depth
+    _depth += 1
 
 
 def reset() -> None:

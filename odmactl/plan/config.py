@@ -54,7 +54,9 @@ def config_document(doc: dict, setup: Serving, command: str, predictor: str, tra
     held-out replay ran with (the large pool sized)."""
     validation = doc["validation"]
     expected = validation["odma"]["metrics"]
-    baselines = {name: {k: v["metrics"][k] for k in EXPECTED_KEYS} for name, v in validation.items() if name != "odma"}
+    # TOML has no null: a latency no request had (TPOT when every reply is one token) is left out
+    baselines = {name: {k: v["metrics"][k] for k in EXPECTED_KEYS if v["metrics"][k] is not None}
+                 for name, v in validation.items() if name != "odma"}
     t = doc["trace"]
     record = {
         "generated_by": command, "policy": "odma", "device": doc["device"], "model": doc["model"],
@@ -67,7 +69,7 @@ def config_document(doc: dict, setup: Serving, command: str, predictor: str, tra
                         f"(`check --skip {t['search_requests']}` replays them)",
         "objective": doc["objective"], "chosen": doc["chosen"]["label"], "candidates": doc["candidates"],
         "replayed": doc["replayed"], "constraints_met_on_search": doc["constraints_met_on_search"],
-        "expected": {k: expected[k] for k in EXPECTED_KEYS}, "baselines": baselines}
+        "expected": {k: expected[k] for k in EXPECTED_KEYS if expected[k] is not None}, "baselines": baselines}
     gate = doc["gate"]["thresholds"]
     return {
         "plan": record,

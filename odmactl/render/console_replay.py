@@ -332,8 +332,8 @@ def queue_lines(doc: dict) -> list[str]:
                 parts.append(f"{r['policy']} {format_metric('max_rate_per_replica', keeps)} vs "
                              + ("none" if slo is None else format_metric("max_rate_per_replica", slo)))
         if parts:
-            lines.append(f"tp {tp}: the SLO binds, not the queue; req/s one engine keeps up with (the rate plan and "
-                         "replay report) vs req/s within the SLO: " + ", ".join(parts))
+            lines.append(f"tp {tp}: the SLO binds, not the queue; req/s one engine's queue keeps up with (the rate "
+                         "plan and replay name for a run that overloads it) vs req/s within the SLO: " + ", ".join(parts))
     return lines
 
 
@@ -405,9 +405,9 @@ def render_capacity(console: Console, doc: dict) -> None:
         for line in headline_detail(doc):
             console.print(escape(line), highlight=False)
     rows = [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k) for k in CAPACITY_KEYS)] for r in doc["rows"]]
-    target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the peak 10 min)" if doc["target_is_peak"] else "") \
-        + f", {doc['router']} router"
-    console.print(narrow_table(f"capacity at the SLO; devices for {target}",
+    target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (peak 10 min)" if doc["target_is_peak"] else "") \
+        + f", {doc['router']} router"  # short: the title wraps to the table's width
+    console.print(narrow_table(f"at the SLO; devices for {target}",
                                tuple(METRICS[k].header for k in CAPACITY_KEYS), rows, key="policy"))
     for r in doc["rows"]:
         hits = (r.get("metrics_at_capacity") or {}).get("prefix_hit_rate")

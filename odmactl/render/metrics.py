@@ -74,7 +74,7 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
     # odmactl capacity: per engine (a replica of tp devices) and per device, at the SLO
     Metric("max_rate_per_replica", "req/s per engine", "", SIG3),
     Metric("max_rate_per_device", "req/s per device", "", SIG3),
-    Metric("output_tps_per_device", "tok/s per device", "", SIG3),
+    Metric("output_tps_per_device", "out tok/s per device", "", SIG3),  # output tokens only, as plan's TPS
     Metric("devices_for_target", "devices for target", "", COUNT),
     Metric("devices_saved_vs_static", "saved vs static", "", "+,d"),
     Metric("rejected_never_fit", "never fit", "", COUNT),

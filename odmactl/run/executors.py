@@ -4,12 +4,15 @@ the executor or the number of workers."""
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
 import signal
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 
-from odmactl.core.errors import ConfigError
+from odmactl.core.errors import ConfigError, RunError
 from odmactl.core.stops import Stopped, deferred
 from odmactl.run.replay import ReplayContext, replay_policy
 
@@ -45,10 +48,15 @@ def run_jobs(jobs: list[tuple], workers: int, label: str, progress=None, fn=None
     try:
         with deferred():  # the workers are forked in the first submit (core/stops.py: a stop then is raised after it)
             pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
-                                       initializer=_worker_signals)
+                                       initializer=_worker_signals, initargs=(os.getpid(),))
             futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
         for done, future in enumerate(as_completed(futures), start=1):
-            results[futures[future]] = future.result()
+            try:
+                results[futures[future]] = future.result()
+            except BrokenProcessPool:
+                raise RunError("a worker process died before it finished its job (killed from outside: the "
+                               "out-of-memory killer, a kill command)", hint="fewer --workers use less memory; "
+                               "--workers 1 runs every job in this process") from None
             if progress is not None:
                 progress(label, done, len(jobs))
     except BaseException:  # an error, Ctrl-C or SIGTERM in this process: stop the workers now, not after their jobs
@@ -68,20 +76,44 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
     meanwhile (a second Ctrl-C) is the same stop."""
     try:
         with deferred():
-            for process in list((getattr(pool, "_processes", None) or {}).values()):
+            processes = list((getattr(pool, "_processes", None) or {}).values())
+            for process in processes:
                 process.kill()
+            for process in processes:
+                process.join()
+            # a worker killed while it sent a result leaves the rest unsent, and this process's own copy
+            # of the pipe's write end would keep the pool's thread reading for it forever: close it, so
+            # the thread reads the end; and the call queue's feeder, blocked on a pipe no one reads any
+            # more, is not waited for (it is a daemon thread)
+            writer = getattr(getattr(pool, "_result_queue", None), "_writer", None)
+            if writer is not None:
+                writer.close()
+            calls = getattr(pool, "_call_queue", None)
+            if calls is not None:
+                calls.cancel_join_thread()
             pool.shutdown(wait=True, cancel_futures=True)
     except Stopped:
         pass
 
 
-def _worker_signals() -> None:
+def _worker_signals(parent_pid: int) -> None:
     """A worker leaves Ctrl-C and SIGTERM to the parent, which stops it (a forked worker would
     otherwise inherit the CLI's handlers and raise in the middle of the pool's own bookkeeping; until
     this runs, the handler it inherited records a signal rather than raise: it was forked inside
-    `deferred`)."""
+    `deferred`). On Linux it also dies with its parent (PR_SET_PDEATHSIG): a parent killed outright
+    (SIGKILL, which no handler sees) would otherwise leave it waiting on the pool's pipe forever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform == "linux":
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() != parent_pid:  # the parent died before the line above
+            os._exit(1)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def run_on_ray(jobs: list[tuple], fn, label: str, progress=None) -> list:
