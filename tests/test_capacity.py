@@ -464,3 +464,9 @@ def test_a_trace_longer_than_the_replay_clock_is_named_as_such(cli, small, tmp_p
     pl.read_parquet(small).with_columns(pl.col("arrival_s") * 1e12).write_parquet(trace)
     r = cli("capacity", trace, *DEVICE, "--slo", "ttft_p99=2s", "--policies", "paged")
     assert r.code == 1 and "the trace's arrivals span" in r.err and "--target-rate" not in r.err, r.err
+
+
+def test_a_device_file_as_the_trace_is_named_as_such(cli):
+    """A red team's case (issue 40): /dev/null as the trace was reported as missing."""
+    r = cli("capacity", "/dev/null", *DEVICE, "--slo", "ttft_p99=2s")
+    assert r.code == 1 and "/dev/null: is not a regular file" in r.err, r.err

@@ -370,7 +370,8 @@ def read_trace(path: Path) -> pl.DataFrame:
     if path.is_dir():
         raise TraceError("is a directory, expected a parquet file", file=path, hint="run `odmactl ingest` to make one")
     if not path.is_file():
-        raise TraceError("no such file", file=path)
+        raise TraceError("no such file" if not path.exists() else "is not a regular file (a device, FIFO or socket), "
+                         "expected a parquet file", file=path)
     try:
         frame = pl.read_parquet(path, glob=False)  # `*`, `?` and `[` in a file name are characters, not a pattern
     except Exception as exc:
