@@ -326,8 +326,8 @@ def queue_lines(doc: dict) -> list[str]:
     tolerance = doc["tolerance"]
     for tp in dict.fromkeys(r["tp"] for r in doc["rows"]):
         parts = []
-        for r in doc["rows"]:
-            keeps, slo = r["tp"] == tp and r.get("keeps_up_rate_per_replica"), r["max_rate_per_replica"]
+        for r in (r for r in doc["rows"] if r["tp"] == tp):
+            keeps, slo = r.get("keeps_up_rate_per_replica"), r["max_rate_per_replica"]
             if keeps and (slo is None or keeps > (1 + tolerance) * slo):
                 parts.append(f"{r['policy']} {format_metric('max_rate_per_replica', keeps)} vs "
                              + ("none" if slo is None else format_metric("max_rate_per_replica", slo)))
