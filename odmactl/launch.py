@@ -2,7 +2,12 @@
 before the command line's imports (typer, rich, numpy, polars: about a second), so that a Ctrl-C or
 SIGTERM that lands while they load ends the run with the same one-line message and exit code as
 one that lands later, never with a KeyboardInterrupt traceback. Only what the interpreter does
-before this module runs (some 20 ms) is left to Python's own handling."""
+before this module runs (some 20 ms) is left to Python's own handling.
+
+Once `main` has returned, the outcome (exit code, message, outputs) is decided, and both signals
+are ignored for the rest of the process: Python's finalisation puts their default action back
+before it is done (torch's and the worker pools' teardown take up to a second), and a stop landing
+then killed the process with 130 and no message after its outputs were written."""
 
 from __future__ import annotations
 
@@ -24,4 +29,7 @@ def entry() -> None:
     except stops.Stopped as exc:
         sys.stderr.write(f"aborted: {exc.word}; nothing was written\n")
         sys.exit(exc.exit_code)
-    sys.exit(main())
+    code = main()
+    for signum in stops.Stopped.CODES:
+        signal.signal(signum, signal.SIG_IGN)
+    sys.exit(code)

@@ -172,7 +172,7 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
                               ("unknown device 'tpu9'",)),
     "replay_unknown_model": (["replay", "{trace}", "--device", "mlu370-x4", "--model", "gpt-9"], 1,
                              ("unknown model 'gpt-9'",)),
-    "replay_unknown_kv_dtype": ([*REPLAY, "--kv-dtype", "fp3"], 1, ("fp3",)),
+    "replay_unknown_kv_dtype": ([*REPLAY, "--kv-dtype", "fp3"], 2, ("--kv-dtype", "fp3", "fp8")),  # issue 40: names the flag
     "replay_missing_config": ([*REPLAY, "--config", "nope.toml"], 1, ("nope.toml", "no such file")),
     "replay_missing_predictor": (["replay", "{trace}", *DEVICE, "--predictor", "nope/"], 1, ("nope",)),
     "replay_out_is_trace": ([*REPLAY, "--out", "{trace}", "--force"], 1, ("is also an input",)),

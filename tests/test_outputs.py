@@ -18,6 +18,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from odmactl.core import atomic
 from odmactl.core.atomic import atomic_output, atomic_output_dir, sweep_stale
 from odmactl.core.errors import OutputError
 
@@ -228,12 +229,30 @@ def test_a_full_disk_on_a_later_output_writes_none(tmp_path, cli, conv_sample_he
 
 
 
-def test_a_name_too_long_for_the_temp_file_is_refused_before_the_work(tmp_path, cli, conv_sample_head):
-    """A red team's case (issue 40): a name over 255 bytes, or one the temp name's suffix pushes past
-    it, was an internal error, after the work."""
-    for size in (300, 240):
-        name = tmp_path / ("b" * size + ".md")
-        r = cli("replay", conv_sample_head(200), "--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B",
-                "--policy", "paged", "--out", name)
-        assert r.code == 1 and "the file name is" in r.err and "internal error" not in r.err, r.err
+def test_a_name_too_long_is_refused_before_the_work_and_a_legal_long_one_is_written(tmp_path, cli, conv_sample_head):
+    """A red team's cases (issue 40): a name over 255 bytes was an internal error, after the work;
+    then a legal one of 234 to 255 bytes was refused because its temp name passed 255 bytes."""
+    trace = conv_sample_head(200)
+    args = ("--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B", "--policy", "paged")
+    name = tmp_path / ("b" * 300 + ".md")
+    r = cli("replay", trace, *args, "--out", name)
+    assert r.code == 1 and "the file name is 303 bytes" in r.err and "internal error" not in r.err, r.err
     assert list(tmp_path.iterdir()) == []
+    for size in (240, 252):  # 243 and 255 bytes with ".md" (replay writes JSON whatever the suffix)
+        name = tmp_path / ("b" * size + ".md")
+        r = cli("replay", trace, *args, "--out", name)
+        assert r.code == 0, r.err
+        assert json.loads(name.read_text())
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_the_temp_names_of_long_names_are_distinct_and_swept(tmp_path):
+    """Two long names sharing their first 240 bytes get different temp names, and a temp file left
+    by a dead process under a shortened name is swept by the next writer of that name only."""
+    one, two = (tmp_path / ("c" * 240 + tail) for tail in ("-one.json", "-two.json"))
+    assert atomic._temp_name(one, "tmp").name != atomic._temp_name(two, "tmp").name
+    assert all(len(os.fsencode(atomic._temp_name(p, "tmp").name)) <= 255 for p in (one, two))
+    dead = atomic._temp_name(one, "tmp").name.replace(f".{os.getpid()}.", ".4194303.")
+    (tmp_path / dead).write_text("left by a killed run")
+    assert sweep_stale(two) == []
+    assert sweep_stale(one) == [tmp_path / dead]

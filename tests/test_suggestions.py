@@ -192,3 +192,16 @@ def test_profiles_show_suggests_devices_and_models_and_names_a_family(cli):
     assert r.code == 1 and "neither a device nor a model profile; did you mean 'Llama-3-8B'" in r.err
     r = cli("profiles", "show", "mlu370")
     assert r.code == 1 and "could be any of the device profiles mlu370-x4, mlu370-x8" in r.err
+
+
+@pytest.mark.parametrize("command", [
+    ["replay", "T", "--device", DEVICE, "--model", MODEL, "--policy", "paged"],
+    ["capacity", "T", "--device", DEVICE, "--model", MODEL, "--slo", "ttft_p99=2s"],
+    ["plan", "T", "--device", DEVICE, "--model", MODEL, "--predictor", "oracle"],
+    ["check", "T", "--config", "c.toml", "--device", DEVICE, "--model", MODEL],
+    ["profiles", "show", MODEL],
+])
+def test_an_unknown_kv_dtype_is_a_usage_error_naming_the_flag(cli, trace, command):
+    """A red team's case (issue 40): `--kv-dtype fp7` said "unknown KV dtype" without the flag, exit 1."""
+    r = cli(*[str(trace) if a == "T" else a for a in command], "--kv-dtype", "fp7")
+    assert r.code == 2 and "Invalid value for '--kv-dtype'" in r.err and "did you mean 'fp8'" in r.err, r.err

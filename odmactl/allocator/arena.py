@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from odmactl.core.stops import import_whole
 from odmactl.core.errors import ConfigError
 
 ARENA_KINDS = ("virtual", "torch")
@@ -40,7 +41,7 @@ class VirtualArena:
 
 def available_devices() -> list[str]:
     """Torch devices this process can allocate on, best first (mlu needs Cambricon's torch_mlu)."""
-    import torch
+    torch = import_whole("torch")  # never interrupted half-way (core/stops.py)
 
     found = []
     if torch.cuda.is_available():
@@ -60,7 +61,7 @@ class TorchArena:
     kind = "torch"
 
     def __init__(self, pool_bytes: int, device: str = "auto") -> None:
-        import torch
+        torch = import_whole("torch")  # never interrupted half-way (core/stops.py)
 
         choices = available_devices()
         if device == "auto":

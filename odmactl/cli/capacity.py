@@ -12,6 +12,7 @@ from odmactl.allocator import ALLOCATORS
 from odmactl.cli.app import app, out, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
+    KvDtypeOption,
     EngineOption,
     PrefixCachingOption,
     MaxNewTokensOption,
@@ -57,7 +58,7 @@ def capacity(
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's longest)")] = None,
     max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default: the engine's on the device: 256; 1,024 under vllm-v1 on a device of 70 GiB or more but an A100)")] = None,
     max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="token budget of one iteration (default: the engine's: vllm-v0 max(max_model_len, 2048), vllm-v1 8,192 on a device of 70 GiB or more but an A100, else 2,048)")] = None,
-    kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
+    kv_dtype: KvDtypeOption = "fp16",
     block_size: BlockSizeOption = None,
     engine: EngineOption = None,
     prefix_caching: PrefixCachingOption = None,

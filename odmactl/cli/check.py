@@ -10,6 +10,7 @@ import typer
 from odmactl.cli.app import app, out, print_error, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
+    KvDtypeOption,
     EngineOption,
     PrefixCachingOption,
     MaxNewTokensOption,
@@ -42,7 +43,7 @@ def check(
     limit: Annotated[Optional[int], typer.Option(help="replay only the first N requests (after --skip)")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's)")] = None,
     tp: Annotated[int, typer.Option(help="tensor parallelism: split the model over this many devices of the profile, as vLLM does")] = 1,
-    kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
+    kv_dtype: KvDtypeOption = "fp16",
     block_size: BlockSizeOption = None,
     engine: EngineOption = None,
     prefix_caching: PrefixCachingOption = None,

@@ -13,9 +13,24 @@ import typer
 from odmactl.allocator import ALLOCATORS
 from odmactl.allocator.registry import unknown_policy
 from odmactl.core.atomic import absolute, check_writable, check_writable_dir
-from odmactl.core.errors import ConfigError, OutputError
+from odmactl.core.errors import ConfigError, OutputError, did_you_mean
 from odmactl.core.units import parse_quantity
+from odmactl.hw.profiles import KV_DTYPE_BITS
 from odmactl.run.config import predictor_from_config
+
+
+def _known_kv_dtype(value: str) -> str:
+    if value not in KV_DTYPE_BITS:
+        near = did_you_mean(value, KV_DTYPE_BITS)
+        raise typer.BadParameter(f"{value!r} is not a KV precision odmactl models; expected one of "
+                                 f"{', '.join(KV_DTYPE_BITS)}" + (f" ({near})" if near else ""))
+    return value
+
+
+KvDtypeOption = Annotated[str, typer.Option("--kv-dtype", help=f"KV precision: {', '.join(KV_DTYPE_BITS)}",
+                                            callback=_known_kv_dtype)]
+"""--kv-dtype, one definition for every command that takes it: a name outside hw/'s table is a
+usage error naming the flag (exit 2)."""
 
 
 def parse_map(items: list[str]) -> dict[str, str]:

@@ -125,11 +125,21 @@ def _written() -> str:
 
 
 def _run(argv: list[str] | None) -> int:
+    try:
+        result = app(args=argv, prog_name="odmactl", standalone_mode=False)
+    except BaseException as exc:
+        settle()  # this exception decides the outcome: a stop while its message is printed changes nothing
+        return _outcome(exc, argv)
+    return result if isinstance(result, int) else 0
+
+
+def _outcome(exc: BaseException, argv: list[str] | None) -> int:
+    """The message and exit code for the exception `exc` that ended a command (re-raised for what
+    is not the command's: a failed stdout, SystemExit)."""
     debug = os.environ.get("ODMACTL_DEBUG") == "1"
     click_exception, usage_error, exit_, abort = _click_errors()
     try:
-        result = app(args=argv, prog_name="odmactl", standalone_mode=False)
-        return result if isinstance(result, int) else 0
+        raise exc
     except StdoutFailed:
         raise
     except OdmaError as exc:

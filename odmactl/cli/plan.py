@@ -9,7 +9,7 @@ import typer
 
 from odmactl.allocator import ALLOCATORS
 from odmactl.cli.app import app, out, progress_for
-from odmactl.cli.inputs import BlockSizeOption, EngineOption, PrefixCachingOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool
+from odmactl.cli.inputs import BlockSizeOption, EngineOption, KvDtypeOption, PrefixCachingOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool
 
 
 @app.command()
@@ -34,7 +34,7 @@ def plan(
     max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="token budget of one iteration, as vLLM's "
                                                                     "(default: the engine's: vllm-v0 max(max_model_len, 2048), vllm-v1 8,192 on a device of 70 GiB or more but an A100, else 2,048)")] = None,
     tp: Annotated[int, typer.Option(help="tensor parallelism: split the model over this many devices of the profile, as vLLM does")] = 1,
-    kv_dtype: Annotated[str, typer.Option(help="KV precision")] = "fp16",
+    kv_dtype: KvDtypeOption = "fp16",
     block_size: BlockSizeOption = None,
     engine: EngineOption = None,
     prefix_caching: PrefixCachingOption = None,

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.cli.app import app, out
+from odmactl.cli.inputs import KvDtypeOption
 
 profiles_app = typer.Typer(help="List and show device and model profiles.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(profiles_app, name="profiles")
@@ -33,7 +34,7 @@ def profiles_list(
 @profiles_app.command("show")
 def profiles_show(
     name: Annotated[str, typer.Argument(help="a device or model name, a device TOML, or a local HF model directory")],
-    kv_dtype: Annotated[str, typer.Option(help="KV precision for the KV pool figures: fp16, bf16, fp8, int8, int4, oaken")] = "fp16",
+    kv_dtype: KvDtypeOption = "fp16",
     model: Annotated[Optional[str], typer.Option(help="with a device: also the decode step of this model at a full KV "
                                                      "pool, paged at block sizes 8, 16 and 32 against contiguous")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,

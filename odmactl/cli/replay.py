@@ -11,6 +11,7 @@ from odmactl.allocator import ALLOCATORS
 from odmactl.cli.app import app, out, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
+    KvDtypeOption,
     EngineOption,
     PrefixCachingOption,
     MaxNewTokensOption,
@@ -42,7 +43,7 @@ def replay(
     max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="token budget of one iteration, as vLLM's "
                                                                     "(default: the engine's: vllm-v0 max(max_model_len, 2048), vllm-v1 8,192 on a device of 70 GiB or more but an A100, else 2,048)")] = None,
     tp: Annotated[int, typer.Option(help="tensor parallelism: split the model over this many devices of the profile, as vLLM does")] = 1,
-    kv_dtype: Annotated[str, typer.Option(help="KV precision: fp16, bf16, fp8, int8, int4, oaken")] = "fp16",
+    kv_dtype: KvDtypeOption = "fp16",
     block_size: BlockSizeOption = None,
     engine: EngineOption = None,
     prefix_caching: PrefixCachingOption = None,

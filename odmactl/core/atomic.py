@@ -2,7 +2,8 @@
 
 What a user gets (tests/test_outputs.py checks each):
 - A failed, interrupted or killed run leaves no partial output and never replaces a good one: the
-  output is written to `.<name>.<pid>.<random>.tmp` beside it and moved into place only when
+  output is written to `.<name>.<pid>.<random>.tmp` beside it (a name too long for that is
+  shortened to its first bytes and a hash) and moved into place only when
   complete. The temp file is removed when the run fails or is interrupted (Ctrl-C, SIGTERM: the
   CLI turns both into exceptions); one left by a run killed outright (SIGKILL, a crash) is swept by
   the next run that writes beside it, once its process no longer exists.
@@ -27,6 +28,7 @@ What a user gets (tests/test_outputs.py checks each):
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import re
 import secrets
@@ -46,20 +48,36 @@ def absolute(path: Path) -> Path:
     return Path(os.path.abspath(path))
 
 
-TEMP_NAME_EXTRA = len(".") + len(".4194304.0123abcd.tmp")  # what `_temp_name` adds to a name, at most
+TEMP_NAME_EXTRA = len(".") + len(".4194304.0123abcd.tmp")  # what `_temp_name` adds to a stem, at most
+_HASH_CHARS = len("~0123abcd")  # what `_temp_stem` adds to a shortened name
+
+
+def _name_max(directory: Path) -> int:
+    """The longest file name, in bytes, the file system holding `directory` takes."""
+    try:
+        return os.pathconf(directory if directory.is_dir() else "/", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def _temp_stem(name: str, name_max: int) -> str:
+    """The part of a temp name that stands for the output's `name`: the name itself when the temp
+    name fits the file system, else its first bytes and a hash of the whole name (so that two long
+    names sharing a beginning still have different temp names, and `sweep_stale` finds its own)."""
+    raw = os.fsencode(name)
+    if len(raw) + TEMP_NAME_EXTRA <= name_max:
+        return name
+    keep = raw[:name_max - TEMP_NAME_EXTRA - _HASH_CHARS].decode("utf-8", errors="ignore")
+    return f"{keep}~{hashlib.sha1(raw).hexdigest()[:8]}"
 
 
 def _check_name(path: Path) -> None:
-    """A name the file system takes with the temp name's additions (`_temp_name`), and a path it takes."""
-    try:
-        name_max = os.pathconf(path.parent if path.parent.is_dir() else "/", "PC_NAME_MAX")
-    except (OSError, ValueError):
-        name_max = 255
+    """A name the file system takes (its temp names are shortened to fit: `_temp_stem`)."""
+    name_max = _name_max(path.parent)
     size = len(os.fsencode(path.name))
-    if size + TEMP_NAME_EXTRA > name_max:
-        raise OutputError(f"the file name is {size} bytes; odmactl writes it through a temp name {TEMP_NAME_EXTRA} bytes "
-                          f"longer, and this file system takes names of at most {name_max}", file=path,
-                          hint=f"a name of at most {name_max - TEMP_NAME_EXTRA} bytes")
+    if size > name_max:
+        raise OutputError(f"the file name is {size} bytes, and this file system takes names of at most {name_max}",
+                          file=path, hint=f"a name of at most {name_max} bytes")
 
 
 def check_writable(path: Path, *, force: bool) -> None:
@@ -126,13 +144,14 @@ def sweep_stale(path: Path) -> list[Path]:
     returns what was removed."""
     removed = []
     parent = path.parent
+    stem = _temp_stem(path.name, _name_max(parent))
     try:
         siblings = list(parent.iterdir())
     except OSError:
         return removed
     for sibling in siblings:
         match = _TEMP.match(sibling.name)
-        if match is None or match["name"] != path.name or int(match["pid"]) == os.getpid() or _alive(int(match["pid"])):
+        if match is None or match["name"] != stem or int(match["pid"]) == os.getpid() or _alive(int(match["pid"])):
             continue
         if sibling.is_dir() and not sibling.is_symlink():
             shutil.rmtree(sibling, ignore_errors=True)
@@ -143,7 +162,8 @@ def sweep_stale(path: Path) -> list[Path]:
 
 
 def _temp_name(path: Path, suffix: str) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.{suffix}")
+    stem = _temp_stem(path.name, _name_max(path.parent))
+    return path.with_name(f".{stem}.{os.getpid()}.{secrets.token_hex(4)}.{suffix}")
 
 
 _COMPLETED: list[Path] = []

@@ -8,7 +8,9 @@ without losing the stop or leaving a half-done state, and run inside `deferred()
   so the run would carry on; and a worker forked with `handler` installed would raise in its own
   bootstrap (a broken pool) until its initializer sets its signals;
 - putting a command's outputs in place (core/atomic.py `commit`): all of them or none;
-- stopping the workers of a stopped run (a second Ctrl-C is the same stop).
+- stopping the workers of a stopped run (a second Ctrl-C is the same stop);
+- importing torch (`import_whole`): a stop raised while its C++ runtime initialises can leave it
+  half made, and the process then aborts (SIGABRT, a C++ stack) instead of ending with its message.
 Inside `deferred()` the handler records the signal instead of raising; when the outermost
 `deferred()` block ends normally, the recorded stop is raised there. When the block ends by an
 exception (the stop already under way, or an error), that exception goes on and the recorded stop
@@ -24,8 +26,10 @@ never raised); `_pending` is the first signal received while `_depth > 0`, or No
 
 from __future__ import annotations
 
+import importlib
 import signal
 from collections.abc import Iterator
+from types import ModuleType
 from contextlib import contextmanager
 
 
@@ -72,6 +76,14 @@ def deferred() -> Iterator[None]:
     if not _depth and _pending is not None:
         signum, _pending = _pending, None
         raise Stopped(signum)
+
+
+def import_whole(name: str) -> ModuleType:
+    """Module `name` imported inside `deferred()` (see the module docstring): for a C extension that
+    must not be interrupted half-way through its initialisation (torch; a few seconds the first
+    time, nothing once imported). A stop received meanwhile is raised once the import is done."""
+    with deferred():
+        return importlib.import_module(name)
 
 
 def pending() -> int | None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from odmactl import __version__
+from odmactl.core.stops import import_whole
 from odmactl.core.errors import ProfileError, did_you_mean
 from odmactl.core.limits import check_seed
 from odmactl.rules.engines import DEFAULT_ENGINE, VLLM_V1
@@ -79,7 +80,7 @@ def resolve_device(name: str) -> str:
                            hint="the torch device to measure on; a profile name (`odmactl profiles list`) is for "
                                 "replays without --on-device")
     name = name.casefold()
-    import torch
+    torch = import_whole("torch")  # never interrupted half-way (core/stops.py)
 
     mlu_ok = hasattr(torch, "mlu") and torch.mlu.is_available()
     if name == "auto":
@@ -125,7 +126,7 @@ class _Timer:
 
 def device_backend(device: str):
     """torch.cuda or torch.mlu: the two expose the same device API."""
-    import torch
+    torch = import_whole("torch")  # never interrupted half-way (core/stops.py)
 
     return getattr(torch, device)
 
@@ -154,7 +155,7 @@ def device_capacity_bytes(device: str) -> tuple[int, str]:
 
 def measure(settings: CalibrationSettings, progress: Progress = None) -> dict:
     """Run every measurement; returns raw figures (bytes/s, FLOP/s, seconds) keyed by name."""
-    import torch
+    torch = import_whole("torch")  # never interrupted half-way (core/stops.py)
 
     step, total = 0, 4 + len(CHUNK_BYTES) + 1
 
@@ -266,7 +267,7 @@ def _attention_check(torch, timer: _Timer, dev, s: CalibrationSettings, gen) -> 
 
 def profile_document(results: dict, settings: CalibrationSettings, command: str, now: dt.datetime) -> dict:
     """The measured device profile (a TOML-ready dict) built from `measure`'s results."""
-    import torch
+    torch = import_whole("torch")  # never interrupted half-way (core/stops.py)
 
     name = device_name(settings.device)
     capacity, capacity_source = device_capacity_bytes(settings.device)

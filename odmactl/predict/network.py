@@ -6,12 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-from torch import nn
 
+from odmactl.core.stops import import_whole
 from odmactl.predict.features import HashedText
 from odmactl.predict.settings import FittedState, PredictorSettings
 from odmactl.rules.s3 import s3_capacities
+
+torch = import_whole("torch")  # never interrupted half-way (core/stops.py)
+nn = torch.nn
 
 
 @dataclass

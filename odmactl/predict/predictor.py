@@ -47,9 +47,8 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-import torch
-from torch import nn
 
+from odmactl.core.stops import import_whole
 from odmactl.predict.evaluation import EvalSettings, evaluate_predictions
 from odmactl.predict.features import build_vocabulary, encode_ids, hash_ngrams, log_prompt_tokens
 from odmactl.predict.network import Features, LengthNet, build_net
@@ -65,6 +64,9 @@ from odmactl.predict.settings import (
 )
 from odmactl.predict.threads import single_thread
 from odmactl.rules.s3 import s3_capacities, s3_classes
+
+torch = import_whole("torch")  # never interrupted half-way (core/stops.py)
+nn = torch.nn
 
 
 class LengthPredictor:

@@ -16,7 +16,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-import torch
+from odmactl.core.stops import import_whole
+
+torch = import_whole("torch")  # never interrupted half-way (core/stops.py)
 
 
 @contextmanager
