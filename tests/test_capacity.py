@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import numpy as np
+import polars as pl
 import pytest
 
 from odmactl.capacity.run import CapacitySpec, capacity
@@ -470,3 +471,31 @@ def test_a_device_file_as_the_trace_is_named_as_such(cli):
     """A red team's case (issue 40): /dev/null as the trace was reported as missing."""
     r = cli("capacity", "/dev/null", *DEVICE, "--slo", "ttft_p99=2s")
     assert r.code == 1 and "/dev/null: is not a regular file" in r.err, r.err
+
+
+def test_a_replayed_peak_far_from_the_target_is_said(cli, small, tmp_path):
+    """A red team's case (issue 40): 300 requests in a burst, then one 5,000 s later; the target
+    (a mean rate) compresses the whole trace, burst included, and the output now says how fast the
+    replayed trace's own busiest 10 minutes arrive."""
+    frame = pl.read_parquet(small)
+    last = frame.tail(1).with_columns(pl.col("arrival_s") + 5_000.0, pl.lit("late").alias("request_id"))
+    trace = tmp_path / "gap.parquet"
+    pl.concat([frame, last.select(frame.columns)]).write_parquet(trace)
+    out = tmp_path / "c.json"
+    r = cli("capacity", trace, *DEVICE, "--slo", SLO, "--predictor", "oracle", "--policies", "paged", "--out", out)
+    assert r.code == 0, r.err
+    doc = json.loads(out.read_text())
+    replayed = doc["target_replay_peak_10min_rate_per_s"]
+    assert replayed > 1.25 * doc["target_rate_per_s"]
+    assert f"busiest 10 minutes arrive at {replayed:,.3g} req/s" in " ".join(r.out.split())
+
+
+def test_the_replayed_peak_line_is_only_said_when_far_off():
+    from odmactl.render.console_replay import headline_detail
+
+    row = {"policy": "paged", "tp": 1, "replicas_for_target": 2, "max_rate_per_replica": 1.0, "metrics_at_target": {}}
+    doc = {"headline": {"policy": "paged", "tp": 1}, "rows": [row], "target_rate_per_s": 2.0, "slo": {},
+           "trace": {"peak_10min_rate_per_s": 3.0, "mean_rate_per_s": 1.0}}
+    for replayed, said in ((2.4, False), (2.6, True), (1.5, True), (1.7, False)):
+        lines = headline_detail({**doc, "target_replay_peak_10min_rate_per_s": replayed})
+        assert any("busiest 10 minutes arrive at" in line for line in lines) == said, replayed

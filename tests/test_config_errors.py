@@ -5,6 +5,8 @@ deployment."""
 
 from __future__ import annotations
 
+import os
+
 import polars as pl
 import pytest
 
@@ -203,3 +205,22 @@ def test_a_host_link_below_a_quarter_gb_per_s_is_refused_as_its_message_says(tmp
     assert read_device(_host_link(tmp_path, "0.25 GB/s")).host_link.bandwidth_bytes_per_s == 2.5e8
     with pytest.raises(ProfileError, match="at most 1 TB/s"):
         read_device(_host_link(tmp_path, "2 TB/s"))
+
+
+def test_a_fifo_as_a_config_or_a_device_profile_is_refused_not_read(cli, trace, tmp_path):
+    """A red team's case (issue 40): `--config` a FIFO blocked forever on its read; `--device` a
+    FIFO was "no such device profile file"."""
+    fifo = tmp_path / "c.toml"
+    os.mkfifo(fifo)
+    r = cli("check", trace, "--config", fifo, "--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B")
+    assert r.code == 1 and "c.toml: is not a regular file" in r.err, r.err
+    r = cli("replay", trace, "--device", fifo, "--model", "DeepSeek-R1-Distill-Qwen-7B", "--policy", "paged")
+    assert r.code == 1 and "c.toml: is not a regular file" in r.err and "no such" not in r.err, r.err
+
+
+def test_a_configs_kv_dtype_is_checked_as_a_precision(cli, trace, tmp_path):
+    """A red team's case (issue 40): [plan] kv_dtype = "fp7" was only a mismatch with fp16."""
+    config = tmp_path / "c.toml"
+    config.write_text('[plan]\nkv_dtype = "fp7"\n')
+    r = cli("check", trace, "--config", config, "--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B")
+    assert r.code == 1 and "key 'plan.kv_dtype': 'fp7' is not a KV precision" in r.err and "did you mean 'fp8'" in r.err

@@ -177,6 +177,15 @@ def test_standard_output_on_a_full_disk_is_a_message():
     assert result.stderr.strip() == "error: could not write standard output: No space left on device"
 
 
+def test_a_closed_standard_output_is_a_message():
+    """A red team's case (issue 40): `odmactl ... >&-` (Python's sys.stdout is then None) was an
+    internal error with a traceback."""
+    result = subprocess.run(["bash", "-c", f"'{sys.executable}' -m odmactl profiles list >&-"], stderr=subprocess.PIPE,
+                            text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: could not write standard output: standard output is closed"
+
+
 def test_standard_output_closed_by_its_reader_stops_quietly():
     """`odmactl ... | head -c 1`: no traceback, no message, the shell's code for SIGPIPE."""
     proc = subprocess.Popen([sys.executable, "-m", "odmactl", "profiles", "list"], stdout=subprocess.PIPE,
@@ -256,3 +265,21 @@ def test_the_temp_names_of_long_names_are_distinct_and_swept(tmp_path):
     (tmp_path / dead).write_text("left by a killed run")
     assert sweep_stale(two) == []
     assert sweep_stale(one) == [tmp_path / dead]
+
+
+def test_a_path_too_long_for_the_system_is_a_message_before_the_work(tmp_path, cli, conv_sample_head, monkeypatch):
+    """A red team's case (issue 40): every name legal, the whole path past PATH_MAX (4,096 bytes):
+    an internal error, after the work. (The directories are made one at a time from inside: the
+    system takes no longer path.)"""
+    trace = conv_sample_head(200)
+    monkeypatch.chdir(tmp_path)
+    deep = tmp_path
+    for k in range(22):
+        name = f"d{k:02d}" + "q" * 197
+        os.mkdir(name)
+        os.chdir(name)
+        deep = deep / name
+    r = cli("replay", trace, "--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B",
+            "--policy", "paged", "--out", deep / "r.json")
+    assert r.code == 1 and "bytes this system takes for a path" in r.err and "internal error" not in r.err, r.err
+    assert os.listdir(".") == []

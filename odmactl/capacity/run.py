@@ -79,6 +79,13 @@ def trace_rates(arrival_s: np.ndarray) -> tuple[float, float]:
     return (arrival_s.size - 1) / span, busiest_rate(arrival_s, PEAK_WINDOW_S)
 
 
+def _replayed_peak(arrival_ps: np.ndarray, scale: float) -> float:
+    """The rate, requests/s, at which the busiest PEAK_WINDOW_S of the arrivals replayed (the
+    trace's own, or those --arrivals drew) arrive once sped up `scale` times: the target is the
+    mean rate, and this is the peak the devices are sized for (over PEAK_WINDOW_S / scale)."""
+    return busiest_rate((arrival_ps - arrival_ps[0]) / PS, PEAK_WINDOW_S) * scale
+
+
 def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
     """The JSON-ready capacity document (one row per policy and tp; static twice, run.serving.static_baselines)."""
     tables = read_config(spec.config)
@@ -176,6 +183,7 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
         "arrivals": {"process": canonical(kind, cv), "seed": None if kind == "trace" else spec.seed,
                      "label": arrival_label(kind, cv, spec.seed)},
         "target_replay_s": span_s * mean_rate / target_rate,
+        "target_replay_peak_10min_rate_per_s": _replayed_peak(first.workload.arrival_ps, target_rate / mean_rate),
         "target_is_peak": spec.target_rate_per_s is None, "tolerance": target.tolerance,
         "scheduler": scheduler_record(first.scheduler, first.max_len),
         "mismatches": mismatched, "rows": rows,

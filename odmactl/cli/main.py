@@ -10,6 +10,7 @@ Nothing a user types gives a traceback unless ODMACTL_DEBUG=1.
 from __future__ import annotations
 
 import errno
+import io
 import importlib
 import os
 import re
@@ -74,6 +75,19 @@ class _GuardedStream:
         return getattr(self._stream, name)
 
 
+class _ClosedStream(io.TextIOBase):
+    """What stands for standard output when the process started with it closed (`>&-`: Python's
+    sys.stdout is then None): a write fails as one to a closed descriptor does."""
+
+    encoding = "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+
 def _detach_stdout(stream) -> None:
     """After a failed write: point file descriptor 1 at /dev/null, so that the interpreter's own
     flush at exit cannot fail again and print a traceback."""
@@ -94,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     forget_completed()
     reset()
     stdout = sys.stdout
-    sys.stdout = _GuardedStream(stdout)
+    sys.stdout = _GuardedStream(stdout if stdout is not None else _ClosedStream())
     try:
         code = _run(argv)
         settle()  # decided: a stop from here to the process's end changes nothing (core/stops.py)

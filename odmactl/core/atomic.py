@@ -71,8 +71,17 @@ def _temp_stem(name: str, name_max: int) -> str:
     return f"{keep}~{hashlib.sha1(raw).hexdigest()[:8]}"
 
 
+PATH_MAX = os.pathconf("/", "PC_PATH_MAX") if hasattr(os, "pathconf") else 4096  # bytes, with the final NUL
+
+
 def _check_name(path: Path) -> None:
-    """A name the file system takes (its temp names are shortened to fit: `_temp_stem`)."""
+    """A name the file system takes (its temp names are shortened to fit: `_temp_stem`), in a
+    path the system takes (checked first: a longer one fails every file operation)."""
+    size = len(os.fsencode(str(path))) + TEMP_NAME_EXTRA + 1  # the temp file's path is at most this long
+    if size > PATH_MAX:
+        raise OutputError(f"the path is {len(os.fsencode(str(path))):,} bytes; with its temp name's {TEMP_NAME_EXTRA} "
+                          f"it passes the {PATH_MAX - 1:,} bytes this system takes for a path", file=path,
+                          hint="write it in a directory with a shorter path")
     name_max = _name_max(path.parent)
     size = len(os.fsencode(path.name))
     if size > name_max:

@@ -25,6 +25,8 @@ _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 def load_toml(path: Path, error: type[OdmaError] = ConfigError) -> dict:
     """The parsed file; a missing, unreadable or malformed file is `error` naming it."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO would block the read forever
+        raise error("is not a regular file (a device, FIFO or socket), expected a TOML file", file=path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -449,7 +449,9 @@ def load_device(ref: str | Path) -> DeviceProfile:
     candidate = Path(ref)
     if candidate.suffix == ".toml" or candidate.exists():
         if not candidate.is_file():
-            raise ProfileError("no such device profile file", file=candidate)
+            raise ProfileError("no such device profile file" if not candidate.exists() else
+                               "is not a regular file (a directory, device, FIFO or socket), expected a device "
+                               "profile TOML", file=candidate)
         return read_device(candidate)
     paths = {path.stem: path for path in device_paths()}
     stem = shipped_name(str(ref), list(paths), "device", required=False)
