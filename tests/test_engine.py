@@ -92,6 +92,23 @@ def test_fast_forward_equals_stepping_for_every_policy(frame, policy, regime):
         assert m["host_link_bytes"] > 0
 
 
+@pytest.mark.parametrize("scheduler", ["task_pool", "fcfs"])
+def test_fast_forward_equals_stepping_for_odma_spilling_to_the_main_pool(frame, scheduler):
+    """odma with one large block and `large_spill` (docs/policies.md), overloaded: large blocks
+    spill to the main pool, and the closed form and stepping agree exactly."""
+    cost = CostModel(load_device(DEVICE), load_model(MODEL))
+    bpt = cost.model.kv_bytes_per_token
+    w = _workload(frame, 40.0)
+    config = {"max_model_len_tokens": 8192, "boundaries_tokens": [256, 512, 1024, 2048], "refit": False, "tau": 0.5,
+              "large_pool_bytes": 8192 * bpt, "large_spill": True}
+    runs = [Replay(w, make_allocator("odma", 30_000 * bpt, bpt, config, deployment=deployment_of(cost)), cost, 8192,
+                   SchedulerSettings(fast_forward=ff, max_num_seqs=64, policy=scheduler)).run() for ff in (True, False)]
+    fast, slow = runs
+    assert fast.metrics == slow.metrics
+    assert fast.allocator["policy_counters"] == slow.allocator["policy_counters"]
+    assert fast.allocator["policy_counters"]["large_spills"] > 0 and fast.metrics["completed"] == len(w.request_ids)
+
+
 def test_the_scheduler_is_chosen_by_name_and_an_unknown_one_is_refused(frame):
     assert "fcfs" in SCHEDULERS
     with pytest.raises(ConfigError, match="policy"):

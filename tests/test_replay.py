@@ -129,6 +129,8 @@ CASES = [
     ("odma", 40_000, {"large_pool_bytes": 8192 * 57344 * 2, "boundaries_tokens": [512, 1024, 2048, 4096],
                       "refit_every": 50, "refit_window": 200}, "half", False),
     ("odma", 30_000, {"large_pool_bytes": 8192 * 57344, "boundaries_tokens": [600, 1400, 3000, 8192]}, "oracle", True),
+    ("odma", 30_000, {"large_pool_bytes": 8192 * 57344, "boundaries_tokens": [600, 1400, 3000, 4096],
+                      "large_spill": True, "tau": 0.5}, "half", False),
     # ellm: borrowing 6,000 tokens' worth of activation memory (Qwen-7B: 57,344 B a token), then
     # with no borrowing and a host buffer (offload and fetch), then with its SLO-aware scaling
     ("ellm", 20_000, {"ellm_borrow_bytes": 6_000 * 57344}, "none", False),

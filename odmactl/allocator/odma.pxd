@@ -6,6 +6,7 @@ cdef class OdmaAllocator(ContiguousAllocator):
     cdef public object large_block_bytes, _large, gamma, tau, refitter
     cdef public object hedge_edges, hedge_output_tokens
     cdef public object _deferred, refit_due, routed_large, max_new_tokens, peak_large_bytes
+    cdef public object large_spill, large_spills
     cpdef reserve(self, request_id, prompt_tokens, predicted_output_tokens=*, uncertainty=*)
     cpdef extend(self, allocation, total_tokens)
     cpdef _route(self, prompt_tokens, predicted_output_tokens, uncertainty)

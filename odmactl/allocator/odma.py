@@ -44,7 +44,9 @@ class OdmaSettings(PolicySettings):
     them; levels given as numbers are used as they are. The large pool is `large_pool_bytes`, or
     `large_pool_fraction` of the pool when that is None; each large-pool block holds what its
     request can still need (rules/odma.large_slot_tokens: prompt + the output cap, or
-    max_model_len without one), so it never overflows. A hedge table (rules/hedge.py) in place of gamma: need = prompt +
+    max_model_len without one), so it never overflows. With `large_spill`, a large block that finds
+    no room in the large pool at admission is carved from the main pool instead, when it has room
+    (the papers are silent on a full large pool at admission: docs/policies.md). A hedge table (rules/hedge.py) in place of gamma: need = prompt +
     hedge_output_tokens[g], g the group of L_hat among hedge_edges; empty: the gamma rule.
     `refit_mode` "inline" refreshes the boundaries inside the release that completes a batch of
     `refit_every`; "deferred" only raises `refit_due` there and leaves `flush_refit()` to the
@@ -63,6 +65,7 @@ class OdmaSettings(PolicySettings):
     hedge_output_tokens: tuple[int, ...] = ()
     large_pool_bytes: int | None = None
     large_pool_fraction: float = 0.1
+    large_spill: bool = False
     granularity_tokens: int = 16
     refit: bool = True
     refit_mode: str = "inline"
@@ -254,6 +257,8 @@ class OdmaAllocator(ContiguousAllocator):
         self._deferred = config.refit_mode == "deferred"
         self.refit_due = False  # deferred mode: a batch is complete and flush_refit() should run
         self.routed_large = 0
+        self.large_spill = config.large_spill
+        self.large_spills = 0  # large blocks carved from the main pool because the large pool was full
         self.peak_large_bytes = 0  # the most bytes large blocks held at once (plan sizes the large pool by it)
 
     def set_boundaries(self, boundaries_tokens: tuple[int, ...] | list[int]) -> None:
@@ -308,6 +313,11 @@ class OdmaAllocator(ContiguousAllocator):
         else:
             region = self._large_home(slot)
             a = self._reserve_in(self.regions[region], region, request_id, slot, prompt_tokens, LARGE)
+            if a is None and region == LARGE and self.large_spill:
+                region = "main"
+                a = self._reserve_in(self._main, region, request_id, slot, prompt_tokens, LARGE)
+                if a is not None:
+                    self.large_spills += 1
             if a is not None and region == LARGE:
                 self._large_peak()
             if a is not None:
@@ -334,8 +344,11 @@ class OdmaAllocator(ContiguousAllocator):
         return False
 
     def room_version(self, tag) -> tuple:
-        """Blocks given back to the tag's pool, with the boundary updates (a bucket's block may
-        shrink): a reservation that failed cannot succeed before this changes."""
+        """Blocks given back to the tag's pool (with `large_spill`, a large tag's blocks may also
+        come from the main pool), with the boundary updates (a bucket's block may shrink): a
+        reservation that failed cannot succeed before this changes."""
+        if tag[0] == LARGE and self.large_spill:
+            return (self._large.gives, self._main.gives, self.boundary_updates)
         return (self.regions[tag[0]].gives, self.boundary_updates)
 
     def overflow_waits(self, allocation: Allocation, total_tokens: int) -> bool:
@@ -366,8 +379,9 @@ class OdmaAllocator(ContiguousAllocator):
             self.set_boundaries(fresh)
             self.boundary_updates += 1
 
-    policy_totals = ("routed_large", "boundary_updates", "refits")
+    policy_totals = ("routed_large", "large_spills", "boundary_updates", "refits")
 
     def policy_counters(self) -> dict[str, int]:
-        return {"routed_large": self.routed_large, "boundary_updates": self.boundary_updates,
-                "refits": self.refitter.refits if self.refitter else 0, "peak_large_bytes": self.peak_large_bytes}
+        return {"routed_large": self.routed_large, "large_spills": self.large_spills,
+                "boundary_updates": self.boundary_updates, "refits": self.refitter.refits if self.refitter else 0,
+                "peak_large_bytes": self.peak_large_bytes}
