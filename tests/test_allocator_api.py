@@ -46,6 +46,7 @@ def test_config_errors_name_the_key() -> None:
     with pytest.raises(ConfigError, match="key 'gama': unknown key") as info:
         AllocatorConfig.from_mapping({"gama": 0.3}, "c.toml")
     assert "c.toml" in str(info.value) and "gamma" in str(info.value)  # the known keys are listed
+    assert "unknown key; did you mean 'gamma'?" in str(info.value)  # a new user's wish (issue 40)
     with pytest.raises(ConfigError, match="key 'allocator.gamma': expected a number, got str 'high'"):
         AllocatorConfig.from_mapping({"gamma": "high"}, "c.toml", prefix="allocator")
     with pytest.raises(ConfigError, match="key 'gamma': expected a finite number"):

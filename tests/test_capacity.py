@@ -497,5 +497,7 @@ def test_the_replayed_peak_line_is_only_said_when_far_off():
     doc = {"headline": {"policy": "paged", "tp": 1}, "rows": [row], "target_rate_per_s": 2.0, "slo": {},
            "trace": {"peak_10min_rate_per_s": 3.0, "mean_rate_per_s": 1.0}}
     for replayed, said in ((2.4, False), (2.6, True), (1.5, True), (1.7, False)):
-        lines = headline_detail({**doc, "target_replay_peak_10min_rate_per_s": replayed})
-        assert any("busiest 10 minutes arrive at" in line for line in lines) == said, replayed
+        lines = headline_detail({**doc, "target_replay_peak_10min_rate_per_s": replayed, "target_is_peak": True})
+        assert lines[0].startswith("the target, 2 req/s, is the trace's busiest 10 minutes (--target-rate sets "
+                                   "another); it is a mean rate: the whole trace is replayed at 2x its own rate")
+        assert ("busiest 10 minutes arrive at" in lines[0]) == said, replayed

@@ -205,3 +205,9 @@ def test_an_unknown_kv_dtype_is_a_usage_error_naming_the_flag(cli, trace, comman
     """A red team's case (issue 40): `--kv-dtype fp7` said "unknown KV dtype" without the flag, exit 1."""
     r = cli(*[str(trace) if a == "T" else a for a in command], "--kv-dtype", "fp7")
     assert r.code == 2 and "Invalid value for '--kv-dtype'" in r.err and "did you mean 'fp8'" in r.err, r.err
+
+
+def test_vllms_kv_cache_dtype_names_say_what_they_are_here(cli, trace):
+    """A new user's case (issue 40): `--kv-dtype fp8_e4m3`, vLLM's name, got no suggestion."""
+    r = cli("profiles", "show", MODEL, "--kv-dtype", "fp8_e4m3")
+    assert r.code == 2 and "vLLM's fp8_e4m3 is fp8 here" in r.err, r.err

@@ -19,7 +19,7 @@ from typing import ClassVar
 from odmactl.allocator.registry import SHARED, generation, settings_classes
 from odmactl.core.errors import ConfigError, OdmaError
 from odmactl.core.limits import MAX_TOKENS, whole_number_problem
-from odmactl.core.tomltable import TomlTable
+from odmactl.core.tomltable import TomlTable, unknown_key
 
 
 def whole_numbers(settings, *checks: tuple[str, int, int]) -> None:
@@ -195,7 +195,7 @@ def _parts(data: Mapping[str, object], source: str | Path | None, prefix: str) -
     owners = _owners()
     for name in table.data:
         if name not in owners:
-            raise table.error(name, f"unknown key (known: {', '.join(sorted(owners))})")
+            raise table.error(name, unknown_key(name, owners))
     parts = {}
     for settings in settings_classes():
         mine = {k: v for k, v in table.data.items() if owners[k] is settings}

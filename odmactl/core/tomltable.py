@@ -16,7 +16,7 @@ import math
 import tomllib
 from pathlib import Path
 
-from odmactl.core.errors import ConfigError, OdmaError
+from odmactl.core.errors import ConfigError, OdmaError, did_you_mean
 from odmactl.core.units import parse_quantity
 
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
@@ -41,6 +41,12 @@ def load_toml(path: Path, error: type[OdmaError] = ConfigError) -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise error(f"not valid TOML ({exc})", file=path) from None
+
+
+def unknown_key(name: str, known) -> str:
+    """The message for a key no table of this kind has: the close ones first, then all of them."""
+    near = did_you_mean(name, sorted(known))
+    return f"unknown key{'; ' + near if near else ''} (known: {', '.join(sorted(known))})"
 
 
 def _describe(value: object) -> str:
@@ -173,7 +179,7 @@ class TomlTable:
         fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in skip}
         for name in self.data:
             if name not in fields:
-                raise self.error(name, f"unknown key (known: {', '.join(sorted(fields))})")
+                raise self.error(name, unknown_key(name, fields))
         for name, f in fields.items():
             no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             if name not in self.data and (no_default or (all_required and f.default is not None)):

@@ -247,19 +247,24 @@ TARGET_PEAK_SLACK = 1.25  # a replayed peak this far from the target is said und
 
 
 def headline_detail(doc: dict) -> list[str]:
-    """Under the headline: how far the replayed trace's own peak is from the target (when it is
-    more than TARGET_PEAK_SLACK times off), its latencies at the target (the headroom to the SLO),
-    and why its engines times one engine's rate is not the target, in this run's numbers."""
+    """Under the headline: what the target is and the rate the trace is replayed at (and how fast
+    its own busiest 10 minutes then arrive, when that is more than TARGET_PEAK_SLACK times off),
+    its latencies at the target (the headroom to the SLO), and why its engines times one engine's
+    rate is not the target, in this run's numbers."""
     row = _headline_row(doc)
     if row is None:
         return []
     lines = []
     target, replayed = doc["target_rate_per_s"], doc.get("target_replay_peak_10min_rate_per_s")
-    if replayed is not None and not 1 / TARGET_PEAK_SLACK <= replayed / target <= TARGET_PEAK_SLACK:
+    if replayed is not None:
         speedup = target / doc["trace"]["mean_rate_per_s"]
-        lines.append(f"the target is a mean rate: the trace is replayed {speedup:,.3g}x {'faster' if speedup >= 1 else 'as fast'}"
-                     f" as a whole, so its busiest 10 minutes arrive at {replayed:,.3g} req/s, {replayed / target:,.2g}x "
-                     "the target: the devices are for that")
+        text = (f"the target, {target:,.3g} req/s, is " + ("the trace's busiest 10 minutes (--target-rate sets another)"
+                                                          if doc.get("target_is_peak") else "--target-rate's")
+                + f"; it is a mean rate: the whole trace is replayed at {speedup:,.3g}x its own rate")
+        if not 1 / TARGET_PEAK_SLACK <= replayed / target <= TARGET_PEAK_SLACK:
+            text += (f", so its busiest 10 minutes arrive at {replayed:,.3g} req/s, {replayed / target:,.2g}x the "
+                     "target: the devices are for that")
+        lines.append(text)
     m = row.get("metrics_at_target") or {}
     slo = doc.get("slo", {})
     parts = []
