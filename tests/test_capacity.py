@@ -501,3 +501,19 @@ def test_the_replayed_peak_line_is_only_said_when_far_off():
         assert lines[0].startswith("the target, 2 req/s, is the trace's busiest 10 minutes (--target-rate sets "
                                    "another); it is a mean rate: the whole trace is replayed at 2x its own rate")
         assert ("busiest 10 minutes arrive at" in lines[0]) == said, replayed
+
+
+def test_memory_binds_where_static_at_max_model_len_serves_less_than_the_best():
+    """A new user's case (issue 40): "tp 4: memory binds" was said because paged alone served 3%
+    less (its block reads in the step time), while static at max_model_len tied the best."""
+    from odmactl.capacity.binds import memory_binding, rates_differ
+
+    def rows(tp, **rates):
+        return [{"tp": tp, "policy": name.replace("_", "+"), "max_rate_per_replica": rate} for name, rate in rates.items()]
+
+    table = (rows(4, static=4.65, static_1024=4.65, paged=4.50, odma=4.65)
+             + rows(1, static=0.12, static_1024=0.25, paged=0.25, odma=0.257)
+             + rows(2, paged=1.34, odma=1.51))  # no static row: any two rows
+    assert memory_binding(table, 0.02) == {1: True, 2: True, 4: False}
+    assert rates_differ(table, 0.02) == {1: True, 2: True, 4: True}
+    assert memory_binding(rows(1, static=None, paged=0.3), 0.02) == {1: True}  # static has no rate at all

@@ -8,10 +8,12 @@ the rate found, whether memory binds (the policies tie), and the headline that d
   search works in a narrow band and the answer moves with small changes of the limit, so the
   output warns.
 - **What breaks.** The limits that fail at the first rate tried above the one found.
-- **Memory binds** at a tp when the policies' rates per engine differ by more than the search's
-  tolerance; where they do not, the pool never limits one engine: choose by latency or
-  simplicity. Their devices for the target may still differ (R engines behind the router, and a
-  policy's KV layout in the step time: paged reads blocks, contiguous policies one run).
+- **Memory binds** at a tp when static at max_model_len (the row "static": the most memory a
+  request can reserve) serves less per engine than the best row by more than the search's
+  tolerance: where it is within, the KV pool limits not even it, and what differences remain
+  between the rows are their step times (paged reads blocks, contiguous policies one run). Without
+  a static row, when any two rows differ so (memory or a step time: `rates_differ`). Devices for
+  the target may differ either way (R engines behind the router, and each policy's step time).
 - **Headline.** The fewest devices for the target over every (policy, tp) row (among rows that
   tie, the one with the fewest engines, then the lowest TTFT p99 and TPOT p99 at the target: ties
   are decided by latency), the rows that tie with it, and the saving against the best static row
@@ -78,14 +80,26 @@ def breaking(probes: list[dict], next_scale: float | None) -> list[str]:
     return [] if above is None else [f[0] for f in above["failures"]]
 
 
+def _rates_differ(rates: list, tolerance: float) -> bool:
+    """Whether rates per engine differ by more than `tolerance` (a row without a rate differs from one with)."""
+    known = [rate for rate in rates if rate is not None]
+    return bool(known) and (len(known) < len(rates) or max(known) > (1 + tolerance) * min(known))
+
+
+def rates_differ(rows: list[dict], tolerance: float) -> dict[int, bool]:
+    """Per tp: whether the rows' rates per engine differ by more than the search's tolerance."""
+    return {tp: _rates_differ([r["max_rate_per_replica"] for r in rows if r["tp"] == tp], tolerance)
+            for tp in sorted({r["tp"] for r in rows})}
+
+
 def memory_binding(rows: list[dict], tolerance: float) -> dict[int, bool]:
-    """Per tp: whether the policies' rates per engine differ by more than the search's tolerance
-    (a row without a rate differs from one with)."""
+    """Per tp: whether memory binds one engine (the module docstring): static at max_model_len
+    against the best row, else any two rows."""
     out = {}
-    for tp in sorted({r["tp"] for r in rows}):
-        rates = [r["max_rate_per_replica"] for r in rows if r["tp"] == tp]
-        known = [rate for rate in rates if rate is not None]
-        out[tp] = bool(known) and (len(known) < len(rates) or max(known) > (1 + tolerance) * min(known))
+    for tp, differ in rates_differ(rows, tolerance).items():
+        static = [r["max_rate_per_replica"] for r in rows if r["tp"] == tp and r["policy"] == "static"]
+        known = [r["max_rate_per_replica"] for r in rows if r["tp"] == tp and r["max_rate_per_replica"] is not None]
+        out[tp] = differ if not static else bool(known) and (static[0] is None or max(known) > (1 + tolerance) * static[0])
     return out
 
 

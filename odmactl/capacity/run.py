@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from odmactl.capacity.binds import breaking, floor_cause, headline, memory_binding, near_floor, zero_load
+from odmactl.capacity.binds import breaking, floor_cause, headline, memory_binding, near_floor, rates_differ, zero_load
 from odmactl.capacity.search import MAX_SCALE_STEPS, CapacityTarget, capacity_job, lowest_scale
 from odmactl.capacity.slo import Slo
 from odmactl.core.errors import ConfigError
@@ -174,6 +174,7 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
     first = contexts[spec.tps[0]]
     return {
         "headline": headline(rows), "memory_binds": {str(tp): b for tp, b in binds.items()},
+        "rates_differ": {str(tp): b for tp, b in rates_differ(rows, target.tolerance).items()},
         "zero_load": {str(tp): floor for tp, floor in floors.items()},
         "trace": {"requests": frame.height, "mean_rate_per_s": mean_rate, "peak_10min_rate_per_s": peak_rate,
                   "span_s": span_s, "prefix_hashes": first.workload.prefix is not None},

@@ -364,9 +364,17 @@ def binding_lines(doc: dict) -> list[str]:
             continue
         spread = (f"; devices for the target still differ by policy ({devices[0]}-{devices[-1]}: the router and each "
                   "policy's KV layout in the step time)") if len(devices) > 1 else ""
-        lines.append(f"tp {tp}: " + ("memory binds (the policies' rates per engine differ)" if binds else
-                                     f"memory does not bind one engine (every policy within {doc['tolerance']:.0%}): "
-                                     f"choose by latency or simplicity{spread}"))
+        static = any(r["policy"] == "static" for r in doc["rows"] if str(r["tp"]) == tp)
+        if binds:
+            lines.append(f"tp {tp}: memory binds (" + ("static at max_model_len serves less than the best"
+                                                       if static else "the policies' rates per engine differ") + ")")
+        elif doc.get("rates_differ", {}).get(tp):
+            lines.append(f"tp {tp}: memory does not bind one engine (static at max_model_len within "
+                         f"{doc['tolerance']:.0%} of the best): the rates that differ differ by the policies' step times "
+                         f"(paged reads blocks){spread}")
+        else:
+            lines.append(f"tp {tp}: memory does not bind one engine (every policy within {doc['tolerance']:.0%}): "
+                         f"choose by latency or simplicity{spread}")
     lines += queue_lines(doc)
     breaks: dict[str, list[str]] = {}
     for r in doc["rows"]:
