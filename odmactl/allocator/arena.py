@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from odmactl.core.stops import import_whole
 from odmactl.core.errors import ConfigError
+from odmactl.core.stops import import_whole
 
 ARENA_KINDS = ("virtual", "torch")
 

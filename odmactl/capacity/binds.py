@@ -97,9 +97,10 @@ def memory_binding(rows: list[dict], tolerance: float) -> dict[int, bool]:
     against the best row, else any two rows."""
     out = {}
     for tp, differ in rates_differ(rows, tolerance).items():
-        static = [r["max_rate_per_replica"] for r in rows if r["tp"] == tp and r["policy"] == "static"]
-        known = [r["max_rate_per_replica"] for r in rows if r["tp"] == tp and r["max_rate_per_replica"] is not None]
-        out[tp] = differ if not static else bool(known) and (static[0] is None or max(known) > (1 + tolerance) * static[0])
+        mine = [r for r in rows if r["tp"] == tp]
+        static = [r["max_rate_per_replica"] for r in mine if r["policy"] == "static"]
+        best = max((r["max_rate_per_replica"] for r in mine if r["max_rate_per_replica"] is not None), default=None)
+        out[tp] = differ if not static or best is None else _rates_differ([static[0], best], tolerance)
     return out
 
 

@@ -13,22 +13,16 @@ import typer
 from odmactl.allocator import ALLOCATORS
 from odmactl.allocator.registry import unknown_policy
 from odmactl.core.atomic import absolute, check_writable, check_writable_dir
-from odmactl.core.errors import ConfigError, OutputError, did_you_mean
+from odmactl.core.errors import ConfigError, OutputError
 from odmactl.core.units import parse_quantity
-from odmactl.hw.profiles import KV_DTYPE_BITS
+from odmactl.hw.profiles import KV_DTYPE_BITS, kv_dtype_problem
 from odmactl.run.config import predictor_from_config
 
 
-VLLM_KV_CACHE_DTYPES = {"auto": "fp16 or bf16 (the model's dtype)", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
-"""vLLM's --kv-cache-dtype names that are not odmactl's, and what they are here (8 or 16 bits a value)."""
-
-
 def _known_kv_dtype(value: str) -> str:
-    if value not in KV_DTYPE_BITS:
-        near = (f"vLLM's {value} is {VLLM_KV_CACHE_DTYPES[value]} here" if value in VLLM_KV_CACHE_DTYPES
-                else did_you_mean(value, KV_DTYPE_BITS))
-        raise typer.BadParameter(f"{value!r} is not a KV precision odmactl models; expected one of "
-                                 f"{', '.join(KV_DTYPE_BITS)}" + (f" ({near})" if near else ""))
+    problem = kv_dtype_problem(value)
+    if problem is not None:
+        raise typer.BadParameter(problem)
     return value
 
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 import importlib
 import signal
 from collections.abc import Iterator
-from types import ModuleType
 from contextlib import contextmanager
+from types import ModuleType
 
 
 class Stopped(BaseException):

@@ -31,6 +31,19 @@ MEMORY_TYPES = ("LPDDR4X", "LPDDR5", "LPDDR5X", "HBM2", "HBM2e", "HBM3", "HBM3e"
 # (vectors of 4096/5120 values) and 4.89 for Llama2-70B (1024 values, GQA).
 KV_DTYPE_BITS = {"fp16": 16.0, "bf16": 16.0, "fp8": 8.0, "int8": 8.0, "int4": 4.0, "oaken": 4.8}
 OAKEN_SCALE_BITS_PER_VECTOR = 96
+VLLM_KV_CACHE_DTYPES = {"auto": "fp16 or bf16 (the model's dtype)", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+"""vLLM's --kv-cache-dtype names that are not odmactl's, and what they are here (8 or 16 bits a value)."""
+
+
+def kv_dtype_problem(value: str) -> str | None:
+    """Why `value` names no KV precision odmactl models, with the close names (or what vLLM's name
+    is here); None when it names one. What --kv-dtype and a config's kv_dtype say."""
+    if value in KV_DTYPE_BITS:
+        return None
+    near = (f"vLLM's {value} is {VLLM_KV_CACHE_DTYPES[value]} here" if value in VLLM_KV_CACHE_DTYPES
+            else did_you_mean(value, KV_DTYPE_BITS))
+    return (f"{value!r} is not a KV precision odmactl models; expected one of {', '.join(KV_DTYPE_BITS)}"
+            + (f" ({near})" if near else ""))
 WEIGHT_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from odmactl.allocator import AllocatorConfig
 from odmactl.allocator.registry import unknown_policy
-from odmactl.core.errors import ConfigError, OdmaError, did_you_mean
+from odmactl.core.errors import ConfigError, OdmaError
 from odmactl.core.limits import MAX_TOKENS
 from odmactl.core.tomltable import TomlTable, load_toml
-from odmactl.hw.profiles import KV_DTYPE_BITS
+from odmactl.hw.profiles import kv_dtype_problem
 from odmactl.predict.source import PREDICTOR_CHOICES
 from odmactl.run.serving import Serving
 from odmactl.sim.settings import SchedulerSettings
@@ -170,11 +170,9 @@ def config_tables(data: dict, source: Path | None) -> dict[str, dict]:
         if (kind is int and value < 1) or (kind is str and not value.strip()):
             raise ConfigError(f"expected {'a name' if kind is str else 'a whole number >= 1'}, got {value!r}",
                               file=source, key=f"{record}.{key}")
-        if key == "kv_dtype" and value not in KV_DTYPE_BITS:
-            near = did_you_mean(value, KV_DTYPE_BITS)
-            raise ConfigError(f"{value!r} is not a KV precision odmactl models; expected one of "
-                              f"{', '.join(KV_DTYPE_BITS)}" + (f" ({near})" if near else ""), file=source,
-                              key=f"{record}.{key}")
+        problem = kv_dtype_problem(value) if key == "kv_dtype" else None
+        if problem is not None:
+            raise ConfigError(problem, file=source, key=f"{record}.{key}")
     del tables["engine"]
     # bad keys now; what depends on max_model_len against the config's, else when a run knows its own
     # (run/replay.settings_of names this file then too)
