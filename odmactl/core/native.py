@@ -26,10 +26,10 @@ from pathlib import Path
 # `cython.*` annotations become C types; UNTYPED ones are compiled with annotations ignored, their
 # classes made extension types by the .pxd files beside them.
 TYPED = ("odmactl.allocator.int64buffer", "odmactl.allocator.extentlist", "odmactl.sim.keyheap", "odmactl.sim.prefill",
-         "odmactl.sim.segment", "odmactl.sim.batch", "odmactl.sim.link", "odmactl.sim.tally", "odmactl.sim.growth",
-         "odmactl.sim.chunked",
+         "odmactl.sim.segment", "odmactl.sim.series", "odmactl.sim.batch", "odmactl.sim.link", "odmactl.sim.tally",
+         "odmactl.sim.growth", "odmactl.sim.chunked",
          "odmactl.sim.schedulers.base", "odmactl.sim.schedulers.fcfs", "odmactl.sim.schedulers.task_pool",
-         "odmactl.sim.engine")
+         "odmactl.sim.engine", "odmactl.sim.cluster")
 UNTYPED = ("odmactl.rules.odma", "odmactl.allocator.base", "odmactl.allocator.extents", "odmactl.allocator.contiguous",
            "odmactl.allocator.static", "odmactl.allocator.s3", "odmactl.allocator.odma", "odmactl.allocator.paged",
            "odmactl.allocator.ellm", "odmactl.allocator.unified")

@@ -32,85 +32,149 @@ from __future__ import annotations
 from array import array
 from collections import deque
 
+try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
+    import cython
+except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
+    cython = None
+
 from odmactl.core.errors import ConfigError
+from odmactl.sim.collector import paused_collector
+from odmactl.sim.engine import Replay
 from odmactl.sim.router import cluster_manager
+from odmactl.sim.schedulers.base import Scheduler
 
 ROUTERS = ("round-robin", "least-outstanding", "least-kv", "cluster-manager")
 DEFAULT_ROUTER = "least-kv"  # capacity's: the load-aware rule that needed the fewest devices over the router table in docs/capacity.md
+ROUND_ROBIN, LEAST_OUTSTANDING, LEAST_KV, CLUSTER_MANAGER = 0, 1, 2, 3  # ROUTERS' positions
 
 
-def outstanding(engine) -> int:
+def outstanding(engine: Replay) -> cython.longlong:
     """The requests in an engine: running, waiting, stalled, swapped out, or being prefilled."""
-    s = engine.sched
+    s: Scheduler = engine.sched
     return s.seats() + len(s.waiting) + len(s.parked)
 
 
-def pick(router: str, j: int, engines: list, pending: list) -> int:
-    """The engine `router` sends request j to. Ties go round-robin: to the first tied engine from
-    j mod R on (ties to the lowest index would load the first engines more, since small loads tie
-    often: on Azure conv at 18 engines, 813 requests to engine 0 against 673 to engine 16)."""
-    n = len(engines)
-    first = j % n
-    if router == "round-robin":
+def pick(rule: cython.longlong, j: cython.longlong, engines: list, pending: cython.longlong[:]) -> cython.longlong:
+    """The engine the router `ROUTERS[rule]` sends request j to. Ties go round-robin: to the first
+    tied engine from j mod R on (ties to the lowest index would load the first engines more, since
+    small loads tie often: on Azure conv at 18 engines, 813 requests to engine 0 against 673 to
+    engine 16). least-kv compares (demand, outstanding) in that order, least-outstanding the
+    outstanding requests alone; the first engine in that order with the least wins."""
+    n: cython.longlong = len(engines)
+    first: cython.longlong = j % n
+    e: cython.longlong
+    p: cython.longlong
+    best: cython.longlong = -1
+    best_demand: cython.longlong = 0
+    best_load: cython.longlong = 0
+    demand: cython.longlong = 0
+    load: cython.longlong
+    engine: Replay
+    if rule == ROUND_ROBIN:
         return first
-    order = list(range(first, n)) + list(range(first))
-    if router == "least-outstanding":
-        return min(order, key=lambda e: outstanding(engines[e]))
-    demand = [engines[e].reserved_bytes() + pending[e] for e in order]
-    if router == "least-kv":
-        low = min(demand)
-        tied = [e for e, d in zip(order, demand) if d == low]
-        return tied[0] if len(tied) == 1 else min(tied, key=lambda e: outstanding(engines[e]))
-    pos = cluster_manager([engines[e].alloc.pool_bytes - d for e, d in zip(order, demand)],
-                          [outstanding(engines[e]) for e in order])
-    return order[pos]
+    if rule == CLUSTER_MANAGER:  # its rule lives in sim/router.py
+        order = list(range(first, n)) + list(range(first))
+        pos = cluster_manager([engines[e].alloc.pool_bytes - engines[e].reserved_bytes() - pending[e] for e in order],
+                              [outstanding(engines[e]) for e in order])
+        return order[pos]
+    for p in range(n):
+        e = first + p if first + p < n else first + p - n
+        engine = engines[e]
+        if rule == LEAST_KV:
+            demand = engine.reserved_bytes() + pending[e]
+            if best >= 0 and demand > best_demand:
+                continue
+        load = outstanding(engine)
+        if best < 0 or demand < best_demand or load < best_load:
+            best, best_demand, best_load = e, demand, load
+    return best
 
 
 class Cluster:
     """`replicas` engines made by `make_engine()` (a Replay of `workload`, not yet run), behind
     `router` (one of ROUTERS). Invariants while running: owner[i] is the engine request i was
     routed to, -1 for the requests not yet routed (all after the last routed one); pending[e] is
-    the sum of prompt_tokens x bytes_per_token over unstarted[e]."""
+    the sum of prompt_tokens x bytes_per_token over unstarted[e].
+
+    An engine with no request in it (`outstanding` 0) is not resumed at an arrival it was not
+    sent: all it would do is skip the other engines' requests and move its clock to the next
+    arrival (an empty engine decodes nothing, so nothing is counted or sampled on the way), and
+    it does the same when it is next resumed, so its state at every routing decision and its
+    result are the same. Capacity's replica search replays up to hundreds of engines, most of
+    them empty at any arrival.
+
+    Compiled (setup.py, cluster.pxd), the routing loop calls the engines' C methods: with dozens
+    of engines it visits every one at every arrival, which from Python cost more than the replays."""
 
     def __init__(self, make_engine, replicas: int, router: str, workload) -> None:
         if router not in ROUTERS:
             raise ConfigError(f"unknown router {router!r} (choose from: {', '.join(ROUTERS)})", key="router")
         self.engines = [make_engine() for _ in range(replicas)]
-        self.router = router
+        self.rule = ROUTERS.index(router)
         self.owner = array("q", [-1]) * workload.size
-        self.prompt_tokens = workload.prompt_tokens
-        self.arrival_ps = workload.arrival_ps.tolist()
-        self.pending = [0] * replicas  # per engine: the KV bytes of the prompts routed to it, not started
+        self.prompt_tokens = array("q", workload.prompt_tokens.tolist())
+        self.arrival_ps = array("q", workload.arrival_ps.tolist())
+        self.pending = array("q", [0]) * replicas  # per engine: the KV bytes of the prompts routed to it, not started
         self.unstarted = [deque() for _ in range(replicas)]  # those requests, in routing order
 
     def _settle(self) -> None:
         """Take the requests whose prefill began off each engine's pending demand (from the front:
         one admitted past an unstarted older one stays counted until that one starts)."""
-        for e, queue in enumerate(self.unstarted):
-            batch, per_token = self.engines[e].batch, self.engines[e].alloc.bytes_per_token
-            while queue and batch.started(queue[0]):
-                self.pending[e] -= int(self.prompt_tokens[queue.popleft()]) * per_token
+        e: cython.longlong
+        per_token: cython.longlong
+        engine: Replay
+        pending: cython.longlong[:] = self.pending
+        prompt: cython.longlong[:] = self.prompt_tokens
+        for e in range(len(self.engines)):
+            queue = self.unstarted[e]
+            if not queue:
+                continue
+            engine = self.engines[e]
+            per_token = engine.alloc.bytes_per_token
+            while queue and engine.batch.started(queue[0]):
+                pending[e] -= prompt[queue.popleft()] * per_token
 
     def run(self) -> list:
-        """Route every request as it arrives, run the engines to the end; their results, in order."""
-        demand = self.router in ("least-kv", "cluster-manager")
-        arrival = self.arrival_ps
-        for r, engine in enumerate(self.engines):
-            engine.start(self.owner, r)  # engine r of the cluster: it pauses where owner[i] < 0 is due
+        """Route every request as it arrives, run the engines to the end; their results, in order
+        (the cycle collector paused: sim/collector.py)."""
+        with paused_collector():
+            return self._route()
+
+    def _route(self) -> list:
+        """`run` (its docstring)."""
+        demand: cython.bint = self.rule in (LEAST_KV, CLUSTER_MANAGER)
+        arrival: cython.longlong[:] = self.arrival_ps
+        owner: cython.longlong[:] = self.owner
+        pending: cython.longlong[:] = self.pending
+        prompt: cython.longlong[:] = self.prompt_tokens
+        n: cython.longlong = len(self.owner)
+        j: cython.longlong
+        k: cython.longlong
+        e: cython.longlong
+        due: cython.longlong
+        last: cython.bint
+        engine: Replay
+        for e in range(len(self.engines)):
+            engine = self.engines[e]
+            engine.start(self.owner, e)  # engine e of the cluster: it pauses where owner[i] < 0 is due
         for engine in self.engines:
             engine.resume()  # each runs until request 0 is due
-        for j in range(len(self.owner)):
+        for j in range(n):
             if demand:
                 self._settle()
-            k = pick(self.router, j, self.engines, self.pending)
-            self.owner[j] = k
+            k = pick(self.rule, j, self.engines, self.pending)
+            owner[j] = k
             if demand:
                 self.unstarted[k].append(j)
-                self.pending[k] += int(self.prompt_tokens[j]) * self.engines[k].alloc.bytes_per_token
-            due = arrival[j + 1] if j + 1 < len(arrival) else None
-            for e, engine in enumerate(self.engines):
+                engine = self.engines[k]
+                pending[k] += prompt[j] * engine.alloc.bytes_per_token
+            last = j + 1 == n  # the last request: every engine runs to its end
+            due = 0 if last else arrival[j + 1]
+            for e in range(len(self.engines)):
+                engine = self.engines[e]
                 # an engine not paused has finished its part; one whose clock is past the next
-                # arrival, not sent this request, would only skip it (it does when next resumed)
-                if engine.paused and (e == k or due is None or engine.t < due):
+                # arrival, not sent this request, would only skip it (it does when next resumed);
+                # an empty one would only move its clock to the next arrival (the class docstring)
+                if engine.paused and (e == k or last or (engine.t < due and outstanding(engine) > 0)):
                     engine.resume()
         return [engine.finish() for engine in self.engines]

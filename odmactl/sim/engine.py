@@ -32,6 +32,7 @@ from odmactl.allocator.prefix import prefix_cache
 from odmactl.hw.cost import KvLayout
 from odmactl.sim.batch import Batch
 from odmactl.sim.chunked import Chunker
+from odmactl.sim.collector import paused_collector
 from odmactl.sim.growth import Growth
 from odmactl.sim.link import HostLink
 from odmactl.sim.metrics import ReplayResult, replay_result
@@ -69,9 +70,10 @@ class Replay:
         self.probe = probe  # device.ondevice.DecodeProbe: runs and times each decode iteration on the device
 
     def run(self) -> ReplayResult:
-        self.start(None, 0)
-        self.resume()
-        return self.finish()
+        with paused_collector():  # sim/collector.py
+            self.start(None, 0)
+            self.resume()
+            return self.finish()
 
     def resume(self) -> cython.bint:
         """Run until the replay ends (True) or, as engine `me` of a cluster (sim/cluster.py), until
@@ -277,8 +279,7 @@ class Replay:
                 continue  # its KV goes to the host tier as the prefill writes it
             self.growth.first_token_room(i, k)
             b.join(i, k + 1)
-        dt = self.prefill_clock.ps(prompt_sum, prompt_squares, len(admitted))
-        dt = self.link.with_moves(dt)  # adapters loaded and KV offloaded for it
+        dt = self.link.with_moves(self.prefill_clock.ps(prompt_sum, prompt_squares, len(admitted)))  # + its host moves
         started: cython.longlong = self.t
         self.t += dt
         self.tally.occupancy_byte_ps += self.reserved_bytes() * dt
@@ -423,8 +424,7 @@ class Replay:
         """Release the requests whose last token the iterations just run produced."""
         i: cython.longlong
         b: Batch = self.batch
-        while True:
-            i = b.due(b.finish)
-            if i < 0:
-                break
+        i = b.due(b.finish)
+        while i >= 0:
             self._finish_request(i)
+            i = b.due(b.finish)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
+    import cython
+except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
+    cython = None
+
 
 class Series:
     """Samples at event boundaries, at most 2 * points: when full, every other sample is dropped and
@@ -14,9 +19,9 @@ class Series:
         self.points = max(points, 2)
         self.gap_ps = 0
         self.next_ps = 0
-        self.rows: list[tuple[int, int, int, int]] = []
+        self.rows = []  # (t_ps, reserved_bytes, batch, queue) tuples
 
-    def add(self, t_ps: int, reserved_bytes: int, batch: int, queue: int) -> int:
+    def add(self, t_ps: cython.longlong, reserved_bytes, batch: cython.longlong, queue: cython.longlong) -> cython.longlong:
         """Sample (unless before `next_ps`); returns the next `next_ps`."""
         if t_ps < self.next_ps:
             return self.next_ps

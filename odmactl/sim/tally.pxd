@@ -1,9 +1,13 @@
 # Cython declarations for tally.py (pure Python source; see setup.py): Tally as an extension type
 # whose counters are C fields and whose methods the engine calls as C functions.
+from odmactl.sim.series cimport Series
+
+
 cdef class Tally:
     cdef public long long preemptions, stalls, too_long, truncated, recomputed, migrations, peak, prefills, decodes, completed
     cdef public long long occupancy_acc, series_next_ps, updates_seen
-    cdef public object migrated_bytes, migration_ps, occupancy_byte_ps, series, boundaries
+    cdef public object migrated_bytes, migration_ps, occupancy_byte_ps, boundaries
+    cdef public Series series
     cdef public bint track_boundaries
     cpdef void occupy(self, long long reserved_now, long long dt) except *
     cpdef void migrated(self, object copied, long long dt, object reserved_now) except *
