@@ -215,3 +215,36 @@ def test_a_plan_whose_replies_are_one_token_leaves_tpot_out_of_its_config(cli, c
     assert r.code == 0, r.err
     text = out.read_text()
     assert "ttft_p99" in text and "tpot_p99" not in text
+
+
+def test_tune_spills_where_large_blocks_wait_for_a_full_large_pool():
+    """plan's `_tune` replays the chosen candidate under both schedulers, with a full large pool's
+    block waiting or spilling to the main pool (`large_spill`). A burst of 40 large-tag requests
+    (u 0.9 > tau 0.5) fills even half the pool, so the large pool is sized by the large blocks'
+    share (here 0: one max_model_len block); waiting, they start one at a time, spilling they run
+    together in the main pool, which has room: the objective (TPS) picks the spill, and all four
+    options are reported."""
+    from odmactl.plan.search import _tune
+    from odmactl.run.replay import ReplayContext
+    from odmactl.run.serving import serving
+    from odmactl.sim.settings import SchedulerSettings
+    from odmactl.sim.workload import PS, Workload
+
+    n, max_len = 40, 8192
+    w = Workload([f"r{i}" for i in range(n)], (np.arange(n) * PS // 100).astype(np.int64),
+                 np.full(n, 100, dtype=np.int64), np.full(n, 300, dtype=np.int64),
+                 np.full(n, 300.0), np.full(n, 0.9))
+    ctx = ReplayContext(serving(DEVICE, MODEL), w, max_len, SchedulerSettings())
+    table = {"max_model_len_tokens": max_len, "boundaries_tokens": [256, 1024], "refit": False, "tau": 0.5}
+    tuned = _tune(ctx, table, PlanSpec(DEVICE, MODEL), None, 0.0)
+    bpt = ctx.serving.bytes_per_token
+    assert tuned["sized_by"].startswith("large_share") and tuned["large_pool_bytes"] == max_len * bpt
+    options = {(o["scheduler"], o["large_spill"]): o for o in tuned["options"]}
+    assert sorted(options) == [("fcfs", False), ("fcfs", True), ("task_pool", False), ("task_pool", True)]
+    for scheduler in ("task_pool", "fcfs"):
+        waiting, spilling = options[scheduler, False], options[scheduler, True]
+        assert waiting["large_spills"] == 0 and spilling["large_spills"] > 0
+        assert spilling["tps"] > waiting["tps"] and spilling["ttft_p99"] < waiting["ttft_p99"]
+    assert tuned["large_spill"] is True
+    best = options[tuned["scheduler"], True]
+    assert all(best["tps"] >= o["tps"] for o in tuned["options"])

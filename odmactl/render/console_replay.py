@@ -201,8 +201,8 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
                       f"{doc['max_model_len']:,}; large pool {large / doc['kv_pool_bytes']:.1%} of the KV pool "
                       f"({blocks:,} block{'s' if blocks != 1 else ''} of {_block(doc['chosen']['large_block_tokens'])} "
                       f"tokens); {engine_caps(doc['engine'], doc['max_num_seqs'], doc['max_num_batched_tokens'], doc.get('prefix_caching'))}, "
-                      f"scheduler {doc['scheduler']} (better than "
-                      f"{' and '.join(n for n in doc['tuning']['schedulers'] if n != doc['scheduler'])} on the search part)",
+                      f"scheduler {doc['scheduler']} {'with' if doc['tuning']['large_spill'] else 'without'} large_spill "
+                      f"(the best of {len(doc['tuning']['options'])} scheduler and spill options on the search part)",
              "bold")
     if doc["objective"] == "capacity":
         chosen = next(r for r in doc["search"]["replays"] if r["label"] == doc["chosen"]["label"])
