@@ -42,6 +42,9 @@ max_model_len, scheduler) and the recommended allocator settings, never copied f
                                       output cap of N (max_tokens), else max_model_len
   large_pool_blocks                   without a cap, the large pool in max_model_len blocks; with
                                       one, in blocks of the longest prompt the plan saw + N
+  large_spill                         whether a large block that finds the large pool full at
+                                      admission is carved from the main pool ([allocator]
+                                      large_spill, docs/policies.md)
   scheduler, aging_s                  the scheduler (the papers' task pool, or vLLM's fcfs) and the
                                       task pool's starvation bound
   bucket_block_bytes                  the starting bucket table in bytes: each [allocator]
@@ -106,6 +109,7 @@ def odma_settings(setup: Serving, allocator: AllocatorConfig, max_new_tokens: in
            "main_pool_bytes": setup.pool_bytes - large, "large_pool_bytes": large,
            "large_block_tokens": f"prompt + {max_new_tokens}, at most {max_len}" if max_new_tokens else max_len,
            "large_pool_blocks": large // (block_tokens * setup.bytes_per_token),
+           "large_spill": allocator.large_spill,
            "bucket_block_bytes": [b * setup.bytes_per_token for b in allocator.boundaries_tokens]}
     if scheduler is not None:
         out["scheduler"] = scheduler
