@@ -267,3 +267,10 @@ def test_a_spilling_head_is_tried_again_when_the_main_pool_frees_room(cost):
 def test_large_spill_is_a_setting_checked_as_a_bool(cost):
     with pytest.raises(ConfigError, match="large_spill"):
         AllocatorConfig.from_mapping({"max_model_len_tokens": MAX_LEN, "large_spill": "yes"})
+
+
+def test_the_console_says_when_odma_spills():
+    """replay's settings line (Allocator.describe) says so where large_spill is on, and nothing
+    for the papers' reading."""
+    assert "spills to the main pool" in OdmaAllocator.describe({"large_spill": True})
+    assert OdmaAllocator.describe({"large_spill": False}) is None

@@ -168,6 +168,9 @@ def test_plan_prints_its_recommendation(cli, trace, tmp_path):
     assert r.code == 0, r.err
     text = " ".join((r.out + r.err).split())
     assert "4,860 candidates" in text and "overflow rate + 1 s.e. <= 0.50%" in text
+    # the four scheduler and spill options _tune replayed, with the one chosen
+    options = text[text.index("the options on the search part:"):]
+    assert options.count(" tok/s, TTFT p99 ") == 4 and options.count("(chosen)") == 1
     config = tomllib.loads((tmp_path / "c.toml").read_text())
     assert config["plan"]["chosen"] in text
 

@@ -201,6 +201,12 @@ class OdmaAllocator(ContiguousAllocator):
     uses_predictions = True  # sizes reservations from predicted lengths: a replay without a predictor must say so
 
     @classmethod
+    def describe(cls, config: dict) -> str | None:
+        """Said only where it differs from the papers' reading (large_spill off)."""
+        return "odma: a large block the full large pool cannot take spills to the main pool (large_spill)" \
+            if config.get("large_spill") else None
+
+    @classmethod
     def complete_config(cls, config: AllocatorConfig, *, pool_bytes: int, bytes_per_token: int,
                         realized_kv_tokens: np.ndarray, deployment=None) -> tuple[AllocatorConfig, dict]:
         """What a replay leaves open, filled in (AllocatorBase.complete_config): without

@@ -32,6 +32,19 @@ def _warn(console: Console, lines: list[str]) -> None:
         _wrapped(console, f"warning: {line}", "yellow")
 
 
+def _tuning_line(doc: dict) -> str:
+    """plan's scheduler and spill options on the search part (plan/search._tune), with what chose
+    between them: the objective's value (TPS or utilization), and TTFT p99."""
+    objective = {"tps": lambda o: f"{o['tps']:,.1f} tok/s, ", "utilization": lambda o: f"{o['kv_utilization']:.1%} util., "}
+    parts = []
+    for o in doc["tuning"]["options"]:
+        value = objective[doc["objective"]](o) if doc["objective"] in objective else ""
+        ttft = "n/a" if o["ttft_p99"] is None else f"{o['ttft_p99']:,.2f} s"
+        parts.append(f"{o['scheduler']}{' + spill' if o['large_spill'] else ''} {value}TTFT p99 {ttft}"
+                     f"{' (chosen)' if o['chosen'] else ''}")
+    return "the options on the search part: " + "; ".join(parts)
+
+
 def _wrapped(console: Console, line: str, style: str) -> None:
     """A long line in `style`, wrapped at the console's width without trailing spaces."""
     for piece in textwrap.wrap(line, width=max(console.width, 40), break_on_hyphens=False) or [""]:
@@ -204,6 +217,7 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
                       f"scheduler {doc['scheduler']} {'with' if doc['tuning']['large_spill'] else 'without'} large_spill "
                       f"(the best of {len(doc['tuning']['options'])} scheduler and spill options on the search part)",
              "bold")
+    _wrapped(console, _tuning_line(doc), "default")
     if doc["objective"] == "capacity":
         chosen = next(r for r in doc["search"]["replays"] if r["label"] == doc["chosen"]["label"])
         limits = ", ".join(f"{m} <= {format_seconds(v)}" for m, v in doc["slo"].items())
