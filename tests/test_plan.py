@@ -113,6 +113,9 @@ def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
     assert "max_migration_rate" not in config["thresholds"]
     html = report.read_text()
     assert len(re.findall(r"data:image/png;base64,", html)) == 3 and "Pareto" in html
+    # the scheduler and spill options _tune replayed, one row each, the pick marked
+    options = html[html.index("Scheduler and large_spill"):html.index("[engine.vllm]")]
+    assert options.count("<tr") == 5 and options.count("<td>chosen</td>") == 1
     # the config drives a replay of the held-out part, and check passes with its own thresholds
     r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--config", out, "--predictor", "oracle", "--json")
     assert r.code == 0, r.err

@@ -60,8 +60,16 @@ def write_plan_report(doc: dict, config: dict, path: Path) -> None:
                       f"<td>{format_metric('tps', r['measured']['tps'])}</td>"
                       f"<td>{format_metric('rejections', r['measured']['rejections'])}</td></tr>"
                       for r in doc["search"]["replays"])
-    allocator = "".join(f"<tr><td>{esc(k)}</td><td style=\"text-align:left\">{esc(str(v))}</td></tr>"
-                        for k, v in config["allocator"].items())
+    allocator = "".join(f"<tr><td>{esc(k)}</td><td style=\"text-align:left\">{esc(str(v).lower() if isinstance(v, bool) else str(v))}"
+                        "</td></tr>" for k, v in config["allocator"].items())  # as the TOML spells it
+    tuning_keys = ("tps", "kv_utilization", "ttft_p99", "overflow_rate")
+    bold = ' style="font-weight:bold"'
+    options = "".join(f"<tr{bold if o['chosen'] else ''}><td>{esc(o['scheduler'])}</td>"
+                      f"<td>{'on' if o['large_spill'] else 'off'}</td>"
+                      + "".join(f"<td>{format_metric(k, o[k])}</td>" for k in tuning_keys)
+                      + f"<td>{o['large_spills']:,}</td><td>{'chosen' if o['chosen'] else ''}</td></tr>"
+                      for o in doc["tuning"]["options"])
+    options_head = "".join(f"<th>{esc(METRICS[k].header)}</th>" for k in tuning_keys)
     text = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>odmactl plan: {esc(t['path'])}</title>
 <style>body{{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
@@ -80,6 +88,10 @@ Searched on the first {t['search_requests']:,} requests, validated on the last {
 <p>{esc(holdout_title(doc))}</p>
 <table><tr><th>metric</th>{head}</tr>{body}</table>
 <h2>{'Recommended' if holds else 'Closest candidate (not written)'} [allocator]</h2><table>{allocator}</table>
+<h2>Scheduler and large_spill: the options replayed on the search part</h2>
+<p>The pick, with its large pool, under each scheduler, with a full large pool's block waiting or spilling
+to the main pool; the best by the objective, options within {doc['tuning']['objective_tie']:.1%} of it tied to the lower TTFT p99.</p>
+<table><tr><th>scheduler</th><th>large_spill</th>{options_head}<th>large spills</th><th></th></tr>{options}</table>
 {engine}
 <h2>Utilization against overflow rate: the Pareto front</h2><img src="data:image/png;base64,{pareto_png(doc)}">
 <h2>Bucket boundaries over the held-out lengths</h2><img src="data:image/png;base64,{boundaries_png(doc)}">
