@@ -32,6 +32,11 @@ def _warn(console: Console, lines: list[str]) -> None:
         _wrapped(console, f"warning: {line}", "yellow")
 
 
+def _sized_by(sized_by: str) -> str:
+    """plan's large-pool sizing rule (plan/search._tune's `sized_by`), in words."""
+    return "the peak of large blocks held" if sized_by == "peak" else "the large blocks' share of block-token-time"
+
+
 def _tuning_line(doc: dict) -> str:
     """plan's scheduler and spill options on the search part (plan/search._tune), with what chose
     between them: the objective's value (TPS or utilization), and TTFT p99."""
@@ -213,7 +218,8 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
     _wrapped(console, f"{what}: {doc['chosen']['label']}; {shown}; max_model_len "
                       f"{doc['max_model_len']:,}; large pool {large / doc['kv_pool_bytes']:.1%} of the KV pool "
                       f"({blocks:,} block{'s' if blocks != 1 else ''} of {_block(doc['chosen']['large_block_tokens'])} "
-                      f"tokens); {engine_caps(doc['engine'], doc['max_num_seqs'], doc['max_num_batched_tokens'], doc.get('prefix_caching'))}, "
+                      f"tokens, sized after the search from {_sized_by(doc['tuning']['sized_by'])}, at least one "
+                      f"block; the label's large= is the pool it was searched with); {engine_caps(doc['engine'], doc['max_num_seqs'], doc['max_num_batched_tokens'], doc.get('prefix_caching'))}, "
                       f"scheduler {doc['scheduler']} {'with' if doc['tuning']['large_spill'] else 'without'} large_spill "
                       f"(the best of {len(doc['tuning']['options'])} scheduler and spill options on the search part)",
              "bold")
