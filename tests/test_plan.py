@@ -251,7 +251,7 @@ def test_tune_spills_where_large_blocks_wait_for_a_full_large_pool():
         waiting, spilling = options[scheduler, False], options[scheduler, True]
         assert waiting["large_spills"] == 0 and spilling["large_spills"] > 0
         assert spilling["tps"] > waiting["tps"] and spilling["ttft_p99"] < waiting["ttft_p99"]
-    assert tuned["large_spill"] is True
+    assert tuned["large_spill"] is True and tuned["objective_metric"] == "tps"
     assert [o for o in tuned["options"] if o["chosen"]] == [options[tuned["scheduler"], True]]
     best = options[tuned["scheduler"], True]
     assert all(best["tps"] >= o["tps"] for o in tuned["options"])

@@ -468,6 +468,7 @@ def _tune(ctx: ReplayContext, table: dict, spec: PlanSpec, progress, large_share
     return {"large_pool_bytes": size, "sized_by": "large_share (the large pool filled)" if backlog else "peak",
             "large_share": large_share, "peak_large_bytes": peak, "largest_large_block_tokens": largest // bpt,
             "scheduler": options[best][0], "large_spill": options[best][1], "objective_tie": OBJECTIVE_TIE,
+            "objective_metric": None if spec.objective == "capacity" else OBJECTIVE_METRIC[spec.objective],
             "options": [{"scheduler": name, "large_spill": spill, "chosen": k == best,
                          **{key: runs[k][key] for key in ("tps", "kv_utilization", "ttft_p99", "overflow_rate", "stalls")},
                          "peak_large_bytes": counters[k]["peak_large_bytes"], "large_spills": counters[k]["large_spills"]}

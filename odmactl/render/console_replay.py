@@ -39,14 +39,13 @@ def _sized_by(sized_by: str) -> str:
 
 def _tuning_line(doc: dict) -> str:
     """plan's scheduler and spill options on the search part (plan/search._tune), with what chose
-    between them: the objective's value (TPS or utilization), and TTFT p99."""
-    objective = {"tps": lambda o: f"{o['tps']:,.1f} tok/s, ", "utilization": lambda o: f"{o['kv_utilization']:.1%} util., "}
+    between them: the metric the objective ranks them by (none under capacity), and TTFT p99."""
+    key = doc["tuning"]["objective_metric"]
     parts = []
     for o in doc["tuning"]["options"]:
-        value = objective[doc["objective"]](o) if doc["objective"] in objective else ""
-        ttft = "n/a" if o["ttft_p99"] is None else f"{o['ttft_p99']:,.2f} s"
-        parts.append(f"{o['scheduler']}{' + spill' if o['large_spill'] else ''} {value}TTFT p99 {ttft}"
-                     f"{' (chosen)' if o['chosen'] else ''}")
+        value = "" if key is None else f"{METRICS[key].title} {METRICS[key].in_words(o[key])}, "
+        parts.append(f"{o['scheduler']}{' + spill' if o['large_spill'] else ''} {value}TTFT p99 "
+                     f"{METRICS['ttft_p99'].in_words(o['ttft_p99'])}{' (chosen)' if o['chosen'] else ''}")
     return "the options on the search part: " + "; ".join(parts)
 
 

@@ -41,6 +41,12 @@ class Metric:
             return format(value, f",.{max(0, 2 - math.floor(math.log10(abs(value))))}f")
         return format(value, self.spec)
 
+    def in_words(self, value: float | None) -> str:
+        """The value with its unit, as a sentence writes it ("634.0 tok/s"; a share's text holds
+        its %; n/a alone)."""
+        text = self.text(value)
+        return text if text == "n/a" or self.unit in ("", "%") else f"{text} {self.unit}"
+
 
 SHARE, RATE, GAIN, COUNT, SIG3 = ".1%", ".3%", "+.1%", ",", "sig3"
 

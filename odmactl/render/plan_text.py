@@ -59,8 +59,8 @@ def plan_headline(doc: dict) -> list[tuple[str, str]]:
                                  f"; {shares}"))
     for r in v["regressions_vs_static"]:
         lines.append(("bold yellow", f"latency regression against static: odma's {METRICS[r['metric']].title} "
-                                     f"{format_metric(r['metric'], r['odma'])} {METRICS[r['metric']].unit} against "
-                                     f"{format_metric(r['metric'], r['static'])} {METRICS[r['metric']].unit}"))
+                                     f"{METRICS[r['metric']].in_words(r['odma'])} against "
+                                     f"{METRICS[r['metric']].in_words(r['static'])}"))
     gate = doc["gate"]
     checks = "; ".join(x["text"] for x in gate["verdicts"])
     if gate["passed"]:
