@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
 
 from odmactl.core.errors import ConfigError
 from odmactl.sim.collector import paused_collector
+from odmactl.sim.batch import Requests
 from odmactl.sim.engine import Replay
 from odmactl.sim.router import cluster_manager
 from odmactl.sim.schedulers.base import Scheduler
@@ -154,9 +155,11 @@ class Cluster:
         due: cython.longlong
         last: cython.bint
         engine: Replay
+        engine = self.engines[0]  # one set of per-request arrays: each engine touches its own requests' entries
+        requests = Requests(engine.w, engine.max_len, engine.settings.max_new_tokens)
         for e in range(len(self.engines)):
             engine = self.engines[e]
-            engine.start(self.owner, e)  # engine e of the cluster: it pauses where owner[i] < 0 is due
+            engine.start(self.owner, e, requests)  # engine e of the cluster: it pauses where owner[i] < 0 is due
         for engine in self.engines:
             engine.resume()  # each runs until request 0 is due
         for j in range(n):

@@ -35,7 +35,7 @@ cdef class Replay:
 
     cpdef bint resume(self) except *
 
-    cpdef void start(self, object owner, long long me) except *
+    cpdef void start(self, object owner, long long me, object requests=*) except *
     cpdef object finish(self)
     cpdef object reserved_bytes(self)
     cdef void _arrive(self) except *

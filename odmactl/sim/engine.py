@@ -128,15 +128,15 @@ class Replay:
                 self.progress("replay", self.tally.completed, self.num)
         return True
 
-    def start(self, owner, me: cython.longlong) -> None:
-        """Fresh per-run state (see the class docstring); `owner` None, or an int64 buffer of the
-        engine each request was routed to (-1: not yet) when this is engine `me` of a cluster."""
+    def start(self, owner, me: cython.longlong, requests=None) -> None:
+        """Fresh per-run state (see the class docstring); `owner` None, or an int64 buffer of the engine
+        each request was routed to (-1: not yet) when engine `me` of a cluster, sharing `requests`."""
         w, alloc, settings = self.w, self.alloc, self.settings
         self.ff = settings.fast_forward
         self.chunked = settings.chunked
         block_growth: cython.bint = alloc.block_size_tokens is not None  # else one contiguous block a request
         self.batch = Batch(w, self.max_len, settings.max_new_tokens, alloc.block_size_tokens,
-                           alloc.num_blocks if block_growth else 0, self.ff)
+                           alloc.num_blocks if block_growth else 0, self.ff, requests)
         self.num = w.size
         self.block_bytes = alloc.block_bytes if block_growth else 0
         self.tier = alloc.host_tier() if block_growth else None

@@ -112,48 +112,57 @@ class Segment:
         return self
 
     def elapsed_ps(self, k: cython.longlong) -> cython.longlong:
-        """Time of the next k iterations."""
-        return self.advance(k, False)[0]
+        """Time of the next k iterations: along residue class rho, `terms` steps of
+        m0[rho] + dm * m + batch_ps (m < terms)."""
+        p: cython.longlong = self.period
+        q: cython.longlong = k // p
+        r: cython.longlong = k % p
+        dm: cython.longlong = self.dm
+        total: cython.longlong = k * self.batch_ps
+        rho: cython.longlong
+        terms: cython.longlong
+        m0s: cython.longlong[:] = self.m0
+        for rho in range(k if k < p else p):
+            terms = q + 1 if rho < r else q
+            total += m0s[rho] * terms + dm * (terms * (terms - 1) // 2)
+        return total
 
     def advance(self, k: cython.longlong, held: cython.bint = True) -> tuple:
-        """(time of the next k iterations, sum over them of runs held x iteration time); the second
-        is the paged pool's time-weighted occupancy in blocks x ps (0 unless `held`).
-        Compiled, the time terms are 64-bit: each is at most the segment's duration (nonnegative
-        terms), which stays below 2**63 ps like the replay's clock. Every occupancy term is a
-        partial sum of held x step over the k iterations, so when held(last) x step(last) x k
-        (both nondecreasing) stays below OCCUPANCY_C_LIMIT they are summed as 64-bit integers
-        too; a larger segment sums them as Python integers (the same integers either way)."""
+        """(time of the next k iterations (`elapsed_ps`), sum over them of runs held x iteration
+        time); the second is the paged pool's time-weighted occupancy in blocks x ps (0 unless
+        `held`). Compiled, the time terms are 64-bit: each is at most the segment's duration
+        (nonnegative terms), which stays below 2**63 ps like the replay's clock. Every occupancy
+        term is a partial sum of held x step over the k iterations, so when held(last) x
+        step(last) x k (both nondecreasing) stays below OCCUPANCY_C_LIMIT they are summed as
+        64-bit integers too; a larger segment sums them as Python integers (the same integers
+        either way)."""
         p: cython.longlong = self.period
-        kk: cython.longlong = k
-        q: cython.longlong = kk // p
-        r: cython.longlong = kk % p
+        q: cython.longlong = k // p
+        r: cython.longlong = k % p
         dm: cython.longlong = self.dm
         ov: cython.longlong = self.batch_ps
         g: cython.longlong = self.d_held
-        total: cython.longlong = kk * ov
         rho: cython.longlong
         terms: cython.longlong
-        m0: cython.longlong
         m0s: cython.longlong[:] = self.m0
         helds: cython.longlong[:] = self.held
-        small: cython.bint = False
+        small: cython.bint
         h_last: cython.longlong
         step_last: cython.longlong
         occupancy: object = 0
         occ: cython.longlong = 0
-        if held and kk > 0:
-            h_last = helds[(kk - 1) % p] + g * ((kk - 1) // p)
-            step_last = m0s[(kk - 1) % p] + dm * ((kk - 1) // p) + ov
-            small = kk < OCCUPANCY_MAX_K and h_last <= OCCUPANCY_C_LIMIT // max(step_last, 1) // kk
-        for rho in range(kk if kk < p else p):
+        if not held or k <= 0:
+            return self.elapsed_ps(k), 0
+        h_last = helds[(k - 1) % p] + g * ((k - 1) // p)
+        step_last = m0s[(k - 1) % p] + dm * ((k - 1) // p) + ov
+        small = k < OCCUPANCY_MAX_K and h_last <= OCCUPANCY_C_LIMIT // max(step_last, 1) // k
+        for rho in range(k if k < p else p):
             terms = q + 1 if rho < r else q
-            m0 = m0s[rho]
-            total += m0 * terms + dm * (terms * (terms - 1) // 2)
             if small:
-                occ += _occupancy_c(helds[rho], g, ov, m0, dm, terms)
-            elif held:
-                occupancy += _occupancy_py(helds[rho], g, ov, m0, dm, terms)
-        return total, (occ if small else occupancy)
+                occ += _occupancy_c(helds[rho], g, ov, m0s[rho], dm, terms)
+            else:
+                occupancy += _occupancy_py(helds[rho], g, ov, m0s[rho], dm, terms)
+        return self.elapsed_ps(k), (occ if small else occupancy)
 
     def held_runs_ps(self, k: int) -> int:
         return self.advance(k)[1]
