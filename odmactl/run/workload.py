@@ -34,10 +34,18 @@ def tenant_adapters(frame: pl.DataFrame) -> np.ndarray | None:
     None when the trace names no tenant."""
     if "tenant" not in frame.columns:
         return None
-    codes: dict[str, int] = {}
-    adapters = np.array([-1 if t is None or not t.strip() else codes.setdefault(t, len(codes))
-                         for t in frame["tenant"].to_list()], dtype=np.int64)
-    return adapters if codes else None
+    tenant = frame["tenant"].cast(pl.String)
+    names = tenant.drop_nulls().unique(maintain_order=True).to_list()  # in order of first appearance
+    code_of = np.full(len(names) + 1, -1, dtype=np.int64)  # by position in `names`; the last: null
+    codes = 0
+    for k, name in enumerate(names):  # the distinct tenants only (a trace's rows may be millions)
+        if name.strip():
+            code_of[k] = codes
+            codes += 1
+    if not codes:
+        return None
+    position = tenant.cast(pl.Enum(names)).to_physical().cast(pl.Int64).fill_null(len(names)).to_numpy()
+    return code_of[position]
 
 
 def build_workload(frame: pl.DataFrame, load: LoadOptions, predictor: str) -> tuple[Workload, pl.DataFrame, str]:
