@@ -7,6 +7,8 @@ cdef class OdmaAllocator(ContiguousAllocator):
     cdef public object hedge_edges, hedge_output_tokens
     cdef public object _deferred, refit_due, routed_large, max_new_tokens, peak_large_bytes
     cdef public object large_spill, large_spills
+    cdef public tuple _bucket_tags
+    cdef public object _main_top
     cpdef reserve(self, request_id, prompt_tokens, predicted_output_tokens=*, uncertainty=*)
     cpdef extend(self, allocation, total_tokens)
     cpdef _route(self, prompt_tokens, predicted_output_tokens, uncertainty)

@@ -21,6 +21,7 @@ from odmactl.rules.odma import large_slot_tokens
 from odmactl.rules.odma import need_tokens as need_rule
 
 LARGE = "large"
+LARGE_TAGS = {"main": ("main", LARGE), LARGE: (LARGE, LARGE)}  # tag_of's large tags, by the region of the block
 REFIT_MODES = ("inline", "deferred")
 NEVER = "never"  # tau = "never": no uncertainty sends a request to the large pool (tau infinite)
 TAU_EXPECTED = f'a number >= 0 or "{NEVER}"'
@@ -274,6 +275,9 @@ class OdmaAllocator(ContiguousAllocator):
             raise ConfigError(f"bucket boundaries must be strictly increasing token counts in 1..{self.max_tokens}, "
                               f"got {list(b)}", key="boundaries_tokens")
         self.boundaries_tokens = b
+        self._bucket_tags = tuple([("main", k) for k in range(len(b))])  # tag_of's, made once per boundaries
+        # the largest boundary whose block the main pool can hold (0: none): a need up to it has a bucket
+        self._main_top = max([x for x in b if x * self.bytes_per_token <= self._main.size_bytes], default=0)
 
     def need_tokens(self, prompt_tokens: int, predicted_output_tokens: int, uncertainty: float | None) -> int:
         """KV tokens to reserve by this allocator's settings (rules/odma.py)."""
@@ -286,11 +290,8 @@ class OdmaAllocator(ContiguousAllocator):
         if predicted_output_tokens is not None and (uncertainty is None or uncertainty <= self.tau):
             need = need_rule(prompt_tokens, predicted_output_tokens, uncertainty, self.gamma, self.hedge_edges,
                              self.hedge_output_tokens)
-            boundaries = self.boundaries_tokens
-            if need <= boundaries[-1]:
-                bucket = bisect_left(boundaries, need)
-                if boundaries[bucket] * self.bytes_per_token <= self._main.size_bytes:
-                    return bucket
+            if need <= self._main_top:  # the buckets whose block the main pool holds are the first ones
+                return bisect_left(self.boundaries_tokens, need)
         return -1
 
     def tag_of(self, prompt_tokens: int, predicted_output_tokens, uncertainty):
@@ -298,8 +299,8 @@ class OdmaAllocator(ContiguousAllocator):
         ("large", "large") (("main", "large") where the large pool could never hold the block)."""
         bucket = self._route(prompt_tokens, predicted_output_tokens, uncertainty)
         if bucket >= 0:
-            return ("main", bucket)
-        return (self._large_home(large_slot_tokens(prompt_tokens, self.max_new_tokens, self.max_tokens)), LARGE)
+            return self._bucket_tags[bucket]
+        return LARGE_TAGS[self._large_home(large_slot_tokens(prompt_tokens, self.max_new_tokens, self.max_tokens))]
 
     def _large_home(self, slot_tokens: int) -> str:
         """The region a large block of `slot_tokens` goes to: the large pool, or "main" where the

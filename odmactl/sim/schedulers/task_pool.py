@@ -30,6 +30,7 @@ whose tag's queue is empty (one behind a head of its tag cannot pass it).
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 
 try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
@@ -62,18 +63,21 @@ WAKE_SCAN = 256  # arrivals `first_waking` looks through before it answers early
 
 
 class TaskPoolScheduler(FcfsScheduler):
-    """The Task Pool (the module docstring). State: `queues` maps a tag to its waiting requests,
-    oldest first; `waiting` maps each waiting request to its tag (so `len(waiting)` is the queue
-    length the engine samples). What keeps `first_waking` cheap under overload: `tags` caches the
-    tags of requests not yet arrived, each valid while `tagged_at[i]` is the KV manager's
+    """The Task Pool (the module docstring). State: `queues` maps a tag to its record number t;
+    `records[t]` is [queue, pool number, tag], the queue holding the tag's waiting requests,
+    oldest first, the records in the order tags appeared (`pools` numbers the pools); `heads[t]`
+    (int64, what a round scans in C) is the first request of that queue, -1 when it is empty.
+    `waiting` maps each waiting request to its tag (so `len(waiting)` is the queue length the
+    engine samples). What keeps `first_waking` cheap under overload: `tags` caches the tags of
+    requests not yet arrived, each valid while `tagged_at[i]` is the KV manager's
     `boundary_updates` (an entry leaves the cache when its request arrives); `shape` counts the
-    times a queue became empty or non-empty, and `wake` is the last answer (from, answer, shape, boundary_updates), which stands while neither
-    changed and the next arrival has not passed it. `failed` maps a tag to the head whose
-    reservation last failed there and the KV manager's `room_version` then: while both stand, the
-    head is not tried again (it would fail again). `records` holds [queue, pool number, tag] per
-    tag in the order tags appeared (`pools` numbers the pools), what a round scans; `tagged_at[i]`
-    the KV manager's `boundary_updates` when request i was last tagged.
-    Invariant: a request is in `waiting` exactly when it is in `queues[waiting[i]]`."""
+    times a queue became empty or non-empty, and `wake` is the last answer (from, answer, shape,
+    boundary_updates), which stands while neither changed and the next arrival has not passed it.
+    `failed` maps a tag to the head whose reservation last failed there and the KV manager's
+    `room_version` then: while both stand, the head is not tried again (it would fail again).
+    `tagged_at[i]` is the KV manager's `boundary_updates` when request i was last tagged.
+    Invariants: a request is in `waiting` exactly when it is in the queue of
+    `records[queues[waiting[i]]]`; `heads[t]` is the first request of `records[t]`'s queue, or -1."""
 
     name = "task_pool"
 
@@ -87,6 +91,8 @@ class TaskPoolScheduler(FcfsScheduler):
         self.wake = (-1, -1, -1, -1)
         self.failed = {}
         self.records = []
+        self._heads_buffer = array("q", [-1]) * 16  # room for 16 records; doubled when full
+        self.heads = self._heads_buffer
         self.pools = {}
         self.tagged_at = []
 
@@ -109,32 +115,46 @@ class TaskPoolScheduler(FcfsScheduler):
             tag = self.tags[i] = self._tag(i)
         return tag
 
-    def _queue(self, tag):
-        """The queue of `tag` (created empty, with its record); a queue about to become non-empty
-        changes the shape."""
-        queue = self.queues.get(tag)
-        if queue is None:
-            queue = self.queues[tag] = deque()
-            pool = _pool(tag)
-            self.records.append([queue, self.pools.setdefault(pool, len(self.pools)), tag])
-        if not queue:
+    def _record(self, tag) -> cython.longlong:
+        """The record number of `tag` (made with an empty queue when new); a queue about to
+        become non-empty changes the shape."""
+        t: cython.longlong
+        found = self.queues.get(tag)
+        if found is not None:
+            t = found
+        else:
+            t = len(self.records)
+            self.queues[tag] = t
+            self.records.append([deque(), self.pools.setdefault(_pool(tag), len(self.pools)), tag])
+            if t == len(self._heads_buffer):
+                self.heads = None  # a buffer cannot be resized while a view of it is held
+                self._heads_buffer.extend(array("q", [-1]) * t)
+                self.heads = self._heads_buffer
+        if self.heads[t] < 0:
             self.shape += 1
-        return queue
+        return t
 
     def arrive(self, i: cython.longlong) -> None:
+        t: cython.longlong
         tag = self.tags.pop(i, None)  # tagged already by a scan of the upcoming arrivals
         if tag is None or self.tagged_at[i] != self.alloc.boundary_updates:
             tag = self._tag(i)
-        queue = self._queue(tag)
-        if not queue:
+        t = self._record(tag)
+        if self.heads[t] < 0:
             self.dirty = True
-        queue.append(i)
+            self.heads[t] = i
+        self.records[t][0].append(i)
         self.waiting[i] = tag
 
     def requeue(self, i: cython.longlong) -> None:
         """Preempted: tagged again (its prediction may be spent), first in its tag's queue."""
-        tag = self._tag(i)
-        self._queue(tag).appendleft(i)
+        self._to_front(i, self._tag(i))
+
+    def _to_front(self, i: cython.longlong, tag) -> None:
+        """Request i first in the queue of `tag`."""
+        t: cython.longlong = self._record(tag)
+        self.records[t][0].appendleft(i)
+        self.heads[t] = i
         self.waiting[i] = tag
 
     def first_waking(self, n: cython.longlong, j: cython.longlong) -> cython.longlong:
@@ -151,7 +171,8 @@ class TaskPoolScheduler(FcfsScheduler):
         if shape == self.shape and updates == self.alloc.boundary_updates and start <= j and (found < 0 or j <= found):
             return found
         while k < end:
-            if not self.queues.get(self._upcoming_tag(k)):
+            found = self.queues.get(self._upcoming_tag(k))
+            if found is None or self.heads[found] < 0:
                 break
             k += 1
         found = k if k < b.num else -1  # k == end < num: no waking one among them, answer early
@@ -180,19 +201,18 @@ class TaskPoolScheduler(FcfsScheduler):
             best = -1
             oldest: cython.longlong = 0
             for t in range(len(self.records)):  # the oldest open head (request numbers are in arrival order)
-                queue = self.records[t][0]
-                if not queue or (closed is not None and t < len(closed) and closed[t]):
+                i = self.heads[t]
+                if i < 0 or (closed is not None and t < len(closed) and closed[t]):
                     continue
-                i = queue[0]
                 if best < 0 or i < oldest:
                     oldest = i
                     best = t
             if best < 0:
                 break
             record = self.records[best]
-            queue, tag = record[0], record[2]
+            tag = record[2]
             i = oldest
-            if self._stale(i, tag):  # tagged with boundaries since refitted: moved to its queue now
+            if self._stale(i, best, tag):  # tagged with boundaries since refitted: moved to its queue now
                 continue
             kv = self.new_tokens(i)
             if self.over_budget(tokens, kv, len(admitted)):
@@ -200,7 +220,7 @@ class TaskPoolScheduler(FcfsScheduler):
                 break
             if self._tried(tag, i, tokens, len(admitted)) == NO_ROOM:
                 if self.never_fits(len(admitted)):
-                    self._pop(queue)
+                    self._pop(best)
                     b.reject(i)
                 elif self.now - b.arrival[i] > self.aging_ps:  # aged: nothing younger takes its pool's room
                     closed = _room_for(closed, len(self.records))
@@ -211,7 +231,7 @@ class TaskPoolScheduler(FcfsScheduler):
                     closed = _room_for(closed, len(self.records))
                     closed[best] = 1
                 continue
-            self._pop(queue)
+            self._pop(best)
             admitted.append(i)
             tokens = self.charged(tokens, kv)
         return admitted
@@ -229,21 +249,26 @@ class TaskPoolScheduler(FcfsScheduler):
                 self.failed[tag] = (i, version)
         return status
 
-    def _stale(self, i: cython.longlong, tag) -> cython.bint:
-        """Whether head i's tag changed since it was queued (the boundaries were refitted); then it
-        is moved to the front of its current tag's queue (it has waited longest of its own, and
-        an insertion in arrival order would cost the queue's length), and True."""
+    def _stale(self, i: cython.longlong, t: cython.longlong, tag) -> cython.bint:
+        """Whether head i (of record t, `tag`)'s tag changed since it was queued (the boundaries
+        were refitted); then it is moved to the front of its current tag's queue (it has waited
+        longest of its own, and an insertion in arrival order would cost the queue's length), and
+        True."""
         if self.tagged_at[i] == self.alloc.boundary_updates:
             return False
         now = self._tag(i)
         if now == tag:
             return False
-        self._pop(self.queues[tag])
-        self._queue(now).appendleft(i)
-        self.waiting[i] = now
+        self._pop(t)
+        self._to_front(i, now)
         return True
 
-    def _pop(self, queue) -> None:
+    def _pop(self, t: cython.longlong) -> None:
+        """The first request of record t's queue leaves it."""
+        queue = self.records[t][0]
         del self.waiting[queue.popleft()]
-        if not queue:
+        if queue:
+            self.heads[t] = queue[0]
+        else:
+            self.heads[t] = -1
             self.shape += 1
