@@ -134,3 +134,23 @@ def test_plan_bounds_for_a_hedge_candidate_agree_with_its_replay(conv_sample_hea
     assert m["preemptions"] == 0 and m["rejections"] == 0
     assert est["overflow_rate"] > 0 and abs(est["overflow_rate"] - m["migration_rate"]) <= 2 / (w.size - fit_rows)
     assert abs(est["kv_utilization"] - m["kv_utilization"]) < 0.03
+
+
+def test_the_rules_ceiling_is_math_ceil_compiled_or_not():
+    """rules/odma.ceil_tokens rounds up in C when compiled (its .pxd): the same integers as
+    math.ceil, and an error rather than a wrapped integer past its range."""
+    import math
+    import random
+
+    from odmactl.rules.odma import ceil_tokens
+
+    limit = 2.0 ** 62  # rules/odma.CEIL_LIMIT (a C double when compiled, not importable then)
+
+    rng = random.Random(7)
+    values = [0.0, -0.0, 1.0, 1.5, -1.5, 2.0 - 1e-12, 442.0000001, 1e15 + 0.5, -3.0, 4096.999999]
+    values += [rng.uniform(-1e6, 1e6) for _ in range(2000)] + [float(rng.randint(-10**9, 10**9)) for _ in range(200)]
+    for x in values:
+        assert ceil_tokens(x) == math.ceil(x), x
+    for bad in (float("inf"), float("-inf"), float("nan"), limit, -limit * 2):
+        with pytest.raises(OverflowError):
+            ceil_tokens(bad)

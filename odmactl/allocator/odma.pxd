@@ -1,4 +1,6 @@
 # Cython declarations for odma.py (see setup.py).
+cimport cython
+
 from odmactl.allocator.contiguous cimport ContiguousAllocator
 from odmactl.rules.odma cimport large_slot_tokens, need_tokens as need_rule
 
@@ -8,9 +10,10 @@ cdef class OdmaAllocator(ContiguousAllocator):
     cdef public object _deferred, refit_due, routed_large, max_new_tokens, peak_large_bytes
     cdef public object large_spill, large_spills
     cdef public tuple _bucket_tags
-    cdef public object _main_top
+    cdef public long long _main_top
     cpdef reserve(self, request_id, prompt_tokens, predicted_output_tokens=*, uncertainty=*)
     cpdef extend(self, allocation, total_tokens)
+    @cython.locals(need=cython.longlong)
     cpdef _route(self, prompt_tokens, predicted_output_tokens, uncertainty)
     cpdef _large_peak(self)
     cpdef _large_home(self, slot_tokens)

@@ -16,8 +16,6 @@ Compiled with the allocator (setup.py, odma.pxd): the allocator calls `need_toke
 from __future__ import annotations
 
 from bisect import bisect_right
-from math import ceil
-
 import numpy as np
 
 from odmactl.rules.hedge import HedgeTable
@@ -32,15 +30,28 @@ def large_slot_tokens(prompt_tokens, max_new_tokens, max_tokens):
     return max_tokens
 
 
+CEIL_LIMIT = 2.0 ** 62  # ceil_tokens' range: far past any token count, within a C integer
+
+
+def ceil_tokens(x):
+    """math.ceil of a float of magnitude below CEIL_LIMIT, as C arithmetic when compiled
+    (odma.pxd): its whole part, one more when it has a fraction."""
+    if not -CEIL_LIMIT < x < CEIL_LIMIT:  # also NaN
+        raise OverflowError(f"cannot round {x!r} up to a token count")
+    whole = int(x)
+    return whole + 1 if x > whole else whole
+
+
 def need_tokens(prompt_tokens, predicted_output_tokens, uncertainty, gamma, hedge_edges, hedge_output_tokens):
     """One request's need in KV tokens (see the module docstring); `hedge_output_tokens` None
     means the gamma rule."""
     if hedge_output_tokens is not None:
         need = prompt_tokens + hedge_output_tokens[bisect_right(hedge_edges, predicted_output_tokens)]
     elif uncertainty is None:
-        need = prompt_tokens + ceil(predicted_output_tokens)
+        need = prompt_tokens + ceil_tokens(predicted_output_tokens)
     else:
-        need = prompt_tokens + ceil(predicted_output_tokens * (1.0 + gamma * uncertainty))
+        u = uncertainty
+        need = prompt_tokens + ceil_tokens(predicted_output_tokens * (1.0 + gamma * u))
     return need if need >= prompt_tokens else prompt_tokens
 
 
