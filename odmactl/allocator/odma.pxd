@@ -11,9 +11,10 @@ cdef class OdmaAllocator(ContiguousAllocator):
     cdef public object large_spill, large_spills
     cdef public tuple _bucket_tags
     cdef public long long _main_top
+    cdef long long[:] _bounds
     cpdef reserve(self, request_id, prompt_tokens, predicted_output_tokens=*, uncertainty=*)
     cpdef extend(self, allocation, total_tokens)
-    @cython.locals(need=cython.longlong)
+    @cython.locals(need=cython.longlong, lo=cython.Py_ssize_t, hi=cython.Py_ssize_t, mid=cython.Py_ssize_t)
     cpdef _route(self, prompt_tokens, predicted_output_tokens, uncertainty)
     cpdef _large_peak(self)
     cpdef _large_home(self, slot_tokens)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from array import array
-from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
@@ -276,6 +275,7 @@ class OdmaAllocator(ContiguousAllocator):
                               f"got {list(b)}", key="boundaries_tokens")
         self.boundaries_tokens = b
         self._bucket_tags = tuple([("main", k) for k in range(len(b))])  # tag_of's, made once per boundaries
+        self._bounds = array("q", b)  # the boundaries as int64s, which _route searches in C
         # the largest boundary whose block the main pool can hold (0: none): a need up to it has a bucket
         self._main_top = max([x for x in b if x * self.bytes_per_token <= self._main.size_bytes], default=0)
 
@@ -291,7 +291,14 @@ class OdmaAllocator(ContiguousAllocator):
             need = need_rule(prompt_tokens, predicted_output_tokens, uncertainty, self.gamma, self.hedge_edges,
                              self.hedge_output_tokens)
             if need <= self._main_top:  # the buckets whose block the main pool holds are the first ones
-                return bisect_left(self.boundaries_tokens, need)
+                lo, hi = 0, len(self._bounds) - 1  # the first boundary >= need (bisect_left): one is
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if self._bounds[mid] < need:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                return lo
         return -1
 
     def tag_of(self, prompt_tokens: int, predicted_output_tokens, uncertainty):
