@@ -16,6 +16,7 @@ Compiled with the allocator (setup.py, odma.pxd): the allocator calls `need_toke
 from __future__ import annotations
 
 from bisect import bisect_right
+
 import numpy as np
 
 from odmactl.rules.hedge import HedgeTable
