@@ -38,8 +38,8 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
     cython = None
 
 from odmactl.core.errors import ConfigError
-from odmactl.sim.collector import paused_collector
 from odmactl.sim.batch import Requests
+from odmactl.sim.collector import paused_collector
 from odmactl.sim.engine import Replay
 from odmactl.sim.router import cluster_manager
 from odmactl.sim.schedulers.base import Scheduler
