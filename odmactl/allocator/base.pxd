@@ -1,14 +1,16 @@
 # Cython declarations for base.py (see setup.py): extension types with the same attributes as the
 # Python classes. Fields are Python objects (values behave exactly as in the .py), except the
-# containers, which are always the declared type.
+# containers, which are always the declared type, and the allocator's counters (bytes and counts,
+# whole numbers far below 2**63), C integers so that every reserve, extend and release adds to
+# them without making a Python int (a byte count past 2**30 took a new one at each addition).
 cdef class Allocation:
     cdef public object request_id, offset_bytes, nbytes, capacity_tokens, used_tokens, bucket, region, block_ids, live, limit_tokens
 
 cdef class AllocatorBase:
     cdef public object pool_bytes, kv_pool_bytes, bytes_per_token, config, arena, max_tokens, deployment
     cdef public dict _live
-    cdef public object reserved_bytes, peak_reserved_bytes, failed_reserves, extends, failed_extends
-    cdef public object migrations, migrated_bytes, releases
+    cdef public long long reserved_bytes, peak_reserved_bytes, failed_reserves, extends, failed_extends
+    cdef public long long migrations, migrated_bytes, releases
     # the replay's questions (the Allocator protocol): growth geometry and boundary changes
     cdef public object block_size_tokens, num_blocks, block_bytes, boundaries_tokens, boundary_updates
     cdef public object read_block_tokens, kv_runs

@@ -2,7 +2,7 @@
 # operations the replay calls as C functions, its page counts as C integers and its watermarks
 # and growth share as C doubles (the same values as Python's ints and floats: page counts stay far
 # below 2**53), and its free page ranges as the compiled ExtentList.
-from odmactl.allocator.base cimport AllocatorBase
+from odmactl.allocator.base cimport Allocation, AllocatorBase
 from odmactl.allocator.extentlist cimport ExtentList
 
 cdef class UnifiedAllocator(AllocatorBase):

@@ -247,28 +247,29 @@ class UnifiedAllocator(AllocatorBase):
         self._after_allocation()
         return a
 
-    @cython.locals(held=cython.longlong, need=cython.longlong, extra=cython.longlong)
+    @cython.locals(held=cython.longlong, need=cython.longlong, extra=cython.longlong, a=Allocation)
     def extend(self, allocation: Allocation, total_tokens: int) -> bool:
         self._growth(allocation, total_tokens)
+        a = allocation  # compiled, a typed local: `_growth` found it this allocator's live Allocation
         self.extends += 1
-        held = allocation.capacity_tokens // self.page_tokens
+        held = a.capacity_tokens // self.page_tokens
         need = -(-total_tokens // self.page_tokens) - held
         if need > 0:
             if total_tokens > self.max_tokens:
                 self.failed_extends += 1
                 return False
-            ranges = self._kv[allocation.request_id]
-            extra = self._grow(ranges, need, max(need, min(int(held * self.growth_fraction), self.max_pages - held)))
+            extra = self._grow(self._kv[a.request_id], need,
+                               max(need, min(int(held * self.growth_fraction), self.max_pages - held)))
             if extra == 0:
                 self.failed_extends += 1
                 return False
-            allocation.nbytes += extra * self.page_bytes
-            allocation.capacity_tokens += extra * self.page_tokens
+            a.nbytes += extra * self.page_bytes
+            a.capacity_tokens += extra * self.page_tokens
             self.reserved_bytes += extra * self.page_bytes
             if self.reserved_bytes > self.peak_reserved_bytes:
                 self.peak_reserved_bytes = self.reserved_bytes
             self._after_allocation()
-        allocation.used_tokens = total_tokens
+        a.used_tokens = total_tokens
         return True
 
     @cython.locals(end=cython.longlong, pages=cython.longlong)
@@ -277,13 +278,17 @@ class UnifiedAllocator(AllocatorBase):
         after its last range when those pages are free, else as new ranges; returns the pages
         added, 0 when not even `need` can be had."""
         end = ranges[-2] + ranges[-1]
-        sizes: list = [step, need] if step > need else [need]
-        for pages in sizes:
+        pages = max(step, need)  # the sizes tried: step, then need (no list made for them: every growth passes here)
+        while True:
             if self.free_pages >= pages and self._free.take_at(end, pages):
                 ranges[-1] += pages
                 self.free_pages -= pages
                 return pages
-        for pages in sizes:
+            if pages == need:
+                break
+            pages = need
+        pages = max(step, need)
+        while True:
             more = self._take(pages, False)
             if more is not None:
                 if more[0] == end:  # eviction freed the pages right after: still in place
@@ -292,7 +297,9 @@ class UnifiedAllocator(AllocatorBase):
                 ranges += more
                 self.kv_runs += len(more) // 2
                 return pages
-        return 0
+            if pages == need:
+                return 0
+            pages = need
 
     @cython.locals(j=cython.Py_ssize_t)
     def release(self, allocation: Allocation, final_tokens: int | None = None) -> None:

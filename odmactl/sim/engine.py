@@ -410,7 +410,7 @@ class Replay:
             self.tier.latency_feedback(None, seconds(dt))
         if self.probe is not None:
             self.probe.step([b.allocs[i] for i in b.running], kv_now, dt)
-        self.tally.occupancy_byte_ps += self.alloc.reserved_bytes * dt
+        self.tally.occupy(self.alloc.reserved_bytes, dt)
         self._advance(n, 1, dt)
         return dt
 
