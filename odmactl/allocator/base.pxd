@@ -1,10 +1,14 @@
 # Cython declarations for base.py (see setup.py): extension types with the same attributes as the
 # Python classes. Fields are Python objects (values behave exactly as in the .py), except the
-# containers, which are always the declared type, and the allocator's counters (bytes and counts,
-# whole numbers far below 2**63), C integers so that every reserve, extend and release adds to
-# them without making a Python int (a byte count past 2**30 took a new one at each addition).
+# containers, which are always the declared type, and the sizes and counters (an Allocation's
+# offset, bytes and tokens; the allocator's bytes and counts: whole numbers far below 2**63), C
+# integers so that every reserve, extend and release reads and adds to them without making a
+# Python int (a byte count past 2**30 took a new one at each addition). A policy reads an
+# Allocation's fields in C once it holds it in a typed local (`@cython.locals(a=Allocation)` in
+# its .pxd, after `_own` or `_growth` found it live); the helpers below take it typed.
 cdef class Allocation:
-    cdef public object request_id, offset_bytes, nbytes, capacity_tokens, used_tokens, bucket, region, block_ids, live, limit_tokens
+    cdef public object request_id, bucket, region, block_ids, live, limit_tokens
+    cdef public long long offset_bytes, nbytes, capacity_tokens, used_tokens
 
 cdef class AllocatorBase:
     cdef public object pool_bytes, kv_pool_bytes, bytes_per_token, config, arena, max_tokens, deployment
@@ -21,11 +25,11 @@ cdef class AllocatorBase:
     cpdef extend(self, allocation, total_tokens)
     cpdef release(self, allocation, final_tokens=*)
     cpdef _growth(self, a, total_tokens)
-    cpdef _final_growth(self, a, final_tokens, capacity_tokens)
+    cpdef _final_growth(self, Allocation a, final_tokens, capacity_tokens)
     cpdef _admit(self, request_id, prompt_tokens)
     cpdef _own(self, a)
-    cpdef _admitted(self, a)
-    cpdef _forget(self, a)
+    cpdef _admitted(self, Allocation a)
+    cpdef _forget(self, Allocation a)
     cpdef block_limit(self, tokens, sequences)
     cpdef tag_of(self, prompt_tokens, predicted_output_tokens, uncertainty)
     cpdef overflow_waits(self, allocation, total_tokens)

@@ -74,9 +74,10 @@ class ContiguousAllocator(AllocatorBase):
 
     def _grow_in_place(self, a: Allocation, total_tokens: int) -> bool:
         self._growth(a, total_tokens)
+        x = a  # compiled, a typed local (contiguous.pxd): `_growth` found it this allocator's live Allocation
         self.extends += 1
-        if total_tokens <= a.capacity_tokens:
-            a.used_tokens = total_tokens
+        if total_tokens <= x.capacity_tokens:
+            x.used_tokens = total_tokens
             return True
         return False
 
@@ -87,17 +88,18 @@ class ContiguousAllocator(AllocatorBase):
             rid = None
         if self._live.get(rid) is not allocation:
             self._own(allocation)  # raises the right AllocationError
+        a = allocation  # compiled, a typed local (contiguous.pxd): it is this allocator's live Allocation
         if final_tokens is not None:
-            self._final_growth(allocation, final_tokens, allocation.capacity_tokens)
-        self.regions[allocation.region].give(allocation.offset_bytes, allocation.nbytes)
+            self._final_growth(a, final_tokens, a.capacity_tokens)
+        self.regions[a.region].give(a.offset_bytes, a.nbytes)
         del self._live[rid]  # AllocatorBase._forget written out: the hot path
         self.kv_runs -= 1
-        allocation.live = False
+        a.live = False
         self.releases += 1
-        self.reserved_bytes -= allocation.nbytes
+        self.reserved_bytes -= a.nbytes
         realized = self._realized
         if realized is not None:
-            realized.append(allocation.used_tokens)
+            realized.append(a.used_tokens)
             if len(realized) >= self._realized_batch:
                 self._consume_realized()
 

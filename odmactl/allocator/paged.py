@@ -86,29 +86,31 @@ class PagedAllocator(AllocatorBase):
 
     def extend(self, allocation: Allocation, total_tokens: int) -> bool:
         self._growth(allocation, total_tokens)
+        a = allocation  # compiled, a typed local (paged.pxd): `_growth` found it this allocator's live Allocation
         self.extends += 1
-        extra = -(-total_tokens // self.block_size_tokens) - len(allocation.block_ids)
+        extra = -(-total_tokens // self.block_size_tokens) - len(a.block_ids)
         if extra > 0:
             if extra > len(self._free) - self._head + self.cached_free_blocks or total_tokens > self.max_tokens:
                 self.failed_extends += 1
                 return False
-            allocation.block_ids += self._take(extra)
-            allocation.nbytes += extra * self.block_bytes
-            allocation.capacity_tokens += extra * self.block_size_tokens
+            a.block_ids += self._take(extra)
+            a.nbytes += extra * self.block_bytes
+            a.capacity_tokens += extra * self.block_size_tokens
             self.reserved_bytes += extra * self.block_bytes
             if self.reserved_bytes > self.peak_reserved_bytes:
                 self.peak_reserved_bytes = self.reserved_bytes
-        allocation.used_tokens = total_tokens
+        a.used_tokens = total_tokens
         return True
 
     def release(self, allocation: Allocation, final_tokens: int | None = None) -> None:
         """Return the blocks to the queue's back. With `final_tokens` past the blocks held, the
         blocks that growth would take from the front and this would return are not taken."""
         self._own(allocation)
+        a = allocation  # compiled, a typed local (paged.pxd): `_own` found it this allocator's live Allocation
         if final_tokens is not None:
-            self._final_growth(allocation, final_tokens, self.max_tokens)
-        self._free.extend(allocation.block_ids)
-        self._forget(allocation)
+            self._final_growth(a, final_tokens, self.max_tokens)
+        self._free.extend(a.block_ids)
+        self._forget(a)
 
     def _take(self, n: int) -> array:
         """The first n free blocks (the caller checked there are n, cached ones counted: those are
