@@ -4,8 +4,9 @@
 # offset, bytes and tokens; the allocator's bytes and counts: whole numbers far below 2**63), C
 # integers so that every reserve, extend and release reads and adds to them without making a
 # Python int (a byte count past 2**30 took a new one at each addition). A policy reads an
-# Allocation's fields in C once it holds it in a typed local (`@cython.locals(a=Allocation)` in
-# its .pxd, after `_own` or `_growth` found it live); the helpers below take it typed.
+# Allocation's fields in C once it holds it in a typed local (`@cython.locals(a=Allocation)`, in
+# its .pxd or on the method, after `_own` or `_growth` found it live); the helpers below take it
+# typed.
 cdef class Allocation:
     cdef public object request_id, bucket, region, block_ids, live, limit_tokens
     cdef public long long offset_bytes, nbytes, capacity_tokens, used_tokens
