@@ -12,6 +12,7 @@ import html
 import io
 from pathlib import Path
 
+from odmactl.core.stops import uninterrupted
 from odmactl.core.units import format_bytes
 from odmactl.render.metrics import CAPACITY_KEYS, METRICS, format_metric, metric_rows, plan_keys
 from odmactl.render.plan_plots import boundaries_png, occupancy_png, pareto_png
@@ -34,6 +35,7 @@ HEADLINE_COLOURS = {"default": "#222", "bold red": "#b00020", "bold yellow": "#8
                     "green": "#1b6e20"}
 
 
+@uninterrupted
 def write_plan_report(doc: dict, config: dict, path: Path) -> None:
     """The report; `config` is the config plan made, written only when it holds (doc["holds"]):
     otherwise the report says why and shows the closest candidate's settings."""
@@ -104,6 +106,7 @@ to the main pool; the best by the objective, options within {doc['tuning']['obje
     path.write_text(text, encoding="utf-8")
 
 
+@uninterrupted
 def write_capacity_report(doc: dict, path: Path) -> None:
     """`odmactl capacity`'s report: the table of rates and devices, and the latency-throughput curves."""
     from odmactl.render.console_replay import (binding_lines, capacity_headline, capacity_value, headline_detail,

@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from odmactl.core.stops import uninterrupted
 from odmactl.render.tables import deployment
 
 
+@uninterrupted
 def write_replay_plot(doc: dict, path) -> None:
     """Pool occupancy, batch size and queue length over time per policy, ODMA's boundaries, and for
     an on-device replay the measured against the modelled decode step time."""
@@ -62,6 +64,7 @@ def write_replay_plot(doc: dict, path) -> None:
     plt.close(fig)
 
 
+@uninterrupted
 def write_capacity_plot(doc: dict, path) -> None:
     """`capacity_figure` as a PNG file."""
     import matplotlib.pyplot as plt
