@@ -272,23 +272,21 @@ class UnifiedAllocator(AllocatorBase):
         a.used_tokens = total_tokens
         return True
 
-    @cython.locals(end=cython.longlong, pages=cython.longlong)
+    @cython.locals(end=cython.longlong, pages=cython.longlong, tries=cython.longlong, k=cython.longlong)
     def _grow(self, ranges: list[int], need: int, step: int) -> int:
         """Add `step` pages to a request's `ranges`, or failing that `need` (<= step): in place
         after its last range when those pages are free, else as new ranges; returns the pages
         added, 0 when not even `need` can be had."""
         end = ranges[-2] + ranges[-1]
-        pages = max(step, need)  # the sizes tried: step, then need (no list made for them: every growth passes here)
-        while True:
+        tries = 2 if step > need else 1  # the sizes tried: step, then need (no list: every growth passes here)
+        for k in range(tries):
+            pages = need if k == tries - 1 else step
             if self.free_pages >= pages and self._free.take_at(end, pages):
                 ranges[-1] += pages
                 self.free_pages -= pages
                 return pages
-            if pages == need:
-                break
-            pages = need
-        pages = max(step, need)
-        while True:
+        for k in range(tries):
+            pages = need if k == tries - 1 else step
             more = self._take(pages, False)
             if more is not None:
                 if more[0] == end:  # eviction freed the pages right after: still in place
@@ -297,9 +295,7 @@ class UnifiedAllocator(AllocatorBase):
                 ranges += more
                 self.kv_runs += len(more) // 2
                 return pages
-            if pages == need:
-                return 0
-            pages = need
+        return 0
 
     @cython.locals(j=cython.Py_ssize_t)
     def release(self, allocation: Allocation, final_tokens: int | None = None) -> None:

@@ -51,7 +51,7 @@ def need_tokens(prompt_tokens, predicted_output_tokens, uncertainty, gamma, hedg
     elif uncertainty is None:
         need = prompt_tokens + ceil_tokens(predicted_output_tokens)
     else:
-        u = uncertainty
+        u = uncertainty  # a C double when compiled (odma.pxd); the argument itself may be None
         need = prompt_tokens + ceil_tokens(predicted_output_tokens * (1.0 + gamma * u))
     return need if need >= prompt_tokens else prompt_tokens
 
