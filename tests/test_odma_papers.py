@@ -202,6 +202,27 @@ def test_aging_bounds_how_long_a_request_that_cannot_fit_waits(cost):
     assert waits[1.0] < waits[86_400.0]
 
 
+@pytest.mark.parametrize("scheduler", ["task_pool", "fcfs"])
+def test_the_queue_length_sampled_is_the_requests_arrived_and_not_started(cost, scheduler):
+    """The task pool counts its waiting requests (no request -> tag map): at every sample of the
+    replay's series, the queue length equals, from the timeline, the requests that arrived by then
+    and had not yet started (no preemption or rejection here), and nothing waits at the end."""
+    n_small = 400
+    order = np.argsort([0.5] + [0.01 * k for k in range(n_small)], kind="stable")
+    output = np.asarray([2500] + [300] * n_small)[order]
+    w = _workload(np.full(n_small + 1, 100), output, output, np.zeros(n_small + 1),
+                  np.sort([0.5] + [0.01 * k for k in range(n_small)], kind="stable"))
+    alloc = _odma(cost, 6_000, {"boundaries_tokens": [512, 3072], "refit": False, "large_pool_bytes": 0})
+    replay, result = _replay(w, alloc, cost, policy=scheduler, aging_s=1.0, series_points=1 << 16)
+    assert result.metrics["completed"] == n_small + 1 and result.metrics["preemptions"] == 0
+    tl = replay.batch.timeline()
+    rows = replay.tally.series.rows
+    assert max(r[3] for r in rows) > 10  # requests did queue
+    for t_ps, _, _, queue in rows:
+        assert queue == int((tl.arrival_ps <= t_ps).sum() - (tl.start_ps <= t_ps).sum())
+    assert len(replay.sched.waiting) == 0 and not replay.sched.waiting
+
+
 def test_the_cluster_manager_prefers_memory_for_the_tag_then_load():
     from odmactl.sim.router import cluster_manager
 

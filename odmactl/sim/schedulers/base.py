@@ -43,7 +43,9 @@ class Scheduler:
     (True: retry at once). A scheduler of one's own subclasses this (or FcfsScheduler), overrides
     what its rule changes, and registers its class (sim/schedulers/__init__.py).
 
-    State: `waiting` (requests in the order they are considered), `parked` (offloaded by their
+    State: `waiting` (the waiting requests: FCFS's queue, in the order they are considered; a
+    scheduler may keep them its own way, as long as `len(waiting)` and its truth count them, which
+    is all the engine and the routers read), `parked` (offloaded by their
     prefill, waiting to be fetched back: vLLM's swapped queue), `stalled` (refused growth, holding
     their blocks until a release makes room: sim/growth.py), and the batch caps; a stalled request
     keeps its seat (`seats()` counts it against max_num_seqs). `prefix` is the replay's prefix

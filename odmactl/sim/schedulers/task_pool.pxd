@@ -2,9 +2,14 @@
 from odmactl.sim.schedulers.fcfs cimport FcfsScheduler
 
 
+cdef class Waiting:
+    cdef public long long n
+
+
 cdef class TaskPoolScheduler(FcfsScheduler):
     cdef public dict queues, tags, failed, pools
-    cdef public list records, tagged_at
+    cdef public list records
+    cdef long long[:] tagged_at
     cdef public long long aging_ps, shape
     cdef public tuple wake
     cdef object _heads_buffer

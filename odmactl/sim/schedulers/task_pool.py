@@ -62,28 +62,41 @@ def _room_for(closed, n: cython.longlong) -> bytearray:
 WAKE_SCAN = 256  # arrivals `first_waking` looks through before it answers early
 
 
+class Waiting:
+    """The task pool's `waiting`, as the engine and the routers read a scheduler's (`len()`, truth):
+    how many requests wait, `n`. The requests themselves wait in the tags' queues. (A dict of the
+    waiting requests, looked up at random as each left, took 7% of bench_replay.py's underloaded
+    odma replay, whose queue holds hundreds of thousands.)"""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+
 class TaskPoolScheduler(FcfsScheduler):
     """The Task Pool (the module docstring). State: `queues` maps a tag to its record number t;
     `records[t]` is [queue, pool number, tag], the queue holding the tag's waiting requests,
     oldest first, the records in the order tags appeared (`pools` numbers the pools); `heads[t]`
     (int64, what a round scans in C) is the first request of that queue, -1 when it is empty.
-    `waiting` maps each waiting request to its tag (so `len(waiting)` is the queue length the
-    engine samples). What keeps `first_waking` cheap under overload: `tags` caches the tags of
+    `waiting` counts the requests in the queues (`len(waiting)` is the queue length the engine
+    samples). What keeps `first_waking` cheap under overload: `tags` caches the tags of
     requests not yet arrived, each valid while `tagged_at[i]` is the KV manager's
     `boundary_updates` (an entry leaves the cache when its request arrives); `shape` counts the
     times a queue became empty or non-empty, and `wake` is the last answer (from, answer, shape,
     boundary_updates), which stands while neither changed and the next arrival has not passed it.
     `failed` maps a tag to the head whose reservation last failed there and the KV manager's
     `room_version` then: while both stand, the head is not tried again (it would fail again).
-    `tagged_at[i]` is the KV manager's `boundary_updates` when request i was last tagged.
-    Invariants: a request is in `waiting` exactly when it is in the queue of
-    `records[queues[waiting[i]]]`; `heads[t]` is the first request of `records[t]`'s queue, or -1."""
+    `tagged_at[i]` (int64) is the KV manager's `boundary_updates` when request i was last tagged.
+    Invariants: `len(waiting)` is the sum of the queues' lengths, a request is in at most one
+    queue; `heads[t]` is the first request of `records[t]`'s queue, or -1."""
 
     name = "task_pool"
 
     def __init__(self) -> None:
         FcfsScheduler.__init__(self)
-        self.waiting = {}
+        self.waiting = Waiting()
         self.queues = {}
         self.aging_ps = 0
         self.tags = {}
@@ -94,24 +107,26 @@ class TaskPoolScheduler(FcfsScheduler):
         self._heads_buffer = array("q", [-1]) * 16  # room for 16 records; doubled when full
         self.heads = self._heads_buffer
         self.pools = {}
-        self.tagged_at = []
+        self.tagged_at = array("q")
 
     def start(self, batch: Batch, alloc: AllocatorBase, tier, cache, max_num_seqs: cython.longlong,
               max_prefill_tokens: cython.longlong, settings=None) -> None:
         FcfsScheduler.start(self, batch, alloc, tier, cache, max_num_seqs, max_prefill_tokens, settings)
-        self.tagged_at = [-1] * batch.num
+        self.tagged_at = array("q", [-1]) * batch.num
         self.aging_ps = to_ps(settings.aging_s) if settings is not None else 0
 
     def _tag(self, i: cython.longlong):
         """Request i's tag now (the KV manager's `tag_of`), noting the boundaries it was read under."""
         b: Batch = self.batch
-        self.tagged_at[i] = self.alloc.boundary_updates
+        updates: cython.longlong = self.alloc.boundary_updates
+        self.tagged_at[i] = updates
         return self.alloc.tag_of(b.prompt[i] + b.gen[i], self.left(i), None if b.unc is None else b.unc[i])
 
     def _upcoming_tag(self, i: cython.longlong):
         """`_tag(i)` of a request not yet arrived, cached while the boundaries stand."""
         tag = self.tags.get(i)
-        if tag is None or self.tagged_at[i] != self.alloc.boundary_updates:
+        updates: cython.longlong = self.alloc.boundary_updates
+        if tag is None or self.tagged_at[i] != updates:
             tag = self.tags[i] = self._tag(i)
         return tag
 
@@ -137,14 +152,16 @@ class TaskPoolScheduler(FcfsScheduler):
     def arrive(self, i: cython.longlong) -> None:
         t: cython.longlong
         tag = self.tags.pop(i, None)  # tagged already by a scan of the upcoming arrivals
-        if tag is None or self.tagged_at[i] != self.alloc.boundary_updates:
+        updates: cython.longlong = self.alloc.boundary_updates
+        if tag is None or self.tagged_at[i] != updates:
             tag = self._tag(i)
         t = self._record(tag)
         if self.heads[t] < 0:
             self.dirty = True
             self.heads[t] = i
         self.records[t][0].append(i)
-        self.waiting[i] = tag
+        waiting: Waiting = self.waiting
+        waiting.n += 1
 
     def requeue(self, i: cython.longlong) -> None:
         """Preempted: tagged again (its prediction may be spent), first in its tag's queue."""
@@ -155,7 +172,8 @@ class TaskPoolScheduler(FcfsScheduler):
         t: cython.longlong = self._record(tag)
         self.records[t][0].appendleft(i)
         self.heads[t] = i
-        self.waiting[i] = tag
+        waiting: Waiting = self.waiting
+        waiting.n += 1
 
     def first_waking(self, n: cython.longlong, j: cython.longlong) -> cython.longlong:
         """The first arrival from j on that no request of its tag waits before (it may join a batch
@@ -254,7 +272,8 @@ class TaskPoolScheduler(FcfsScheduler):
         were refitted); then it is moved to the front of its current tag's queue (it has waited
         longest of its own, and an insertion in arrival order would cost the queue's length), and
         True."""
-        if self.tagged_at[i] == self.alloc.boundary_updates:
+        updates: cython.longlong = self.alloc.boundary_updates
+        if self.tagged_at[i] == updates:
             return False
         now = self._tag(i)
         if now == tag:
@@ -266,7 +285,9 @@ class TaskPoolScheduler(FcfsScheduler):
     def _pop(self, t: cython.longlong) -> None:
         """The first request of record t's queue leaves it."""
         queue = self.records[t][0]
-        del self.waiting[queue.popleft()]
+        queue.popleft()
+        waiting: Waiting = self.waiting
+        waiting.n -= 1
         if queue:
             self.heads[t] = queue[0]
         else:
