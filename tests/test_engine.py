@@ -163,3 +163,21 @@ def test_a_scheduler_registration_is_checked():
             register_scheduler(bad)
     with pytest.raises(ConfigError, match="no scheduler"):
         unregister_scheduler("nope")
+
+
+def test_the_occupancy_sum_is_exact_at_the_64_bit_flush_bound():
+    """Tally.occupy sums bytes x ps in 64 bits and hands the partial sum to a Python integer at
+    2**62: terms of exactly 2**62, then a larger one, give the exact total (compiled, a partial
+    sum of 2**62 plus a term of 2**62 would pass 2**63 - 1)."""
+    from types import SimpleNamespace
+
+    from odmactl.sim.tally import Tally
+
+    tally = Tally(2, False)
+    for _ in range(3):
+        tally.occupy(1 << 62, 1)
+    tally.occupy((1 << 61) + 5, 2)  # (2**61 + 5) x 2 > 2**62: summed as a Python integer
+    tally.occupy(7, 0)
+    tally.occupy(3, 4)
+    link = SimpleNamespace(moved_bytes=0, link_ps=0, bottleneck_ps=0)
+    assert tally.counters(0, 0, link, 0)["occupancy_byte_ps"] == 3 * (1 << 62) + ((1 << 61) + 5) * 2 + 12

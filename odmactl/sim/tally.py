@@ -15,7 +15,7 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
 from odmactl.sim.series import Series
 from odmactl.sim.workload import PS
 
-OCCUPANCY_FLUSH = 1 << 62  # a 64-bit partial sum of byte x ps terms moves to the Python integer past this
+OCCUPANCY_FLUSH = 1 << 62  # a 64-bit partial sum of byte x ps terms moves to the Python integer once at this
 
 
 def seconds(t_ps) -> float:
@@ -47,10 +47,12 @@ class Tally:
         self.updates_seen = -1
 
     def occupy(self, reserved_now: cython.longlong, dt: cython.longlong) -> None:
-        """`reserved_now` bytes held for `dt` ps, summed in 64 bits and handed to the Python sum near 2**62."""
+        """`reserved_now` bytes held for `dt` ps, summed in 64 bits and handed to the Python sum at
+        2**62: the partial sum stays below 2**62 between calls and a term summed in 64 bits is at
+        most 2**62, so their sum stays below 2**63 (a larger term goes to the Python sum at once)."""
         if dt == 0 or reserved_now <= OCCUPANCY_FLUSH // dt:
             self.occupancy_acc += reserved_now * dt
-            if self.occupancy_acc > OCCUPANCY_FLUSH:
+            if self.occupancy_acc >= OCCUPANCY_FLUSH:
                 self.occupancy_byte_ps += self.occupancy_acc
                 self.occupancy_acc = 0
         else:
