@@ -2,8 +2,8 @@
 
 `cluster_manager` is ODMA's (seeds/001 §3.5: the Cluster Manager "assigns incoming batches to
 devices by jointly considering compute load and memory pressure", tracking "device-local free
-capacity and bucket occupancy"). odmactl replays replicas apart today (capacity multiplies one
-engine's rate); the rule is here, tested, for the router that replays them together.
+capacity and bucket occupancy"). sim/cluster.py replays the replicas together on one clock and
+applies it as the `cluster-manager` router (`--router cluster-manager`).
 """
 
 from __future__ import annotations
