@@ -362,3 +362,36 @@ def test_a_stop_while_a_figure_is_drawn_is_raised_once_it_is_drawn(tmp_path, mon
     finally:
         signal.signal(signal.SIGINT, previous)
         stops.reset()
+
+
+def test_a_stop_while_the_parent_waits_for_its_workers_is_raised_between_waits():
+    """CI once ended a SIGTERM to `plan` with "RuntimeError: release unlocked lock" printed by the
+    worker pool's result thread above the stop's message: raised inside `as_completed`'s wait, the
+    stop had landed in `threading.Condition.wait`'s lock re-acquire, and the `with` around it
+    released the lock that thread held. The parent now waits in short slices inside `deferred()`
+    (run/executors.py WAIT_S): a stop sent while the workers run their jobs is raised where a slice
+    ends, long before the jobs would, and no thread fails."""
+    import threading
+    import traceback
+
+    from odmactl.run import executors
+
+    failures = []
+    previous_hook = threading.excepthook
+    threading.excepthook = failures.append
+    stops.reset()
+    previous = signal.signal(signal.SIGTERM, stops.handler)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    try:
+        started = time.monotonic()
+        timer.start()
+        with pytest.raises(stops.Stopped) as caught:
+            executors.run_jobs([(60.0,)] * 3, 2, "sleep", fn=time.sleep)
+        assert time.monotonic() - started < 30
+        assert traceback.extract_tb(caught.value.__traceback__)[-1].name == "deferred"  # not `handler`
+        assert not failures
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGTERM, previous)
+        threading.excepthook = previous_hook
+        stops.reset()

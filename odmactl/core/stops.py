@@ -8,6 +8,8 @@ without losing the stop or leaving a half-done state, and run inside `deferred()
   so the run would carry on; and a worker forked with `handler` installed would raise in its own
   bootstrap (a broken pool) until its initializer sets its signals;
 - putting a command's outputs in place (core/atomic.py `commit`): all of them or none;
+- waiting for the workers' results (run/executors.py, in slices of WAIT_S): raised inside
+  `threading.Condition.wait`, a stop can make it release a lock another thread holds;
 - stopping the workers of a stopped run (a second Ctrl-C is the same stop);
 - importing torch (`import_whole`): a stop raised while its C++ runtime initialises can leave it
   half made, and the process then aborts (SIGABRT, a C++ stack) instead of ending with its message;

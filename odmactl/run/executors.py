@@ -7,9 +7,10 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
+import queue
 import signal
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from odmactl.core.errors import ConfigError, RunError
@@ -17,6 +18,15 @@ from odmactl.core.stops import Stopped, deferred
 from odmactl.run.replay import ReplayContext, replay_policy
 
 EXECUTORS = ("process", "ray")
+# How long the parent waits for its workers' next result at a time, inside `deferred()`: a stop
+# that lands while it waits is raised when the wait ends (at most this late), never inside it.
+# Raised inside `as_completed`'s wait, a stop could land in the lock re-acquire that ends
+# `threading.Condition.wait`; the `with` block around it (`Event.wait`) then released the lock
+# the pool's result thread held, and that thread died printing "RuntimeError: release unlocked
+# lock" under the stop's message (CI, test_signals.py, a SIGTERM to `plan` as its workers started;
+# CPython: Condition.wait is not safe against an exception from a signal handler, python/cpython
+# issues 78667 and 118433).
+WAIT_S = 0.05
 
 
 def replay_candidate(ctx: ReplayContext, table: dict, policy: str = "odma", series: bool = False) -> dict:
@@ -50,7 +60,17 @@ def run_jobs(jobs: list[tuple], workers: int, label: str, progress=None, fn=None
             pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
                                        initializer=_worker_signals, initargs=(os.getpid(),))
             futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
-        for done, future in enumerate(as_completed(futures), start=1):
+            finished = queue.SimpleQueue()  # the futures as they finish (their callbacks put them)
+            for future in futures:
+                future.add_done_callback(finished.put)
+        for done in range(1, len(futures) + 1):
+            future = None
+            while future is None:
+                with deferred():  # a stop is raised between waits, never inside one (WAIT_S)
+                    try:
+                        future = finished.get(timeout=WAIT_S)
+                    except queue.Empty:
+                        pass
             try:
                 results[futures[future]] = future.result()
             except BrokenProcessPool:
