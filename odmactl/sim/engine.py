@@ -249,7 +249,7 @@ class Replay:
             self._decode_stepping(dt, True)
         else:  # a prefill iteration over the chunks
             dt = self.link.with_moves(dt)
-            self.tally.occupancy_byte_ps += self.reserved_bytes() * dt
+            self.tally.occupy(self.reserved_bytes(), dt)
             self.t += dt
         self.tally.prefills += 1
         for i in chunker.computed(chunks):
@@ -282,7 +282,7 @@ class Replay:
         dt = self.link.with_moves(self.prefill_clock.ps(prompt_sum, prompt_squares, len(admitted)))  # + its host moves
         started: cython.longlong = self.t
         self.t += dt
-        self.tally.occupancy_byte_ps += self.reserved_bytes() * dt
+        self.tally.occupy(self.reserved_bytes(), dt)
         self.tally.prefills += 1
         for i in admitted:
             if b.first_ps[i] < 0:
@@ -385,7 +385,7 @@ class Replay:
         if b.block_growth:
             if b.prefilling_blocks + b.shared:
                 held += (b.prefilling_blocks + b.shared) * dt
-            self.tally.occupancy_byte_ps += held * self.block_bytes
+            self.tally.occupancy_byte_ps += held * self.block_bytes  # blocks x ps (may pass 64 bits) x bytes a block
             b.runs_now = runs[k % b.B] + n * (k // b.B)  # = the blocks held during the last iteration
             b.note_peak()
         else:

@@ -30,7 +30,8 @@ class Tally:
     boundaries from `series_next_ps` on; `boundaries` the bucket boundaries a policy with changing
     boundaries used, (seconds, boundaries) at each change.
     Invariant: every counter only grows; occupancy_byte_ps + occupancy_acc is the time integral
-    of reserved bytes over the iterations run so far."""
+    of reserved bytes over the iterations run so far, summed by `occupy` (the block-growth
+    fast-forward adds its own sum of blocks x ps, which may pass 64 bits, times a block's bytes)."""
 
     __slots__ = ("preemptions", "stalls", "too_long", "truncated", "recomputed", "migrations", "peak", "prefills", "decodes",
                  "completed", "migrated_bytes", "migration_ps", "occupancy_byte_ps", "occupancy_acc", "series",
@@ -63,7 +64,7 @@ class Tally:
         self.migrations += 1
         self.migrated_bytes += copied
         self.migration_ps += dt
-        self.occupancy_byte_ps += reserved_now * dt
+        self.occupy(reserved_now, dt)
 
     def observe(self, t: cython.longlong, alloc, n: cython.longlong) -> cython.bint:
         """At a decode boundary: the batch's size, the boundaries the policy uses now; whether the
