@@ -395,3 +395,76 @@ def test_a_stop_while_the_parent_waits_for_its_workers_is_raised_between_waits()
         signal.signal(signal.SIGTERM, previous)
         threading.excepthook = previous_hook
         stops.reset()
+
+
+def test_a_stop_as_the_pool_shuts_down_is_raised_once_it_is_down(monkeypatch):
+    """A red team's case: a stop that landed as the idle pool shut down escaped the pool's
+    cleanup; its thread outlived the run and Python's exit hook printed "OSError: [Errno 9] Bad file
+    descriptor" under the abort line. The shutdown runs inside `deferred()`: the stop is raised
+    once the pool is down."""
+    import threading
+    import traceback
+    from concurrent.futures import ProcessPoolExecutor
+
+    from odmactl.run import executors
+
+    shut = []
+    original = ProcessPoolExecutor.shutdown
+
+    def shutdown_stopped_as_it_starts(pool, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here: without the deferral it raises now
+        original(pool, *args, **kwargs)
+        shut.append(pool)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "shutdown", shutdown_stopped_as_it_starts)
+    failures = []
+    monkeypatch.setattr(threading, "excepthook", failures.append)
+    stops.reset()
+    previous = signal.signal(signal.SIGTERM, stops.handler)
+    try:
+        with pytest.raises(stops.Stopped):
+            try:
+                executors.run_jobs([(0.01,)] * 3, 2, "sleep", fn=time.sleep)
+            except stops.Stopped as stop:
+                assert traceback.extract_tb(stop.__traceback__)[-1].name == "deferred"  # not `handler`
+                raise
+        assert shut and shut[0]._executor_manager_thread is None  # joined before the stop was raised
+        assert not failures
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stops.reset()
+
+
+def test_a_second_stop_while_the_temp_files_go_leaves_none_and_keeps_the_first(tmp_path, monkeypatch):
+    """A red team's case: a SIGINT that landed while a SIGTERM'd command removed its temp files
+    left the rest behind and ended the command as "interrupted" (exit 130). The temps go inside
+    `deferred()`: all of them, and the first stop is the one raised."""
+    from pathlib import Path as _Path
+
+    def first(path):
+        path.write_text("whole")
+
+    def stopped(path):
+        path.write_text("half")
+        raise stops.Stopped(signal.SIGTERM)
+
+    original = _Path.unlink
+    sent = []
+
+    def unlink_stopped_once(self, *args, **kwargs):
+        if not sent:
+            sent.append(self)
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs here: without the deferral it raises now
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(_Path, "unlink", unlink_stopped_once)
+    stops.reset()
+    previous = signal.signal(signal.SIGINT, stops.handler)
+    try:
+        with pytest.raises(stops.Stopped) as caught:
+            write_outputs([(tmp_path / "a.json", first), (tmp_path / "b.json", stopped)], force=False)
+        assert caught.value.signum == signal.SIGTERM and sent
+        assert sorted(p.name for p in tmp_path.iterdir()) == []
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        stops.reset()

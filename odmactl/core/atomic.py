@@ -308,9 +308,17 @@ def write_outputs(outputs: Sequence[tuple[Path, Writer]], *, force: bool) -> Non
                 raise
         with stops.deferred():
             _commit(list(zip(temps, targets)), force)
-    finally:
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
+    except BaseException:
+        with stops.deferred():  # every temp goes; a second stop meanwhile is the same stop (dropped, core/stops.py)
+            _remove(temps)
+            raise
+    with stops.deferred():  # committed: the temps were moved into place, none should be left
+        _remove(temps)
+
+
+def _remove(temps: list[Path]) -> None:
+    for tmp in temps:
+        tmp.unlink(missing_ok=True)
 
 
 def _kept_aside(path: Path) -> Path:

@@ -7,9 +7,12 @@ without losing the stop or leaving a half-done state, and run inside `deferred()
   in the parent after the fork, where an exception is printed as "Exception ignored" and dropped,
   so the run would carry on; and a worker forked with `handler` installed would raise in its own
   bootstrap (a broken pool) until its initializer sets its signals;
-- putting a command's outputs in place (core/atomic.py `commit`): all of them or none;
+- putting a command's outputs in place (core/atomic.py `commit`): all of them or none; and
+  removing its temp files (a second stop there would leave the rest behind);
 - waiting for the workers' results (run/executors.py, in slices of WAIT_S): raised inside
-  `threading.Condition.wait`, a stop can make it release a lock another thread holds;
+  `threading.Condition.wait`, a stop can make it release a lock another thread holds; and shutting
+  the idle pool down (raised inside its join, the pool's thread outlives the run and its exit hook
+  writes to a closed pipe);
 - stopping the workers of a stopped run (a second Ctrl-C is the same stop);
 - importing torch (`import_whole`): a stop raised while its C++ runtime initialises can leave it
   half made, and the process then aborts (SIGABRT, a C++ stack) instead of ending with its message;

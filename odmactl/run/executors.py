@@ -79,11 +79,12 @@ def run_jobs(jobs: list[tuple], workers: int, label: str, progress=None, fn=None
                                "--workers 1 runs every job in this process") from None
             if progress is not None:
                 progress(label, done, len(jobs))
+        with deferred():  # the workers are idle: a stop while they exit is raised once the pool is down
+            pool.shutdown(wait=True)
     except BaseException:  # an error, Ctrl-C or SIGTERM in this process: stop the workers now, not after their jobs
         if pool is not None:
             _stop_workers(pool)
         raise
-    pool.shutdown(wait=True)
     return results
 
 
