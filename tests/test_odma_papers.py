@@ -202,19 +202,28 @@ def test_aging_bounds_how_long_a_request_that_cannot_fit_waits(cost):
     assert waits[1.0] < waits[86_400.0]
 
 
+@pytest.mark.parametrize("refit", [False, True])
 @pytest.mark.parametrize("scheduler", ["task_pool", "fcfs"])
-def test_the_queue_length_sampled_is_the_requests_arrived_and_not_started(cost, scheduler):
+def test_the_queue_length_sampled_is_the_requests_arrived_and_not_started(cost, scheduler, refit):
     """The task pool counts its waiting requests (no request -> tag map): at every sample of the
     replay's series, the queue length equals, from the timeline, the requests that arrived by then
-    and had not yet started (no preemption or rejection here), and nothing waits at the end."""
+    and had not yet started (no preemption or rejection here), and nothing waits at the end; with
+    refits, waiting heads tagged under older boundaries move between the tags' queues."""
     n_small = 400
     order = np.argsort([0.5] + [0.01 * k for k in range(n_small)], kind="stable")
     output = np.asarray([2500] + [300] * n_small)[order]
     w = _workload(np.full(n_small + 1, 100), output, output, np.zeros(n_small + 1),
                   np.sort([0.5] + [0.01 * k for k in range(n_small)], kind="stable"))
-    alloc = _odma(cost, 6_000, {"boundaries_tokens": [512, 3072], "refit": False, "large_pool_bytes": 0})
+    # refitted to the small requests' lengths, the boundaries move the waiting small requests from
+    # the 3,072-token bucket to the first (380 moves between the tags' queues) and leave the long
+    # one to the large pool
+    refits = {"boundaries_tokens": [256, 3072], "refit_every": 20, "refit_window": 60,
+              "large_pool_bytes": 3_000 * _bpt(cost)} if refit else \
+        {"boundaries_tokens": [512, 3072], "refit": False, "large_pool_bytes": 0}
+    alloc = _odma(cost, 6_000, refits, 2_600)  # large blocks: prompt + 2,600
     replay, result = _replay(w, alloc, cost, policy=scheduler, aging_s=1.0, series_points=1 << 16)
     assert result.metrics["completed"] == n_small + 1 and result.metrics["preemptions"] == 0
+    assert (alloc.boundary_updates > 0) == refit
     tl = replay.batch.timeline()
     rows = replay.tally.series.rows
     assert max(r[3] for r in rows) > 10  # requests did queue
