@@ -18,6 +18,7 @@ cdef class TaskPoolScheduler(FcfsScheduler):
     cdef long long _record(self, object tag) except? -1
     cdef void _to_front(self, long long i, object tag) except *
     cdef object _tag(self, long long i)
+    cdef bint _tagged_now(self, long long i) except *
     cdef void _pop(self, long long t) except *
     cdef bint _stale(self, long long i, long long t, object tag) except *
     cdef long long _tried(self, object tag, long long i, long long tokens, long long admitted) except? -1

@@ -118,15 +118,18 @@ class TaskPoolScheduler(FcfsScheduler):
     def _tag(self, i: cython.longlong):
         """Request i's tag now (the KV manager's `tag_of`), noting the boundaries it was read under."""
         b: Batch = self.batch
-        updates: cython.longlong = self.alloc.boundary_updates
-        self.tagged_at[i] = updates
+        self.tagged_at[i] = self.alloc.boundary_updates
         return self.alloc.tag_of(b.prompt[i] + b.gen[i], self.left(i), None if b.unc is None else b.unc[i])
+
+    def _tagged_now(self, i: cython.longlong) -> cython.bint:
+        """Whether request i was last tagged under the boundaries in force now."""
+        updates: cython.longlong = self.alloc.boundary_updates
+        return self.tagged_at[i] == updates
 
     def _upcoming_tag(self, i: cython.longlong):
         """`_tag(i)` of a request not yet arrived, cached while the boundaries stand."""
         tag = self.tags.get(i)
-        updates: cython.longlong = self.alloc.boundary_updates
-        if tag is None or self.tagged_at[i] != updates:
+        if tag is None or not self._tagged_now(i):
             tag = self.tags[i] = self._tag(i)
         return tag
 
@@ -152,8 +155,7 @@ class TaskPoolScheduler(FcfsScheduler):
     def arrive(self, i: cython.longlong) -> None:
         t: cython.longlong
         tag = self.tags.pop(i, None)  # tagged already by a scan of the upcoming arrivals
-        updates: cython.longlong = self.alloc.boundary_updates
-        if tag is None or self.tagged_at[i] != updates:
+        if tag is None or not self._tagged_now(i):
             tag = self._tag(i)
         t = self._record(tag)
         if self.heads[t] < 0:
@@ -272,8 +274,7 @@ class TaskPoolScheduler(FcfsScheduler):
         were refitted); then it is moved to the front of its current tag's queue (it has waited
         longest of its own, and an insertion in arrival order would cost the queue's length), and
         True."""
-        updates: cython.longlong = self.alloc.boundary_updates
-        if self.tagged_at[i] == updates:
+        if self._tagged_now(i):
             return False
         now = self._tag(i)
         if now == tag:
