@@ -22,8 +22,12 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import traceback
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -34,6 +38,21 @@ from odmactl.core.errors import OutputError
 
 DEVICE, MODEL = "mlu370-x4", "DeepSeek-R1-Distill-Qwen-7B"
 TRIES = 20  # per signal and command, for the fork races
+
+
+
+@contextmanager
+def _handled(signum: int) -> Iterator[None]:
+    """The CLI's stop handler installed for `signum` in this process (no stop recorded), the
+    previous handler put back after."""
+    stops.reset()
+    previous = signal.signal(signum, stops.handler)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
+        stops.reset()
+
 
 DRIVER = r"""
 import os, signal, sys
@@ -309,16 +328,13 @@ def test_a_stop_during_an_uninterruptible_import_is_raised_once_it_is_done(tmp_p
     itself half-way through stands in for it here."""
     (tmp_path / "half_way.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nDONE = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    stops.reset()
-    previous = signal.signal(signal.SIGINT, stops.handler)
-    try:
-        with pytest.raises(stops.Stopped):
-            stops.import_whole("half_way")
-        assert sys.modules["half_way"].DONE
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        sys.modules.pop("half_way", None)
-        stops.reset()
+    with _handled(signal.SIGINT):
+        try:
+            with pytest.raises(stops.Stopped):
+                stops.import_whole("half_way")
+            assert sys.modules["half_way"].DONE
+        finally:
+            sys.modules.pop("half_way", None)
 
 
 def test_a_stop_once_the_outcome_is_decided_is_recorded_not_raised():
@@ -352,52 +368,39 @@ def test_a_stop_while_a_figure_is_drawn_is_raised_once_it_is_drawn(tmp_path, mon
 
     monkeypatch.setattr(plots, "capacity_figure", figure_stopped_half_way)
     out = tmp_path / "capacity.png"
-    stops.reset()
-    previous = signal.signal(signal.SIGINT, stops.handler)
-    try:
+    with _handled(signal.SIGINT):
         with pytest.raises(stops.Stopped):
             plots.write_capacity_plot({}, out)
         assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and out.stat().st_size > 1000
         assert stops.pending() is None
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        stops.reset()
 
 
-def test_a_stop_while_the_parent_waits_for_its_workers_is_raised_between_waits():
+def test_a_stop_while_the_parent_waits_for_its_workers_is_raised_between_waits(monkeypatch):
     """CI once ended a SIGTERM to `plan` with "RuntimeError: release unlocked lock" printed by the
     worker pool's result thread above the stop's message: raised inside `as_completed`'s wait, the
     stop had landed in `threading.Condition.wait`'s lock re-acquire, and the `with` around it
     released the lock that thread held. The parent now waits in short slices inside `deferred()`
     (run/executors.py WAIT_S): a stop sent while the workers run their jobs is raised where a slice
     ends, long before the jobs would, and no thread fails."""
-    import threading
-    import traceback
-
     from odmactl.run import executors
 
     failures = []
-    previous_hook = threading.excepthook
-    threading.excepthook = failures.append
-    stops.reset()
-    previous = signal.signal(signal.SIGTERM, stops.handler)
+    monkeypatch.setattr(threading, "excepthook", failures.append)
     timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM))  # the workers forked by then
-    try:
+    with _handled(signal.SIGTERM):
         started = time.monotonic()
         timer.start()
-        with pytest.raises(stops.Stopped) as caught:
-            executors.run_jobs([(60.0,)] * 3, 2, "sleep", fn=time.sleep)
+        try:
+            with pytest.raises(stops.Stopped) as caught:
+                executors.run_jobs([(60.0,)] * 3, 2, "sleep", fn=time.sleep)
+        finally:
+            timer.cancel()  # never left to signal a process without the handler
         assert time.monotonic() - started < 30
         frames = traceback.extract_tb(caught.value.__traceback__)
         assert "run_jobs" in [f.name for f in frames[-3:]]  # raised by run_jobs' waiting, between two waits
         # (`deferred`, or, in the moment between them, `handler`): never inside threading or futures
         assert not any(f.filename.endswith(("threading.py", "_base.py", "queue.py")) for f in frames), frames
         assert not failures
-    finally:
-        timer.cancel()
-        signal.signal(signal.SIGTERM, previous)
-        threading.excepthook = previous_hook
-        stops.reset()
 
 
 def test_a_stop_as_the_pool_shuts_down_is_raised_once_it_is_down(monkeypatch):
@@ -405,10 +408,6 @@ def test_a_stop_as_the_pool_shuts_down_is_raised_once_it_is_down(monkeypatch):
     cleanup; its thread outlived the run and Python's exit hook printed "OSError: [Errno 9] Bad file
     descriptor" under the abort line. The shutdown runs inside `deferred()`: the stop is raised
     once the pool is down."""
-    import threading
-    import traceback
-    from concurrent.futures import ProcessPoolExecutor
-
     from odmactl.run import executors
 
     shut = []
@@ -422,9 +421,7 @@ def test_a_stop_as_the_pool_shuts_down_is_raised_once_it_is_down(monkeypatch):
     monkeypatch.setattr(ProcessPoolExecutor, "shutdown", shutdown_stopped_as_it_starts)
     failures = []
     monkeypatch.setattr(threading, "excepthook", failures.append)
-    stops.reset()
-    previous = signal.signal(signal.SIGTERM, stops.handler)
-    try:
+    with _handled(signal.SIGTERM):
         with pytest.raises(stops.Stopped):
             try:
                 executors.run_jobs([(0.01,)] * 3, 2, "sleep", fn=time.sleep)
@@ -433,17 +430,12 @@ def test_a_stop_as_the_pool_shuts_down_is_raised_once_it_is_down(monkeypatch):
                 raise
         assert shut and shut[0]._executor_manager_thread is None  # joined before the stop was raised
         assert not failures
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        stops.reset()
 
 
 def test_a_second_stop_while_the_temp_files_go_leaves_none_and_keeps_the_first(tmp_path, monkeypatch):
     """A red team's case: a SIGINT that landed while a SIGTERM'd command removed its temp files
     left the rest behind and ended the command as "interrupted" (exit 130). The temps go inside
     `deferred()`: all of them, and the first stop is the one raised."""
-    from pathlib import Path as _Path
-
     def first(path):
         path.write_text("whole")
 
@@ -451,7 +443,7 @@ def test_a_second_stop_while_the_temp_files_go_leaves_none_and_keeps_the_first(t
         path.write_text("half")
         raise stops.Stopped(signal.SIGTERM)
 
-    original = _Path.unlink
+    original = Path.unlink
     sent = []
 
     def unlink_stopped_once(self, *args, **kwargs):
@@ -460,14 +452,9 @@ def test_a_second_stop_while_the_temp_files_go_leaves_none_and_keeps_the_first(t
             os.kill(os.getpid(), signal.SIGINT)  # the handler runs here: without the deferral it raises now
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(_Path, "unlink", unlink_stopped_once)
-    stops.reset()
-    previous = signal.signal(signal.SIGINT, stops.handler)
-    try:
+    monkeypatch.setattr(Path, "unlink", unlink_stopped_once)
+    with _handled(signal.SIGINT):
         with pytest.raises(stops.Stopped) as caught:
             write_outputs([(tmp_path / "a.json", first), (tmp_path / "b.json", stopped)], force=False)
         assert caught.value.signum == signal.SIGTERM and sent
         assert sorted(p.name for p in tmp_path.iterdir()) == []
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        stops.reset()
