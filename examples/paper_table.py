@@ -118,9 +118,22 @@ def _shape(name: str, part: dict) -> list[str]:
         m, said = planned["metrics"], part["plan"]
         verdict = ("passes plan's own held-out gate" if said["holds"] else
                    f"is plan's closest candidate, which it does not write: {said['failure']}")
+        alloc = planned["allocator"]
+        large_tokens = alloc["regions"]["large"]["pool_bytes"] // alloc["bytes_per_token"]
+        top = planned["config"]["boundaries_tokens"][-1]
         lines[-1] += (f" The planned config ({said['chosen']}, scheduler {said['scheduler']}) {verdict}; replayed on "
                       f"these requests it keeps {m['overflow_rate']:.2%} overflowing at {m['kv_utilization']:.1%} "
-                      f"utilization and {m['tps']:,.0f} tok/s.")
+                      f"utilization and {m['tps']:,.0f} tok/s, held back by its large pool: plan sized that pool "
+                      f"({large_tokens:,} tokens, {planned['config']['large_pool_fraction']:.1%} of the KV) from the "
+                      f"share of block-time large blocks took on its search part; here "
+                      f"{alloc['policy_counters']['routed_large']:,} requests are admitted to large blocks (their "
+                      f"hedged reservation, prompt + {n:,} for most, passes the top boundary as the refits move it; "
+                      f"it ends at {top:,} tokens) and "
+                      f"{alloc['migrations']:,} more move there as they outgrow their bucket, at most "
+                      f"{large_tokens // (n + 1):,} at a time (blocks of prompt + {n:,}), so "
+                      f"its mean batch was "
+                      f"{m['mean_batch']:.1f} against static's {static['mean_batch']:.1f} and the {m['completed']:,} "
+                      f"requests took {m['makespan_s']:,.0f} s against {static['makespan_s']:,.0f}.")
     return lines + [""]
 
 
