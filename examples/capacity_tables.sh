@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The capacity tables of docs/capacity.md ("Capacity: devices at a latency SLO"), made again:
-#   bash examples/capacity_tables.sh [WORK]     (needs ../shared/traces; about 20 minutes on 2 cores)
+#   bash examples/capacity_tables.sh [WORK]     (needs ../shared/traces; about 4 minutes on 2 cores)
 # Azure conv 2023: the predictor is fitted on the first 6,000 requests, plan chooses ODMA's config on
 # the other 13,366 for one MLU370-X4 with a 1% migration-rate limit (at 0.5% its pick fails the gate
 # on the held-out part and plan writes no config), and capacity runs on those 13,366 on MLU370-X4
