@@ -1,7 +1,7 @@
 """The ODMA papers' comparison, replayed: DeepSeek-R1-Distill-Qwen-7B on a Cambricon MLU370-X4.
 
-Run from the repository root (needs ../shared/traces; about 15 minutes on 2 CPU cores, mostly `fit`
-and `plan`, which later runs reuse from --work):
+Run from the repository root (needs ../shared/traces; 53 s on 2 CPU cores from an empty --work,
+`fit` and `plan` included, which later runs reuse from --work: delete it after changing either):
 
     python examples/paper_table.py --work /tmp/odmactl-paper --out examples/paper_table.md
 
@@ -235,8 +235,8 @@ def _plan(work: Path, name: str, train: Path, pred: Path, max_len: int, cap: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] + " Needs ../shared/traces beside the "
-                                     "repository; the first run fits two predictors and plans (about 15 minutes on "
-                                     "2 cores), later runs reuse them from --work (about a minute).")
+                                     "repository; the first run fits two predictors and plans (about a minute on 2 "
+                                     "cores), later runs reuse them from --work (delete it after changing fit or plan).")
     parser.add_argument("--work", type=Path, default=Path("/tmp/odmactl-paper"),
                         help="folder for the ingested traces, their cuts, the fitted predictors and the plan (reused)")
     parser.add_argument("--out", type=Path, default=ROOT / "examples" / "paper_table.md",
