@@ -165,19 +165,25 @@ def test_a_scheduler_registration_is_checked():
         unregister_scheduler("nope")
 
 
-def test_the_occupancy_sum_is_exact_at_the_64_bit_flush_bound():
-    """Tally.occupy sums bytes x ps in 64 bits and hands the partial sum to a Python integer at
-    2**62: terms of exactly 2**62, then a larger one, give the exact total (compiled, a partial
-    sum of 2**62 plus a term of 2**62 would pass 2**63 - 1)."""
+def test_the_occupancy_sum_is_exact_past_64_bits():
+    """Tally.occupy sums bytes x ps exactly: compiled, as a 128-bit number in two 64-bit words
+    whose carries it counts (a term's 32-bit halves multiplied apart). Terms at and past 2**63,
+    a low word that wraps many times, and zero terms give Python's exact sum."""
+    import random
     from types import SimpleNamespace
 
     from odmactl.sim.tally import Tally
 
+    rng = random.Random(7)
+    top = (1 << 63) - 1
+    terms = [(top, top), (top, 1), (1, top), (1 << 32, 1 << 32), ((1 << 32) - 1, (1 << 32) - 1), (7, 0), (0, top),
+             (3, 4), ((1 << 61) + 5, 2)]
+    terms += [(rng.randrange(1 << 40), rng.randrange(1 << 45)) for _ in range(2_000)]  # a pool's bytes x a step's ps
+    terms += [(rng.randrange(top), rng.randrange(top)) for _ in range(200)]
     tally = Tally(2, False)
-    for _ in range(3):
-        tally.occupy(1 << 62, 1)
-    tally.occupy((1 << 61) + 5, 2)  # (2**61 + 5) x 2 > 2**62: summed as a Python integer
-    tally.occupy(7, 0)
-    tally.occupy(3, 4)
+    for reserved, dt in terms:
+        tally.occupy(reserved, dt)
     link = SimpleNamespace(moved_bytes=0, link_ps=0, bottleneck_ps=0)
-    assert tally.counters(0, 0, link, 0)["occupancy_byte_ps"] == 3 * (1 << 62) + ((1 << 61) + 5) * 2 + 12
+    assert tally.counters(0, 0, link, 0)["occupancy_byte_ps"] == sum(r * d for r, d in terms)
+    tally.occupy(5, 6)  # after counters, the sum goes on from the total
+    assert tally.counters(0, 0, link, 0)["occupancy_byte_ps"] == sum(r * d for r, d in terms) + 30

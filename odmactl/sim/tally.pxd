@@ -2,10 +2,13 @@
 # whose counters are C fields and whose methods the engine calls as C functions.
 from odmactl.sim.series cimport Series
 
+cdef unsigned long long HI_FLUSH  # tally.py's, a C constant (a module global would be looked up at each call)
+
 
 cdef class Tally:
     cdef public long long preemptions, stalls, too_long, truncated, recomputed, migrations, peak, prefills, decodes, completed
-    cdef public long long occupancy_acc, series_next_ps, updates_seen
+    cdef public long long series_next_ps, updates_seen
+    cdef public unsigned long long occupancy_hi, occupancy_lo
     cdef public object migrated_bytes, migration_ps, occupancy_byte_ps, boundaries
     cdef public Series series
     cdef public bint track_boundaries
