@@ -42,6 +42,7 @@ TRACES = {
 }
 REPLAY_REQUESTS = 5_000
 PLAN_ROWS = 10_000  # the training requests plan searches and validates on (the last ones)
+SAID_FORMAT = 2  # what --work's plan JSON holds; one of another format is planned again
 PAPERS = {"static_utilization": 0.5505, "odma_utilization": 0.7245, "tps_gain": 0.23}  # seeds/001 §5, Alpaca
 PAPER_STATIC_UTILIZATION = {"Alpaca": 0.5505, "Google-NQ": 0.4254}  # seeds/001 §5, Figure 5
 METRIC_KEYS = ("kv_utilization", "tps", "ttft_p99", "tpot_p99", "migration_rate", "preemptions", "stalls",
@@ -117,7 +118,8 @@ def _shape(name: str, part: dict) -> list[str]:
     if planned:
         m, said = planned["metrics"], part["plan"]
         verdict = ("passes plan's own held-out gate" if said["holds"] else
-                   f"is plan's closest candidate, which it does not write: {said['failure']}")
+                   f"is plan's closest candidate, which `odmactl plan` would not write (it {said['failure']}; this "
+                   "script writes it to --work to replay it)")
         alloc = planned["allocator"]
         large_tokens = alloc["regions"]["large"]["pool_bytes"] // alloc["bytes_per_token"]
         top = planned["config"]["boundaries_tokens"][-1]
@@ -156,10 +158,11 @@ def _tps_note(static: dict, odma: dict) -> str:
     """Why odma's TPS gain is what it is: the batch it ran against static's, and the step time."""
     batch = odma["mean_batch"] / static["mean_batch"] - 1.0
     step = odma["tpot_p50"] / static["tpot_p50"] - 1.0
+    said = ("so the memory it saves buys that much more throughput" if odma["tps"] >= static["tps"] else
+            "so the memory it saves did not buy a larger batch here")
     return (f"TPS is output tokens over the run: odma's mean batch was {batch:+.1%} against static's "
             f"({odma['mean_batch']:.1f} and {static['mean_batch']:.1f} requests; peak {odma['peak_concurrency']:,} and "
-            f"{static['peak_concurrency']:,}) and its median time per output token {step:+.1%}, so the memory it saves "
-            "buys that much more throughput.")
+            f"{static['peak_concurrency']:,}) and its median time per output token {step:+.1%}, {said}.")
 
 
 def _max_new_at(prompt, output, target: float) -> int:
@@ -215,12 +218,12 @@ def _plan(work: Path, name: str, train: Path, pred: Path, max_len: int, cap: int
     from odmactl.plan.config import config_document, config_text
     from odmactl.plan.search import plan
     from odmactl.plan.spec import PlanSpec
-    from odmactl.render.plan_text import config_heading, failure_message
+    from odmactl.render.plan_text import config_heading, unmet
     from odmactl.trace.schema import read_trace
 
     slug = name.split()[0].replace("/", "-")
     config, said = work / f"{slug}-plan-{cap}.toml", work / f"{slug}-plan-{cap}.json"
-    if not config.exists() or not said.exists():
+    if not config.exists() or not said.exists() or json.loads(said.read_text()).get("format") != SAID_FORMAT:
         frame = read_trace(train).tail(PLAN_ROWS)
         spec = PlanSpec(device=DEVICE, model=MODEL, predictor=str(pred), max_model_len=max_len, max_new_tokens=cap)
         doc, setup = plan(frame, spec)
@@ -229,7 +232,7 @@ def _plan(work: Path, name: str, train: Path, pred: Path, max_len: int, cap: int
         config.write_text(config_text(document, config_heading(doc)))
         said.write_text(json.dumps({"holds": doc["holds"], "chosen": doc["chosen"]["label"],
                                     "scheduler": doc["scheduler"],
-                                    "failure": None if doc["holds"] else failure_message(doc, config)}))
+                                    "failure": None if doc["holds"] else unmet(doc), "format": SAID_FORMAT}))
     return config, json.loads(said.read_text())
 
 

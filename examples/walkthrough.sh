@@ -2,7 +2,8 @@
 # ingest -> fit -> plan -> check on the shipped 4,000-request Azure conv sample, end to end.
 # Run from the repository root after `pip install -e .`; writes into ${WORK:-/tmp/odmactl-walkthrough}.
 # The first 1,500 requests train the length predictor; plan searches on the next 1,750 and
-# validates on the last 750; check then gates the whole later part on the config plan wrote.
+# validates on the last 750; check then gates those same 2,500 on the config plan wrote, as CI
+# gates recorded traffic (in-sample here: the sample has no requests left that plan did not see).
 set -euo pipefail
 WORK=${WORK:-/tmp/odmactl-walkthrough}
 mkdir -p "$WORK"

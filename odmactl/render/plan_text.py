@@ -104,11 +104,17 @@ def tp_advice(fit: dict) -> str | None:
     return f"--tp {best['tp']} ({best['pool_tokens']:,} KV tokens) leaves {best['over_half_pool']:.1%} too long; {MORE_MEMORY}"
 
 
+def unmet(doc: dict) -> str:
+    """What keeps plan from writing its pick: the held-out gate's failed verdicts, else what the
+    pick missed on the search part."""
+    failed = [x["text"] for x in doc["gate"]["verdicts"] if not x["passed"]]
+    return f"fails plan's own gate on the held-out part: {'; '.join(failed)}" if failed else \
+        f"missed on the search part: {'; '.join(doc['unmet_on_search'])}"
+
+
 def failure_message(doc: dict, out_path=None) -> str:
     """Why plan wrote no config: the constraints that fail and the candidate that came closest."""
-    failed = [x["text"] for x in doc["gate"]["verdicts"] if not x["passed"]]
-    where = f"fails plan's own gate on the held-out part: {'; '.join(failed)}" if failed else \
-        f"missed on the search part: {'; '.join(doc['unmet_on_search'])}"
+    where = unmet(doc)
     fit, fix = doc["pool_fit"], ""
     advice = tp_advice(fit)
     if advice is not None and fit["over_max_model_len"] > 0:
