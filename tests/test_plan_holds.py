@@ -217,7 +217,7 @@ def test_an_overloaded_replay_says_so_with_the_rate_it_sustains(cli, trace):
     kept = json.loads(r.out)["results"]["static"]["queue"]
     assert not kept["overloaded"] and not kept["falling_behind"]  # the stricter test holds there too
     r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "static", "--rate", "20")
-    assert f"times the arrival rate of the requests replayed: static {scale:.3g}x (" in " ".join(r.out.split())
+    assert f"this multiple of the replayed requests' arrival rate: static {scale:.3g}x (" in " ".join(r.out.split())
     r = cli("replay", trace, "--device", DEVICE, "--model", MODEL, "--policy", "static", "--offline", "--json")
     assert not json.loads(r.out)["results"]["static"]["queue"]["overloaded"]
 

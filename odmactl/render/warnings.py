@@ -25,7 +25,7 @@ def overload_line(results: dict[str, dict]) -> str | None:
     if not parts:
         return None
     return ("overloaded: the queue grew through the run, so TPS is the device's service rate and latencies grow "
-            "with the trace's length; it keeps up at, times the arrival rate of the requests replayed: "
+            "with the trace's length; it keeps up with this multiple of the replayed requests' arrival rate: "
             + ", ".join(parts))
 
 
