@@ -199,15 +199,16 @@ class UnifiedAllocator(AllocatorBase):
         return start
 
     @cython.locals(start=cython.longlong, n=cython.longlong)
-    def _take(self, pages: int, contiguous: bool) -> list[int] | None:
+    def _take(self, pages: int, contiguous: bool, range_tried: bool = False) -> list[int] | None:
         """`pages` pages as ranges [start, pages, ...] (one, or with `contiguous` False the largest
         free ranges when no single one holds them); unpinned adapters are evicted for them if need
-        be; None when they cannot be had."""
+        be; None when they cannot be had. `range_tried`: the caller found no single free range of
+        `pages` with `pages` pages free (the first search here would give the same answer)."""
         if self.free_pages < pages:
             self._evict_until(pages)
             if self.free_pages < pages:
                 return None
-        start = self._range(pages)
+        start = -1 if range_tried else self._range(pages)
         if start < 0 and self._lru:
             self._evict_until(self.num_pages)  # every unpinned adapter out: the free ranges coalesce
             start = self._range(pages)
@@ -272,7 +273,8 @@ class UnifiedAllocator(AllocatorBase):
         a.used_tokens = total_tokens
         return True
 
-    @cython.locals(end=cython.longlong, pages=cython.longlong, tries=cython.longlong, k=cython.longlong)
+    @cython.locals(end=cython.longlong, pages=cython.longlong, tries=cython.longlong, k=cython.longlong,
+                   start=cython.longlong, tried=cython.bint)
     def _grow(self, ranges: list[int], need: int, step: int) -> int:
         """Add `step` pages to a request's `ranges`, or failing that `need` (<= step): in place
         after its last range when those pages are free, else as new ranges; returns the pages
@@ -287,7 +289,15 @@ class UnifiedAllocator(AllocatorBase):
                 return pages
         for k in range(tries):
             pages = need if k == tries - 1 else step
-            more = self._take(pages, False)
+            tried = self.free_pages >= pages
+            if tried:  # one free range, as _take would take it first, without a list for it
+                start = self._range(pages)  # not `end`: no free range of `pages` begins there (above)
+                if start >= 0:
+                    ranges.append(start)
+                    ranges.append(pages)
+                    self.kv_runs += 1
+                    return pages
+            more = self._take(pages, False, tried)
             if more is not None:
                 if more[0] == end:  # eviction freed the pages right after: still in place
                     ranges[-1] += more[1]
