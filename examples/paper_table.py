@@ -125,7 +125,8 @@ def _shape(name: str, part: dict) -> list[str]:
         top = planned["config"]["boundaries_tokens"][-1]
         lines[-1] += (f" The planned config ({said['chosen']}, scheduler {said['scheduler']}) {verdict}; replayed on "
                       f"these requests it keeps {m['overflow_rate']:.2%} overflowing at {m['kv_utilization']:.1%} "
-                      f"utilization and {m['tps']:,.0f} tok/s, held back by its large pool: plan sized that pool "
+                      f"utilization and {m['tps']:,.0f} tok/s. Its large pool is small for these requests (docs/replay.md "
+                      f"replays larger ones): plan sized it "
                       f"({large_tokens:,} tokens, {planned['config']['large_pool_fraction']:.1%} of the KV) from the "
                       f"share of block-time large blocks took on its search part; here "
                       f"{alloc['policy_counters']['routed_large']:,} requests are admitted to large blocks (their "
@@ -158,8 +159,12 @@ def _tps_note(static: dict, odma: dict) -> str:
     """Why odma's TPS gain is what it is: the batch it ran against static's, and the step time."""
     batch = odma["mean_batch"] / static["mean_batch"] - 1.0
     step = odma["tpot_p50"] / static["tpot_p50"] - 1.0
-    said = ("so the memory it saves buys that much more throughput" if odma["tps"] >= static["tps"] else
-            "so the memory it saves did not buy a larger batch here")
+    if batch <= 0:
+        said = "so the memory it saves did not buy a larger batch here"
+    elif odma["tps"] >= static["tps"]:
+        said = "so the memory it saves buys that much more throughput"
+    else:
+        said = "so the memory it saves buys a larger batch, but not more throughput"
     return (f"TPS is output tokens over the run: odma's mean batch was {batch:+.1%} against static's "
             f"({odma['mean_batch']:.1f} and {static['mean_batch']:.1f} requests; peak {odma['peak_concurrency']:,} and "
             f"{static['peak_concurrency']:,}) and its median time per output token {step:+.1%}, {said}.")

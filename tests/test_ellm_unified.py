@@ -217,6 +217,22 @@ def test_unified_grows_by_its_step_in_place_or_by_a_new_range():
     alloc.check_invariants()
 
 
+@pytest.mark.parametrize("fit,total,grown", [("best", 13, [0, 4]), ("first", 9, [0, 3])])
+def test_unified_grows_in_place_into_an_adapter_evicted_for_the_larger_step(fit, total, grown):
+    """The step (8 pages) is not free, so the unpinned adapter right after the request's range is
+    evicted for it and the step still fails; what is needed then fits right after the range,
+    where the adapter was: the range grows in place, no second range (a review's case)."""
+    alloc = make_allocator("unified", 640, 8, {"max_model_len_tokens": 64, "block_size_tokens": 4, "adapter_bytes": 64,
+                                               "unified_growth_fraction": 4, "unified_fit": fit})
+    r1 = alloc.reserve("r1", 7)  # [0, 2)
+    assert alloc.acquire_adapter("a")  # [2, 4)
+    alloc.reserve("r2", 59)  # [4, 19): page 19 free
+    alloc.release_adapter("a")  # unpinned, evictable
+    assert alloc.extend(r1, total)
+    assert alloc._kv["r1"] == grown and alloc.kv_runs == 2 and alloc.evictions == 1
+    alloc.check_invariants()
+
+
 @pytest.mark.parametrize("key,value,expected", [
     ("ellm_host_buffer_bytes", -1, "whole number"), ("ellm_host_buffer_bytes", 1.5, "whole number"),
     ("ellm_borrow_bytes", "lots", "whole number"), ("ellm_ttft_slo_s", 0, "above 0"),

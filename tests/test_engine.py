@@ -187,3 +187,6 @@ def test_the_occupancy_sum_is_exact_past_64_bits():
     assert tally.counters(0, 0, link, 0)["occupancy_byte_ps"] == sum(r * d for r, d in terms)
     tally.occupy(5, 6)  # after counters, the sum goes on from the total
     assert tally.counters(0, 0, link, 0)["occupancy_byte_ps"] == sum(r * d for r, d in terms) + 30
+    for reserved, dt in ((-1, 3), (3, -1)):  # compiled, a negative would wrap to a huge unsigned term
+        with pytest.raises(ValueError, match="negative"):
+            tally.occupy(reserved, dt)

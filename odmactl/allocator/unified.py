@@ -291,7 +291,10 @@ class UnifiedAllocator(AllocatorBase):
             pages = need if k == tries - 1 else step
             tried = self.free_pages >= pages
             if tried:  # one free range, as _take would take it first, without a list for it
-                start = self._range(pages)  # not `end`: no free range of `pages` begins there (above)
+                start = self._range(pages)
+                if start == end:  # _take's eviction for `step` freed the pages right after: still in place
+                    ranges[-1] += pages
+                    return pages
                 if start >= 0:
                     ranges.append(start)
                     ranges.append(pages)

@@ -59,20 +59,22 @@ class Tally:
 
     @cython.overflowcheck(False)  # the low word wraps on purpose: its carries are counted
     def occupy(self, reserved_now: cython.longlong, dt: cython.longlong) -> None:
-        """`reserved_now` bytes held for `dt` ps (neither negative), added to the sum exactly.
+        """`reserved_now` bytes held for `dt` ps (neither negative: ValueError), added to the sum exactly.
         Compiled, in C integers: the product of the 32-bit halves of the two (each partial product
         below 2**64) goes into the 128-bit sum occupancy_hi x 2**64 + occupancy_lo with its carries,
         so no Python integer is made at each step (the high word goes to the Python sum once it
         reaches HI_FLUSH, far past any replay's); from source, into occupancy_byte_ps."""
+        if reserved_now < 0 or dt < 0:
+            raise ValueError(f"occupancy of {reserved_now} bytes for {dt} ps: neither may be negative")
         if not cython.compiled:
             self.occupancy_byte_ps += reserved_now * dt
             return
         r: cython.ulonglong = reserved_now
         d: cython.ulonglong = dt
-        r_lo: cython.ulonglong = r & 0xFFFFFFFF
         r_hi: cython.ulonglong = r >> 32
-        d_lo: cython.ulonglong = d & 0xFFFFFFFF
+        r_lo: cython.ulonglong = r - (r_hi << 32)  # (no mask literal: a Python object to Cython)
         d_hi: cython.ulonglong = d >> 32
+        d_lo: cython.ulonglong = d - (d_hi << 32)
         low: cython.ulonglong = r_lo * d_lo  # < 2**64
         cross1: cython.ulonglong = r_hi * d_lo  # < 2**63: r_hi < 2**31
         cross2: cython.ulonglong = r_lo * d_hi  # < 2**63: d_hi < 2**31
