@@ -12,7 +12,7 @@ try:  # compiled by Cython (see setup.py): unified.pxd types the hot fields, cyt
     import cython
 except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
     class cython:  # noqa: N801 - the names this module reads at run time
-        longlong = Py_ssize_t = None
+        longlong = Py_ssize_t = bint = None
 
         @staticmethod
         def locals(**_):
