@@ -1,7 +1,8 @@
 """The compiled core (setup.py, odmactl/core/native.py): the Cython-compiled replay gives byte-identical
 results to its Python source, and a compiled module older than its source is never run.
 
-The comparisons run the same script in two subprocesses, one with ODMACTL_PURE_PYTHON set. They
+The comparisons run the same script in two subprocesses, one with ODMACTL_PURE_PYTHON set and no
+Cython importable (so the modules' stand-ins for `cython` run, as where Cython is not installed). They
 skip when this install has no compiled core (a pure-Python install), unless
 ODMACTL_REQUIRE_NATIVE is set, as .ci/run does: there a missing build fails."""
 
@@ -59,6 +60,18 @@ sys.exit(code)
 """
 
 
+# the from-source run imports no Cython, as an install without it (a wheel, or .ci/run's venv) does:
+# the modules' stand-ins for the `cython` names they read then run, whether or not Cython is here
+NO_CYTHON = r"""
+import sys
+class _NoCython:
+    def find_spec(self, name, path=None, target=None):
+        if name == "cython" or name.startswith("cython."):
+            raise ImportError("no Cython in this run")
+sys.meta_path.insert(0, _NoCython())
+"""
+
+
 def _compiled_here() -> bool:
     compiled = all(state == "compiled" for state in native.status().values())
     if not compiled and os.environ.get("ODMACTL_REQUIRE_NATIVE"):
@@ -70,8 +83,8 @@ def _run(trace: Path, pure: bool) -> tuple[str, str]:
     env = {k: v for k, v in os.environ.items() if k != native.PURE_ENV}
     if pure:
         env[native.PURE_ENV] = "1"
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(TESTS), str(trace)], env=env, capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-c", (NO_CYTHON if pure else "") + SCRIPT, str(TESTS), str(trace)], env=env,
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout, done.stderr.strip().splitlines()[-1]
 
