@@ -160,7 +160,7 @@ def render_fit(console: Console, out_dir: str, summary: dict, seconds: float) ->
     for col in ("decile", "u range", "rows", "under_rate uniform", "under_rate unhedged", "under_rate"):
         dec.add_column(col, justify="right")
     for d in ev["u_deciles"]:
-        dec.add_row(str(d["decile"]), f"{d['u_min']:.3f}-{d['u_max']:.3f}", f"{d['rows']:,}",
+        dec.add_row(str(d["decile"]), _u_range(d), f"{d['rows']:,}",
                     f"{d['under_rate_uniform']:.4f}", f"{d['under_rate_unhedged']:.4f}", f"{d['under_rate']:.4f}")
     console.print(dec)
     if "calibration" in ev:  # both kinds of u: does a higher u mean a longer output than L_hat says?
@@ -173,8 +173,14 @@ def render_fit(console: Console, out_dir: str, summary: dict, seconds: float) ->
             cal.add_column("past 2 L_hat", justify="right")
         for row in zip(*(ev["calibration"][k] for k in kinds)):
             cal.add_row(str(row[0]["decile"]), *(x for d in row for x in
-                                                  (f"{d['u_min']:.2f}-{d['u_max']:.2f}", f"{d['under_rate_uniform']:.4f}")))
+                                                  (_u_range(d), f"{d['under_rate_uniform']:.4f}")))
         console.print(cal)
+
+
+def _u_range(decile: dict) -> str:
+    """A u decile's range, in both of fit's u tables: four decimals (the entropy u of a trained head
+    spans 0.98-0.99, which two decimals print as 0.99-0.99 decile after decile, three 0.990-0.990)."""
+    return f"{decile['u_min']:.4f}-{decile['u_max']:.4f}"
 
 
 SEED_ROWS = (("kendall_tau", "kendall_tau", "constant_kendall_tau", None),
