@@ -21,5 +21,5 @@ cdef class UnifiedAllocator(AllocatorBase):
     cpdef void _after_allocation(self) except *
     cpdef void _give(self, long long start, long long pages) except *
     cpdef long long _range(self, long long pages) except? -2
-    cpdef list _take(self, long long pages, bint contiguous, bint range_tried=*)
+    cpdef bint _take(self, long long pages, bint contiguous, list out) except *
     cpdef long long _grow(self, list ranges, long long need, long long step) except? -1

@@ -199,25 +199,27 @@ class UnifiedAllocator(AllocatorBase):
         return start
 
     @cython.locals(start=cython.longlong, n=cython.longlong)
-    def _take(self, pages: int, contiguous: bool, range_tried: bool = False) -> list[int] | None:
-        """`pages` pages as ranges [start, pages, ...] (one, or with `contiguous` False the largest
-        free ranges when no single one holds them); unpinned adapters are evicted for them if need
-        be; None when they cannot be had. `range_tried`: the caller found no single free range of
-        `pages` with `pages` pages free (the first search here would give the same answer)."""
+    def _take(self, pages: int, contiguous: bool, out: list) -> bool:
+        """`pages` pages appended to `out` as ranges start, pages, ... (one, or with `contiguous`
+        False the largest free ranges when no single one holds them); unpinned adapters are evicted
+        for them if need be; False, `out` unchanged, when they cannot be had. Appended to the
+        caller's list: a growth step adds its range to the request's own, without a list of its
+        own (every growth that does not fit in place passes here)."""
         if self.free_pages < pages:
             self._evict_until(pages)
             if self.free_pages < pages:
-                return None
-        start = -1 if range_tried else self._range(pages)
+                return False
+        start = self._range(pages)
         if start < 0 and self._lru:
             self._evict_until(self.num_pages)  # every unpinned adapter out: the free ranges coalesce
             start = self._range(pages)
         if start >= 0:
-            return [start, pages]
+            out.append(start)
+            out.append(pages)
+            return True
         if contiguous:
-            return None
+            return False
         self.scattered += 1
-        out: list[int] = []
         while pages:  # the largest free range first (the lowest on a tie), each taken from its start
             start = self._free.largest()
             if start < 0:
@@ -225,9 +227,10 @@ class UnifiedAllocator(AllocatorBase):
             n = min(self._free.size_at(start), pages)
             self._free.take_at(start, n)
             self.free_pages -= n
-            out += [start, n]
+            out.append(start)
+            out.append(n)
             pages -= n
-        return out
+        return True
 
     # -- the operations --------------------------------------------------------------------------
 
@@ -236,8 +239,8 @@ class UnifiedAllocator(AllocatorBase):
                 uncertainty: float | None = None) -> Allocation | None:
         self._admit(request_id, prompt_tokens)
         pages = -(-(prompt_tokens + 1) // self.page_tokens)  # the prompt and its first token
-        ranges = self._take(pages, False)
-        if ranges is None:
+        ranges: list[int] = []
+        if not self._take(pages, False, ranges):
             self.failed_reserves += 1
             return None
         self._kv[request_id] = ranges
@@ -274,7 +277,7 @@ class UnifiedAllocator(AllocatorBase):
         return True
 
     @cython.locals(end=cython.longlong, pages=cython.longlong, tries=cython.longlong, k=cython.longlong,
-                   start=cython.longlong, tried=cython.bint)
+                   held=cython.Py_ssize_t)
     def _grow(self, ranges: list[int], need: int, step: int) -> int:
         """Add `step` pages to a request's `ranges`, or failing that `need` (<= step): in place
         after its last range when those pages are free, else as new ranges; returns the pages
@@ -287,26 +290,14 @@ class UnifiedAllocator(AllocatorBase):
                 ranges[-1] += pages
                 self.free_pages -= pages
                 return pages
+        held = len(ranges)
         for k in range(tries):
             pages = need if k == tries - 1 else step
-            tried = self.free_pages >= pages
-            if tried:  # one free range, as _take would take it first, without a list for it
-                start = self._range(pages)
-                if start == end:  # _take's eviction for `step` freed the pages right after: still in place
-                    ranges[-1] += pages
-                    return pages
-                if start >= 0:
-                    ranges.append(start)
-                    ranges.append(pages)
-                    self.kv_runs += 1
-                    return pages
-            more = self._take(pages, False, tried)
-            if more is not None:
-                if more[0] == end:  # eviction freed the pages right after: still in place
-                    ranges[-1] += more[1]
-                    more = more[2:]
-                ranges += more
-                self.kv_runs += len(more) // 2
+            if self._take(pages, False, ranges):
+                if ranges[held] == end:  # eviction freed the pages right after: still in place
+                    ranges[held - 1] += ranges[held + 1]
+                    del ranges[held:held + 2]
+                self.kv_runs += (len(ranges) - held) // 2
                 return pages
         return 0
 
@@ -351,10 +342,11 @@ class UnifiedAllocator(AllocatorBase):
             if not self._lru:
                 return False
             self._evict_lru()  # the hot tier is full: the least recently used unpinned adapter makes room
-        ranges = self._take(self.adapter_pages, contiguous=True)
-        if ranges is None:
+        entry = []
+        if not self._take(self.adapter_pages, True, entry):  # one range: [start, pages]
             return False
-        self._adapters[key] = [ranges[0], self.adapter_pages, 1]
+        entry.append(1)  # its refcount
+        self._adapters[key] = entry
         self.adapter_loads += 1
         self.host_bytes += self.adapter_bytes
         self._after_allocation()
