@@ -125,18 +125,16 @@ def _shape(name: str, part: dict) -> list[str]:
         top = planned["config"]["boundaries_tokens"][-1]
         lines[-1] += (f" The planned config ({said['chosen']}, scheduler {said['scheduler']}) {verdict}; replayed on "
                       f"these requests it keeps {m['overflow_rate']:.2%} overflowing at {m['kv_utilization']:.1%} "
-                      f"utilization and {m['tps']:,.0f} tok/s. Its large pool is small for these requests (docs/replay.md "
-                      f"replays larger ones): plan sized it "
-                      f"({large_tokens:,} tokens, {planned['config']['large_pool_fraction']:.1%} of the KV) from the "
-                      f"share of block-time large blocks took on its search part; here "
-                      f"{alloc['policy_counters']['routed_large']:,} requests are admitted to large blocks (their "
-                      f"hedged reservation, prompt + {n:,} for most, passes the top boundary as the refits move it; "
-                      f"it ends at {top:,} tokens) and "
-                      f"{alloc['migrations']:,} more move there as they outgrow their bucket, at most "
-                      f"{large_tokens // (n + 1):,} at a time (blocks of prompt + {n:,}), so "
-                      f"its mean batch was "
-                      f"{m['mean_batch']:.1f} against static's {static['mean_batch']:.1f} and the {m['completed']:,} "
-                      f"requests took {m['makespan_s']:,.0f} s against {static['makespan_s']:,.0f}.")
+                      f"utilization and {m['tps']:,.0f} tok/s. Its large pool is small for these requests "
+                      f"(docs/replay.md replays larger ones): plan sized it ({large_tokens:,} tokens, "
+                      f"{planned['config']['large_pool_fraction']:.1%} of the KV) from the share of block-time large "
+                      f"blocks took on its search part; here {alloc['policy_counters']['routed_large']:,} requests are "
+                      f"admitted to large blocks (their hedged reservation, prompt + {n:,} for most, passes the top "
+                      f"boundary as the refits move it; it ends at {top:,} tokens) and {alloc['migrations']:,} more move "
+                      f"there as they outgrow their bucket, at most {large_tokens // (n + 1):,} at a time (blocks of "
+                      f"prompt + {n:,}), so its mean batch was {m['mean_batch']:.1f} against static's "
+                      f"{static['mean_batch']:.1f} and the {m['completed']:,} requests took {m['makespan_s']:,.0f} s "
+                      f"against {static['makespan_s']:,.0f}.")
     return lines + [""]
 
 
