@@ -30,6 +30,9 @@ def test_misuse_raises_clear_errors(policy: str) -> None:
         alloc.reserve("r2", 1025, 5, 0.1)
     with pytest.raises(AllocationError, match="cannot shrink"):
         alloc.extend(a, 99)
+    with pytest.raises(AllocationError, match="whole number of KV tokens, got 150.5"):
+        alloc.extend(a, 150.5)
+    assert alloc.extend(a, 2**70) is False  # past a C integer: refused like any length past max_model_len
     alloc.release(a)
     with pytest.raises(AllocationError, match="already released"):
         alloc.release(a)
@@ -39,6 +42,8 @@ def test_misuse_raises_clear_errors(policy: str) -> None:
     foreign = other.reserve("r9", 10, 5, 0.1)
     with pytest.raises(AllocationError, match="not made by this allocator"):
         alloc.release(foreign)
+    with pytest.raises(AllocationError, match="not made by this allocator"):
+        alloc.extend(foreign, 20)
     alloc.check_invariants()
 
 

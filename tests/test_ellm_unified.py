@@ -126,25 +126,26 @@ def test_unified_best_fit_ranges_and_an_eviction_under_hysteresis():
     alloc = make_allocator("unified", 640, 8, {"max_model_len_tokens": 64, "block_size_tokens": 4, "adapter_bytes": 64})
     r0 = alloc.reserve("r0", 7)  # 8 tokens with the first output: 2 pages, best fit in [0, 20)
     r1 = alloc.reserve("r1", 11)  # 3 pages
-    assert alloc._kv == {"r0": [0, 2], "r1": [2, 3]}
+    assert {r: alloc.page_ranges(r) for r in ("r0", "r1")} == {"r0": [0, 2], "r1": [2, 3]}
     alloc.release(r0)
     r2 = alloc.reserve("r2", 3)  # 1 page: the smallest free range that holds it is [0, 2)
-    assert alloc._kv["r2"] == [0, 1] and r2.offset_bytes == 0
+    assert alloc.page_ranges("r2") == [0, 1] and r2.offset_bytes == 0
     assert alloc.acquire_adapter("a")  # 2 pages: [1, 2) is too small, so [5, 7); loaded from the host
-    assert alloc._adapters["a"] == [5, 2, 1] and alloc.host_bytes == 64
+    handle, refcount = alloc._adapters["a"]
+    assert alloc._runs.tolist(handle) == [5, 2] and refcount == 1 and alloc.host_bytes == 64
     alloc.release_adapter("a")  # unpinned: evictable
     assert alloc.extend(r1, 13)  # page 5 is the adapter's: a new range, the 1-page hole at 1
-    assert alloc._kv["r1"] == [2, 3, 1, 1] and alloc.runs_of(r1, 13) == 2 and alloc.kv_runs == 3
+    assert alloc.page_ranges("r1") == [2, 3, 1, 1] and alloc.runs_of(r1, 13) == 2 and alloc.kv_runs == 3
     alloc.check_invariants()
     # 12 pages best fit in [7, 20): 19 of 20 pages used, past the 90% watermark: unpinned adapters
     # go, least recent first, until 80% (16) or none is left: the adapter (17 used)
     r3 = alloc.reserve("r3", 47)
-    assert alloc._kv["r3"] == [7, 12]
+    assert alloc.page_ranges("r3") == [7, 12]
     assert alloc.evictions == 1 and "a" not in alloc._adapters and alloc.used_pages == 17
     assert alloc.free_extents() == [(5 * 32, 2 * 32), (19 * 32, 32)]
     alloc.check_invariants()
     # in-place growth: r3's next page (19) is free, so no new run
-    assert alloc.extend(r3, 50) and alloc._kv["r3"] == [7, 13] and alloc.kv_runs == 4
+    assert alloc.extend(r3, 50) and alloc.page_ranges("r3") == [7, 13] and alloc.kv_runs == 4
     # the adapter again: a miss, loaded again (host bytes twice)
     assert alloc.acquire_adapter("a") and alloc.adapter_loads == 2 and alloc.host_bytes == 128
     assert not alloc.acquire_adapter("b")  # 2 pages, none free and nothing unpinned: refused
@@ -165,7 +166,7 @@ def test_unified_first_fit_takes_the_lowest_range():
     alloc.release(alloc._live["c"])  # free: [0, 2), [3, 20)
     d = alloc.reserve("d", 3)  # 1 page: first fit [0, 1) (best fit would take it there too)
     e = alloc.reserve("e", 11)  # 3 pages: first fit is [3, 6), not the 1-page hole
-    assert alloc._kv["d"] == [0, 1] and alloc._kv["e"] == [3, 3]
+    assert alloc.page_ranges("d") == [0, 1] and alloc.page_ranges("e") == [3, 3]
     for x in (d, e, alloc._live["b"]):
         alloc.release(x)
     alloc.check_invariants()
@@ -205,13 +206,13 @@ def test_unified_grows_by_its_step_in_place_or_by_a_new_range():
     alloc = make_allocator("unified", 640, 8, {"max_model_len_tokens": 80, "block_size_tokens": 4,
                                                "unified_growth_fraction": 0.5})
     a = alloc.reserve("a", 31)  # 8 pages [0, 8)
-    assert alloc.extend(a, 33) and alloc._kv["a"] == [0, 12]  # needs 1, takes the step of 4, in place
+    assert alloc.extend(a, 33) and alloc.page_ranges("a") == [0, 12]  # needs 1, takes the step of 4, in place
     b = alloc.reserve("b", 3)  # [12, 13)
-    assert alloc.extend(a, 49) and alloc._kv["a"] == [0, 12, 13, 6]  # 6 = 12 / 2, a new range after b
+    assert alloc.extend(a, 49) and alloc.page_ranges("a") == [0, 12, 13, 6]  # 6 = 12 / 2, a new range after b
     assert alloc.kv_runs == 3
     c = alloc.reserve("c", 1)  # [19, 20): the pool is full
     alloc.release(b)  # page 12 free
-    assert alloc.extend(a, 73) and alloc._kv["a"] == [0, 12, 13, 6, 12, 1]  # the step (9) cannot be had: 1 page
+    assert alloc.extend(a, 73) and alloc.page_ranges("a") == [0, 12, 13, 6, 12, 1]  # the step (9) cannot be had: 1 page
     alloc.release(c)
     alloc.release(a)
     alloc.check_invariants()
@@ -229,7 +230,7 @@ def test_unified_grows_in_place_into_an_adapter_evicted_for_the_larger_step(fit,
     alloc.reserve("r2", 59)  # [4, 19): page 19 free
     alloc.release_adapter("a")  # unpinned, evictable
     assert alloc.extend(r1, total)
-    assert alloc._kv["r1"] == grown and alloc.kv_runs == 2 and alloc.evictions == 1
+    assert alloc.page_ranges("r1") == grown and alloc.kv_runs == 2 and alloc.evictions == 1
     alloc.check_invariants()
 
 

@@ -7,9 +7,12 @@
 # Allocation's fields in C once it holds it in a typed local (`@cython.locals(a=Allocation)`, in
 # its .pxd or on the method, after `_own` or `_growth` found it live); the helpers below take it
 # typed.
+cimport cython
+
+
 cdef class Allocation:
-    cdef public object request_id, bucket, region, block_ids, live, limit_tokens
-    cdef public long long offset_bytes, nbytes, capacity_tokens, used_tokens
+    cdef public object request_id, bucket, region, block_ids, live, limit_tokens, owner
+    cdef public long long offset_bytes, nbytes, capacity_tokens, used_tokens, handle
 
 cdef class AllocatorBase:
     cdef public object pool_bytes, kv_pool_bytes, bytes_per_token, config, arena, max_tokens, deployment
@@ -25,6 +28,7 @@ cdef class AllocatorBase:
     cpdef reserve(self, request_id, prompt_tokens, predicted_output_tokens=*, uncertainty=*)
     cpdef extend(self, allocation, total_tokens)
     cpdef release(self, allocation, final_tokens=*)
+    @cython.locals(x=Allocation, total=cython.longlong)
     cpdef _growth(self, a, total_tokens)
     cpdef _final_growth(self, Allocation a, final_tokens, capacity_tokens)
     cpdef _admit(self, request_id, prompt_tokens)

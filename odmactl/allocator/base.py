@@ -4,6 +4,7 @@ bookkeeping and invariant checks that do not depend on how a policy places block
 from __future__ import annotations
 
 from array import array
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
@@ -23,7 +24,10 @@ class Allocation:
     capacity_tokens` (the KV tokens written so far: prompt, then prompt + generated);
     contiguous policies own exactly [offset_bytes, offset_bytes + nbytes) in `region`; `paged`
     owns `block_ids` (an array('q') of block numbers, each `block_size` tokens) and
-    `offset_bytes` is its first block's.
+    `offset_bytes` is its first block's; `handle` is the policy's index of its own record of the
+    allocation where it keeps one in C (unified: its chain of page ranges, allocator/pageruns.py),
+    else -1.
+    `owner` is the allocator that holds it live (`live` True), None once released.
     `bucket` is the bucket index at reservation (or after a move), "large" in ODMA's large pool,
     None for policies without buckets. `limit_tokens` is the most KV tokens the request can reach
     where the policy knows it (ODMA: its large-pool block, prompt + the output cap), else None. Identity, not value, names an allocation (no __eq__).
@@ -32,7 +36,7 @@ class Allocation:
     """
 
     __slots__ = ("request_id", "offset_bytes", "nbytes", "capacity_tokens", "used_tokens", "bucket",
-                 "region", "block_ids", "live", "limit_tokens")
+                 "region", "block_ids", "live", "limit_tokens", "handle", "owner")
 
     def __init__(self, request_id: str, offset_bytes: int, nbytes: int, capacity_tokens: int, used_tokens: int,
                  bucket: int | str | None, region: str = "main", block_ids: array | None = None,
@@ -47,6 +51,8 @@ class Allocation:
         self.block_ids = block_ids
         self.live = True
         self.limit_tokens = limit_tokens
+        self.handle = -1
+        self.owner = None
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
@@ -387,19 +393,28 @@ class AllocatorBase:
         a.used_tokens = final_tokens
 
     def _growth(self, a: Allocation, total_tokens: int) -> None:
-        """Raise AllocationError unless `a` is live here and `total_tokens` does not shrink it."""
-        try:  # the valid case first, without the checks' calls: every extend passes here
-            if self._live.get(a.request_id) is a and total_tokens >= a.used_tokens:
-                return
-        except (AttributeError, TypeError):  # not an Allocation (or an unhashable request id)
-            pass
+        """Raise AllocationError unless `a` is live here and `total_tokens` is a whole number that
+        does not shrink it."""
+        if type(a) is Allocation and type(total_tokens) is int:  # the valid case first: every extend passes here
+            x = a  # compiled, typed locals (base.pxd): `total` a C integer, without a Python int for the test
+            if x.owner is self:
+                try:
+                    total = total_tokens
+                except OverflowError:  # past a C integer: the checks below decide
+                    total = -1
+                if total >= x.used_tokens:
+                    return
         self._own(a)
+        if isinstance(total_tokens, bool) or not isinstance(total_tokens, numbers.Integral):
+            raise AllocationError(f"request '{a.request_id}': expected a whole number of KV tokens, got "
+                                  f"{total_tokens!r}")
         if total_tokens < a.used_tokens:
             raise AllocationError(
                 f"request '{a.request_id}': KV cannot shrink from {a.used_tokens} to {total_tokens} tokens")
 
     def _admitted(self, a: Allocation) -> Allocation:
         self._live[a.request_id] = a
+        a.owner = self
         self.reserved_bytes += a.nbytes
         if self.reserved_bytes > self.peak_reserved_bytes:
             self.peak_reserved_bytes = self.reserved_bytes
@@ -408,6 +423,7 @@ class AllocatorBase:
     def _forget(self, a: Allocation) -> None:
         del self._live[a.request_id]
         a.live = False
+        a.owner = None
         self.releases += 1
         self.reserved_bytes -= a.nbytes
 
@@ -491,7 +507,7 @@ class AllocatorBase:
         spans: list[tuple[int, int, str]] = []
         reserved = 0
         for rid, a in self._live.items():
-            if rid != a.request_id or not a.live:
+            if rid != a.request_id or not a.live or a.owner is not self:
                 raise InvariantError(f"live table entry '{rid}' holds {a!r}")
             if a.nbytes != a.capacity_tokens * self.bytes_per_token or not 0 < a.used_tokens <= a.capacity_tokens:
                 raise InvariantError(f"allocation sizes disagree: {a!r}")

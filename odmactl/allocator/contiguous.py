@@ -47,6 +47,7 @@ class ContiguousAllocator(AllocatorBase):
             return None
         a = Allocation(request_id, start, nbytes, capacity_tokens, prompt_tokens, bucket, region)
         self._live[request_id] = a
+        a.owner = self
         self.kv_runs += 1
         reserved = self.reserved_bytes = self.reserved_bytes + nbytes
         if reserved > self.peak_reserved_bytes:
@@ -95,6 +96,7 @@ class ContiguousAllocator(AllocatorBase):
         del self._live[rid]  # AllocatorBase._forget written out: the hot path
         self.kv_runs -= 1
         a.live = False
+        a.owner = None
         self.releases += 1
         self.reserved_bytes -= a.nbytes
         realized = self._realized

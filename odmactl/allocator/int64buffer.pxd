@@ -3,5 +3,5 @@
 cdef class Int64Buffer:
     cdef public long long size, capacity
     cdef object _buffer
-    cdef long long[:] _values
+    cdef long long[::1] _values  # C-contiguous (an array('q')): indexed without a stride
     cdef void _grow(self) except *

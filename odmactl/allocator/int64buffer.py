@@ -14,8 +14,8 @@ from array import array
 try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
     import cython  # cython.compiled is a constant when compiled: the from-source branches are not built
 except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
-    class cython:  # noqa: N801 - the one name this module reads at run time
-        compiled = False
+    from odmactl.core.purecython import cython
+
 
 
 class Int64Buffer:

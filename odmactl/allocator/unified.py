@@ -11,12 +11,7 @@ from dataclasses import dataclass
 try:  # compiled by Cython (see setup.py): unified.pxd types the hot fields, cython.locals the hot locals
     import cython
 except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
-    class cython:  # noqa: N801 - the names this module reads at run time
-        longlong = Py_ssize_t = bint = None
-
-        @staticmethod
-        def locals(**_):
-            return lambda function: function
+    from odmactl.core.purecython import cython
 
 from odmactl.allocator.arena import Arena
 from odmactl.allocator.base import (
@@ -29,6 +24,7 @@ from odmactl.allocator.base import (
 )
 from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings, number_problem, one_of, whole_numbers
 from odmactl.allocator.extentlist import ExtentList
+from odmactl.allocator.pageruns import PageRuns
 from odmactl.allocator.paged import PagedSettings
 from odmactl.core.errors import ConfigError
 
@@ -75,7 +71,8 @@ class UnifiedAllocator(AllocatorBase):
     128 KiB a token in fp16, 16 tokens are ADR-006's default 2 MB page) fill the pool from offset 0;
     the bytes after the last whole page are free but never handed out.
 
-    A request's KV is a list of page ranges (`_kv[request_id]`, [start, pages, ...]). `reserve`
+    A request's KV is a chain of page ranges (`_runs`, the chain its Allocation's `handle` names;
+    `page_ranges` lists them as [start, pages, ...]). `reserve`
     takes pages for the prompt and its first token as one range when one fits (best fit: the
     smallest free range that holds them; first fit: the lowest), else the largest free ranges until
     it has them (counted in `scattered_takes`, as is growth that does). `extend` grows a request by a step of
@@ -96,9 +93,10 @@ class UnifiedAllocator(AllocatorBase):
     (`host_bytes`).
 
     Invariants (checked): every page is in exactly one place (a free extent, one request's ranges,
-    one adapter's range), so `used_pages` (the request and adapter pages) is `num_pages -
-    free_pages`; `kv_runs` is the sum of the live requests' range counts; an unpinned adapter has refcount 0 and is in `_lru`, a pinned
-    one has refcount > 0 and is not.
+    one adapter's range: a chain of one), so `used_pages` (the request and adapter pages) is
+    `num_pages - free_pages`; `kv_runs` is the sum of the live requests' range counts; `_runs` holds
+    the live requests' and resident adapters' chains and no other; an unpinned adapter has refcount
+    0 and is in `_lru`, a pinned one has refcount > 0 and is not.
     """
 
     name = "unified"
@@ -152,8 +150,8 @@ class UnifiedAllocator(AllocatorBase):
         self._free = ExtentList()
         self._free.add(0, self.num_pages)
         self.free_pages = self.num_pages
-        self._kv: dict[str, list[int]] = {}
-        self._adapters: dict[object, list[int]] = {}  # key -> [start, pages, refcount]
+        self._runs = PageRuns()
+        self._adapters: dict[object, list[int]] = {}  # key -> [its chain's handle, refcount]
         self._lru: OrderedDict = OrderedDict()  # unpinned adapters, least recently used first
         self.kv_runs = 0
         self.host_bytes = 0
@@ -166,8 +164,8 @@ class UnifiedAllocator(AllocatorBase):
     def _evict_lru(self) -> None:
         """Evict the least recently used unpinned adapter (the caller checked there is one)."""
         key, _ = self._lru.popitem(last=False)
-        start, pages, _ = self._adapters.pop(key)
-        self._give(start, pages)
+        pages = self._runs.give_all(self._adapters.pop(key)[0], self._free)
+        self.free_pages += pages
         self.evictions += 1
         self.evicted_pages += pages
 
@@ -187,10 +185,6 @@ class UnifiedAllocator(AllocatorBase):
         """Pages held by requests and adapters."""
         return self.num_pages - self.free_pages
 
-    def _give(self, start: int, pages: int) -> None:
-        self._free.add(start, pages)
-        self.free_pages += pages
-
     def _range(self, pages: int) -> int:
         """The start of a free range of `pages` pages, now taken (best or first fit), or -1."""
         start = self._free.take(pages) if self.best_fit else self._free.take_first(pages)
@@ -198,13 +192,12 @@ class UnifiedAllocator(AllocatorBase):
             self.free_pages -= pages
         return start
 
-    @cython.locals(start=cython.longlong, n=cython.longlong)
-    def _take(self, pages: int, contiguous: bool, out: list) -> bool:
-        """`pages` pages appended to `out` as ranges start, pages, ... (one, or with `contiguous`
-        False the largest free ranges when no single one holds them); unpinned adapters are evicted
-        for them if need be; False, `out` unchanged, when they cannot be had. Appended to the
-        caller's list: a growth step adds its range to the request's own, without a list of its
-        own (every growth that does not fit in place passes here)."""
+    @cython.locals(start=cython.longlong, k=cython.longlong, i=cython.longlong)
+    def _take(self, pages: int, contiguous: bool, h: int) -> bool:
+        """`pages` pages appended to chain `h` as ranges (one, or with `contiguous` False the
+        largest free ranges when no single one holds them); unpinned adapters are evicted for them
+        if need be; False, the chain unchanged, when they cannot be had. A growth step appends its
+        range to the request's own chain (every growth that does not fit in place passes here)."""
         if self.free_pages < pages:
             self._evict_until(pages)
             if self.free_pages < pages:
@@ -214,56 +207,54 @@ class UnifiedAllocator(AllocatorBase):
             self._evict_until(self.num_pages)  # every unpinned adapter out: the free ranges coalesce
             start = self._range(pages)
         if start >= 0:
-            out.append(start)
-            out.append(pages)
+            self._runs.append(h, start, pages)
             return True
         if contiguous:
             return False
         self.scattered += 1
-        while pages:  # the largest free range first (the lowest on a tie), each taken from its start
-            start = self._free.largest()
-            if start < 0:
-                raise InvariantError("free pages counted but not found in the free ranges")
-            n = min(self._free.size_at(start), pages)
-            self._free.take_at(start, n)
-            self.free_pages -= n
-            out.append(start)
-            out.append(n)
-            pages -= n
+        k = self._free.take_largest_first(pages)  # the largest free range first (the lowest on a tie)
+        if k < 0:
+            raise InvariantError("free pages counted but not found in the free ranges")
+        for i in range(k):
+            self._runs.append(h, self._free.piece_start(i), self._free.piece_size(i))
+        self.free_pages -= pages
         return True
 
     # -- the operations --------------------------------------------------------------------------
 
-    @cython.locals(pages=cython.longlong)
+    @cython.locals(pages=cython.longlong, h=cython.longlong)
     def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
                 uncertainty: float | None = None) -> Allocation | None:
         self._admit(request_id, prompt_tokens)
         pages = -(-(prompt_tokens + 1) // self.page_tokens)  # the prompt and its first token
-        ranges: list[int] = []
-        if not self._take(pages, False, ranges):
+        h = self._runs.new()
+        if not self._take(pages, False, h):
+            self._runs.discard(h)
             self.failed_reserves += 1
             return None
-        self._kv[request_id] = ranges
-        self.kv_runs += len(ranges) // 2
-        a = Allocation(request_id, ranges[0] * self.page_bytes, pages * self.page_bytes, pages * self.page_tokens,
-                       prompt_tokens, None, "main")
+        self.kv_runs += self._runs.runs(h)
+        a = Allocation(request_id, self._runs.first_page(h) * self.page_bytes, pages * self.page_bytes,
+                       pages * self.page_tokens, prompt_tokens, None, "main")
+        a.handle = h
         self._admitted(a)
         self._after_allocation()
         return a
 
-    @cython.locals(held=cython.longlong, need=cython.longlong, extra=cython.longlong, a=Allocation)
+    @cython.locals(held=cython.longlong, need=cython.longlong, extra=cython.longlong, a=Allocation,
+                   total=cython.longlong, step=cython.longlong)
     def extend(self, allocation: Allocation, total_tokens: int) -> bool:
         self._growth(allocation, total_tokens)
         a = allocation  # compiled, a typed local: `_growth` found it this allocator's live Allocation
         self.extends += 1
+        if total_tokens > self.max_tokens and total_tokens > a.capacity_tokens:
+            self.failed_extends += 1
+            return False
+        total = total_tokens  # compiled, a C integer: at most max_model_len or the pages held
         held = a.capacity_tokens // self.page_tokens
-        need = -(-total_tokens // self.page_tokens) - held
+        need = -(-total // self.page_tokens) - held
         if need > 0:
-            if total_tokens > self.max_tokens:
-                self.failed_extends += 1
-                return False
-            extra = self._grow(self._kv[a.request_id], need,
-                               max(need, min(int(held * self.growth_fraction), self.max_pages - held)))
+            step = int(held * self.growth_fraction)  # compiled, truncated in C: held is far below 2**53
+            extra = self._grow(a.handle, need, max(need, min(step, self.max_pages - held)))
             if extra == 0:
                 self.failed_extends += 1
                 return False
@@ -277,45 +268,48 @@ class UnifiedAllocator(AllocatorBase):
         return True
 
     @cython.locals(end=cython.longlong, pages=cython.longlong, tries=cython.longlong, k=cython.longlong,
-                   held=cython.Py_ssize_t)
-    def _grow(self, ranges: list[int], need: int, step: int) -> int:
-        """Add `step` pages to a request's `ranges`, or failing that `need` (<= step): in place
+                   last=cython.longlong, held=cython.longlong)
+    def _grow(self, h: int, need: int, step: int) -> int:
+        """Add `step` pages to chain `h` (a request's), or failing that `need` (<= step): in place
         after its last range when those pages are free, else as new ranges; returns the pages
         added, 0 when not even `need` can be had."""
-        end = ranges[-2] + ranges[-1]
+        last = self._runs.last(h)
+        end = self._runs.end(last)
+        pages = self._free.take_at(end, step, need)
+        if pages:
+            self._runs.widen(last, pages)
+            self.free_pages -= pages
+            return pages
         tries = 2 if step > need else 1  # the sizes tried: step, then need (no list: every growth passes here)
+        held = self._runs.runs(h)
         for k in range(tries):
             pages = need if k == tries - 1 else step
-            if self.free_pages >= pages and self._free.take_at(end, pages):
-                ranges[-1] += pages
-                self.free_pages -= pages
-                return pages
-        held = len(ranges)
-        for k in range(tries):
-            pages = need if k == tries - 1 else step
-            if self._take(pages, False, ranges):
-                if ranges[held] == end:  # eviction freed the pages right after: still in place
-                    ranges[held - 1] += ranges[held + 1]
-                    del ranges[held:held + 2]
-                self.kv_runs += (len(ranges) - held) // 2
+            if self._take(pages, False, h):
+                self._runs.join_next(h, last)  # eviction freed the pages right after: still in place
+                self.kv_runs += self._runs.runs(h) - held
                 return pages
         return 0
 
-    @cython.locals(j=cython.Py_ssize_t)
+    @cython.locals(runs=cython.longlong, a=Allocation)
     def release(self, allocation: Allocation, final_tokens: int | None = None) -> None:
         self._own(allocation)
+        a = allocation  # compiled, a typed local: `_own` found it this allocator's live Allocation
         if final_tokens is not None:  # growth past the pages held is not taken: they go back at once
-            self._final_growth(allocation, final_tokens, self.max_tokens)
-        ranges = self._kv.pop(allocation.request_id)
-        for j in range(0, len(ranges), 2):
-            self._give(ranges[j], ranges[j + 1])
-        self.kv_runs -= len(ranges) // 2
-        self.runs_released += len(ranges) // 2
-        self._forget(allocation)
+            self._final_growth(a, final_tokens, self.max_tokens)
+        runs = self._runs.runs(a.handle)
+        self.free_pages += self._runs.give_all(a.handle, self._free)
+        a.handle = -1
+        self.kv_runs -= runs
+        self.runs_released += runs
+        self._forget(a)
 
     def runs_of(self, allocation: Allocation, kv_tokens: int) -> int:
         """The page ranges request `allocation` holds: its KV runs per KV head, K and V, per layer."""
-        return len(self._kv[allocation.request_id]) // 2
+        return self._runs.runs(allocation.handle)
+
+    def page_ranges(self, request_id: str) -> list[int]:
+        """Live request `request_id`'s page ranges, as [start, pages, ...] in the order it took them."""
+        return self._runs.tolist(self._live[request_id].handle)
 
     def mean_released_runs(self) -> float | None:
         """The mean page ranges a request held at its release."""
@@ -333,20 +327,20 @@ class UnifiedAllocator(AllocatorBase):
         entry = self._adapters.get(key)
         self.last_acquire_hit = entry is not None
         if entry is not None:
-            if entry[2] == 0:
+            if entry[1] == 0:
                 del self._lru[key]
-            entry[2] += 1
+            entry[1] += 1
             self.adapter_hits += 1
             return True
         if len(self._adapters) >= self.hot_limit:
             if not self._lru:
                 return False
             self._evict_lru()  # the hot tier is full: the least recently used unpinned adapter makes room
-        entry = []
-        if not self._take(self.adapter_pages, True, entry):  # one range: [start, pages]
+        h = self._runs.new()
+        if not self._take(self.adapter_pages, True, h):  # one range
+            self._runs.discard(h)
             return False
-        entry.append(1)  # its refcount
-        self._adapters[key] = entry
+        self._adapters[key] = [h, 1]  # pinned once
         self.adapter_loads += 1
         self.host_bytes += self.adapter_bytes
         self._after_allocation()
@@ -357,12 +351,12 @@ class UnifiedAllocator(AllocatorBase):
         request it was just acquired for could not be admitted after all, which takes back that
         acquire's hit (its load, if it was one, happened: the bytes crossed the link)."""
         entry = self._adapters[key]
-        if entry[2] <= 0:
+        if entry[1] <= 0:
             raise InvariantError(f"adapter {key!r} released more times than acquired")
         if not admitted and self.last_acquire_hit:
             self.adapter_hits -= 1
-        entry[2] -= 1
-        if entry[2] == 0:
+        entry[1] -= 1
+        if entry[1] == 0:
             self._lru[key] = None
 
     # -- reporting and checks --------------------------------------------------------------------
@@ -380,11 +374,11 @@ class UnifiedAllocator(AllocatorBase):
         return [(ranges[j] * self.page_bytes, ranges[j + 1] * self.page_bytes) for j in range(0, len(ranges), 2)]
 
     def _ranges(self, a: Allocation) -> list[tuple[int, int]]:
-        return self._ranges_of(self._kv[a.request_id])
+        return self._ranges_of(self._runs.tolist(a.handle))
 
     def _other_spans(self) -> list[tuple[int, int, str]]:
-        return [(start * self.page_bytes, pages * self.page_bytes, f"adapter {key!r}")
-                for key, (start, pages, _) in self._adapters.items()]
+        return [(start, nbytes, f"adapter {key!r}") for key, (h, _) in self._adapters.items()
+                for start, nbytes in self._ranges_of(self._runs.tolist(h))]
 
     def free_extents(self) -> list[tuple[int, int]]:
         return with_tail([[s * self.page_bytes, n * self.page_bytes] for s, n in self._free.tolist()],
@@ -395,17 +389,20 @@ class UnifiedAllocator(AllocatorBase):
 
     def _check_structures(self) -> None:
         free = sum(n for _, n in self._free.tolist())
-        kv = sum(sum(r[1::2]) for r in self._kv.values())
-        adapters = sum(e[1] for e in self._adapters.values())
+        kv = {rid: self._runs.tolist(a.handle) for rid, a in self._live.items()}
+        adapters = {key: self._runs.tolist(h) for key, (h, _) in self._adapters.items()}
         assert free == self.free_pages, f"free pages counter {self.free_pages}, extents hold {free}"
-        assert free + kv + adapters == self.num_pages, "pages lost or doubled"
-        assert self.kv_runs == sum(len(r) // 2 for r in self._kv.values()), "kv_runs counter drifted"
-        assert set(self._kv) == set(self._live), "ranges and live allocations differ"
+        assert free + sum(sum(r[1::2]) for r in [*kv.values(), *adapters.values()]) == self.num_pages, \
+            "pages lost or doubled"
+        assert self.kv_runs == sum(len(r) // 2 for r in kv.values()), "kv_runs counter drifted"
+        assert all(len(r) == 2 for r in adapters.values()), "an adapter holds other than one range"
+        assert self._runs.nodes_in_use() == sum(len(r) // 2 + 1 for r in [*kv.values(), *adapters.values()]), \
+            "page-range chains held by no live request or adapter"
         for rid, a in self._live.items():
-            r = self._kv[rid]
+            r = kv[rid]
             assert a.capacity_tokens == sum(r[1::2]) * self.page_tokens, f"request '{rid}' capacity"
             assert a.offset_bytes == r[0] * self.page_bytes, f"request '{rid}' offset is not its first page"
-        for key, (_, _, refs) in self._adapters.items():
+        for key, (_, refs) in self._adapters.items():
             assert refs >= 0 and (refs == 0) == (key in self._lru), f"adapter {key!r}: refcount {refs} and LRU disagree"
         assert set(self._lru) <= set(self._adapters), "an evicted adapter is still in the LRU"
         assert len(self._adapters) <= max(self.hot_limit, 0) or not self._adapters, "more adapters than the hot tier"

@@ -25,7 +25,8 @@ from pathlib import Path
 # The compiled core, as setup.py builds it (it reads these lists from this file). TYPED modules'
 # `cython.*` annotations become C types; UNTYPED ones are compiled with annotations ignored, their
 # classes made extension types by the .pxd files beside them.
-TYPED = ("odmactl.allocator.int64buffer", "odmactl.allocator.extentlist", "odmactl.sim.keyheap", "odmactl.sim.prefill",
+TYPED = ("odmactl.allocator.int64buffer", "odmactl.allocator.extentlist", "odmactl.allocator.pageruns",
+         "odmactl.sim.keyheap", "odmactl.sim.prefill",
          "odmactl.sim.segment", "odmactl.sim.series", "odmactl.sim.batch", "odmactl.sim.link", "odmactl.sim.tally",
          "odmactl.sim.growth", "odmactl.sim.chunked",
          "odmactl.sim.schedulers.base", "odmactl.sim.schedulers.fcfs", "odmactl.sim.schedulers.task_pool",

@@ -3,9 +3,11 @@
 The replay keys each pending completion or block overflow as iteration * span + admission number
 (see replay.SEQ_SPAN), so an event is one integer and the heap never compares Python objects.
 Compiled (setup.py, keyheap.pxd), KeyHeap is an extension type whose methods the replay calls as
-C functions. From source, where a sift loop in Python would be several times slower than heapq's
-C one, it keeps the keys in a list ordered by heapq: the same heap invariant and the same pops
-(keys are distinct, so the smallest is one key).
+C functions; push and pop sift through a raw pointer to the buffer (a typed view taken in a local
+costs two atomic operations a call; indexing the attribute reloads it at every step), top
+indexes the attribute. From source, where a sift loop in Python would be several times slower
+than heapq's C one, it keeps the keys in a list ordered by heapq: the same heap invariant and the
+same pops (keys are distinct, so the smallest is one key).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from odmactl.allocator.int64buffer import Int64Buffer
 try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
     import cython  # cython.compiled is a constant when compiled: the from-source branches are not built
 except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
-    class cython:  # noqa: N801 - the one name this module reads at run time
-        compiled = False
+    from odmactl.core.purecython import cython
 
 
+
+@cython.initializedcheck(False)  # `_values` is always set (Int64Buffer), but while `_grow` replaces it
 class KeyHeap(Int64Buffer):
     """Keys `_values[0:size]` (Int64Buffer) in binary-heap order: every key is >= its parent's
     (index (i - 1) // 2), so `_values[0]` is the smallest. From source, the list is ordered by
@@ -41,7 +44,7 @@ class KeyHeap(Int64Buffer):
             return
         if pos == self.capacity:
             self._grow()
-        keys: cython.longlong[:] = self._values
+        keys: cython.p_longlong = cython.address(self._values[0])  # the buffer, until it grows
         self.size = pos + 1
         while pos > 0:  # sift the hole up to where key belongs
             parent = (pos - 1) >> 1
@@ -55,8 +58,7 @@ class KeyHeap(Int64Buffer):
         """The smallest key (the heap must not be empty)."""
         if self.size == 0:
             raise IndexError("top of an empty KeyHeap")
-        keys: cython.longlong[:] = self._values
-        return keys[0]
+        return self._values[0]  # through the attribute: a local view would cost two atomic operations
 
     def pop(self) -> cython.longlong:
         """Remove and return the smallest key (the heap must not be empty)."""
@@ -68,7 +70,7 @@ class KeyHeap(Int64Buffer):
         if not cython.compiled:
             self.size = size - 1
             return heappop(self._buffer)
-        keys: cython.longlong[:] = self._values
+        keys: cython.p_longlong = cython.address(self._values[0])  # the buffer, until it grows
         smallest: cython.longlong = keys[0]
         size -= 1
         self.size = size

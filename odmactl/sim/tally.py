@@ -10,12 +10,7 @@ from __future__ import annotations
 try:  # compiled by Cython (see setup.py), the annotations below are C types; in pure Python, never evaluated
     import cython  # cython.compiled is a constant when compiled: the from-source branch is not built
 except ImportError:  # pragma: no cover - cython is a build requirement, not a runtime one
-    class cython:  # noqa: N801 - the names this module reads at run time
-        compiled = False
-
-        @staticmethod
-        def overflowcheck(flag):
-            return lambda function: function
+    from odmactl.core.purecython import cython
 
 from odmactl.sim.series import Series
 from odmactl.sim.workload import PS
