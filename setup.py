@@ -50,6 +50,9 @@ DIRECTIVES = {
     # should a 64-bit value overflow
     "cdivision": False,
     "overflowcheck": True,
+    # typed views are set when their object is made (and replaced only while a buffer grows), so
+    # an index need not test that the view is initialized
+    "initializedcheck": False,
 }
 
 

@@ -11,7 +11,7 @@ cdef class OdmaAllocator(ContiguousAllocator):
     cdef public object large_spill, large_spills
     cdef public tuple _bucket_tags
     cdef public long long _main_top
-    cdef long long[:] _bounds
+    cdef long long[::1] _bounds
     cpdef reserve(self, request_id, prompt_tokens, predicted_output_tokens=*, uncertainty=*)
     cpdef extend(self, allocation, total_tokens)
     @cython.locals(need=cython.longlong, lo=cython.Py_ssize_t, hi=cython.Py_ssize_t, mid=cython.Py_ssize_t)

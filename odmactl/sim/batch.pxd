@@ -7,8 +7,8 @@ from odmactl.sim.keyheap cimport KeyHeap
 cdef class Batch:
     cdef public long long num, next_seq, span, it, kv_sum, B, num_blocks, runs_now, peak_blocks, rejections, prefilling_blocks, shared
     cdef public bint block_growth, ff
-    cdef long long[:] prompt, target, output, arrival, gen, base, seq_of, start_ps, first_ps, done_ps, reserved_tokens
-    cdef long long[:] request_of_seq, phase, adapters, cached
+    cdef long long[::1] prompt, target, output, arrival, gen, base, seq_of, start_ps, first_ps, done_ps, reserved_tokens
+    cdef long long[::1] request_of_seq, phase, adapters, cached
     cdef public list allocs
     cdef public dict offloaded, running, prefilling
     cdef public KeyHeap finish, overflow
@@ -25,7 +25,7 @@ cdef class Batch:
     cpdef void reject(self, long long i) except *
     cpdef long long held_blocks(self, object alloc) except? -1
     cpdef long long blocks_next(self) except? -1
-    cpdef void fill_runs(self, long long[:] runs) except *
+    cpdef void fill_runs(self, long long[::1] runs) except *
     cpdef void push_finish(self, long long i, long long seq) except *
     cpdef void push_overflow(self, long long i, long long seq, long long capacity) except *
     cpdef bint live(self, long long key) except *

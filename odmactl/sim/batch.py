@@ -240,7 +240,7 @@ class Batch:
         running requests' and the prefilling ones')."""
         return self.runs_now + self.prefilling_blocks + self.shared + self.phase[(-self.it) % self.B]
 
-    def fill_runs(self, runs: cython.longlong[:]) -> None:
+    def fill_runs(self, runs: cython.longlong[::1]) -> None:
         """Block growth: runs[rho] = the blocks the running requests hold after the next rho
         iterations, rho = 0..B (a Segment's run counts)."""
         B: cython.longlong = self.B

@@ -4,7 +4,7 @@ from odmactl.sim.engine cimport Replay
 
 
 cpdef long long outstanding(Replay engine) except? -1
-cpdef long long pick(long long rule, long long j, list engines, long long[:] pending) except? -1
+cpdef long long pick(long long rule, long long j, list engines, long long[::1] pending) except? -1
 
 
 cdef class Cluster:

@@ -21,7 +21,7 @@ cdef class Replay:
     cdef public HostLink link
     cdef Segment segment
     cdef PrefillClock prefill_clock
-    cdef long long[:] runs
+    cdef long long[::1] runs
     cdef public Tally tally
     cdef public Growth growth
     cdef Chunker chunker

@@ -349,7 +349,7 @@ class Replay:
     def _load_segment(self, n: cython.longlong) -> None:
         """The segment describes the running batch at this boundary."""
         b: Batch = self.batch
-        runs: cython.longlong[:] = self.runs
+        runs: cython.longlong[::1] = self.runs
         r: cython.longlong
         i: cython.longlong
         if b.block_growth:
@@ -368,7 +368,7 @@ class Replay:
         time."""
         b: Batch = self.batch
         dt: cython.longlong
-        runs: cython.longlong[:] = self.runs
+        runs: cython.longlong[::1] = self.runs
         dt, held = self.segment.advance(k, b.block_growth)
         if mixed:
             dt += extra

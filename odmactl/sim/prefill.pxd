@@ -4,7 +4,7 @@ cdef class PrefillClock:
     cdef public double layer_bytes, layer_flops_per_token, head_bytes, head_flops_per_token, peak_bw, peak_flops
     cdef public double attention_flops_per_square, attention_efficiency, fixed_s, per_token_s, attention_fixed_s
     cdef public object tokens, efficiency
-    cdef double[:] _tokens, _efficiency_table
+    cdef double[::1] _tokens, _efficiency_table
     cdef public Py_ssize_t entries
     cdef double _efficiency(self, double m)
     cdef double _roofline(self, double weight_bytes, double flops_per_token, double m)

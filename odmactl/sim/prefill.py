@@ -53,8 +53,8 @@ class PrefillClock:
 
     def _efficiency(self, m: cython.double) -> cython.double:
         """hw.profiles.gemm_efficiency, operation for operation."""
-        t: cython.double[:] = self._tokens
-        e: cython.double[:] = self._efficiency_table
+        t: cython.double[::1] = self._tokens
+        e: cython.double[::1] = self._efficiency_table
         i: cython.Py_ssize_t
         if m <= t[0]:
             return e[0]

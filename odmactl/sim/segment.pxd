@@ -8,7 +8,7 @@ cdef class Segment:
     cdef public long long period, dm, d_held
     cdef public bint block_growth, read_per_request
     cdef public object runs
-    cdef long long[:] _runs, m0, held, gemm_ps
+    cdef long long[::1] _runs, m0, held, gemm_ps
     cpdef Segment reset(self, long long n, long long kv_tokens_sum)
     cpdef long long elapsed_ps(self, long long k) except? -1
     cpdef tuple advance(self, long long k, bint held=*)

@@ -95,14 +95,14 @@ class Segment:
         per_run: cython.longlong = self.per_run_ps
         step_tokens: cython.longlong = self.per_token_ps * n
         base: cython.longlong = self.per_token_ps * kv_tokens_sum
-        gemm: cython.longlong[:] = self.gemm_ps
+        gemm: cython.longlong[::1] = self.gemm_ps
         growth: cython.longlong = n if self.block_growth else 0
         read_growth: cython.longlong = 0 if self.read_per_request else growth
         per_request: cython.bint = self.read_per_request
         rho: cython.longlong
-        runs: cython.longlong[:] = self._runs
-        m0: cython.longlong[:] = self.m0
-        held: cython.longlong[:] = self.held
+        runs: cython.longlong[::1] = self._runs
+        m0: cython.longlong[::1] = self.m0
+        held: cython.longlong[::1] = self.held
         self.batch_ps = gemm[n] + self.fixed_ps + self.per_seq_ps * n
         for rho in range(period):
             m0[rho] = base + step_tokens * rho + per_run * (n if per_request else runs[rho])
@@ -121,7 +121,7 @@ class Segment:
         total: cython.longlong = k * self.batch_ps
         rho: cython.longlong
         terms: cython.longlong
-        m0s: cython.longlong[:] = self.m0
+        m0s: cython.longlong[::1] = self.m0
         for rho in range(k if k < p else p):
             terms = q + 1 if rho < r else q
             total += m0s[rho] * terms + dm * (terms * (terms - 1) // 2)
@@ -144,8 +144,8 @@ class Segment:
         g: cython.longlong = self.d_held
         rho: cython.longlong
         terms: cython.longlong
-        m0s: cython.longlong[:] = self.m0
-        helds: cython.longlong[:] = self.held
+        m0s: cython.longlong[::1] = self.m0
+        helds: cython.longlong[::1] = self.held
         small: cython.bint
         h_last: cython.longlong
         step_last: cython.longlong
@@ -178,7 +178,7 @@ class Segment:
         terms: cython.longlong
         h0: cython.longlong
         m: cython.longlong
-        helds: cython.longlong[:] = self.held
+        helds: cython.longlong[::1] = self.held
         for rho in range(k if k < p else p):
             terms = q + 1 if rho < r else q
             h0 = helds[rho]
