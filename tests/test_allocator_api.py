@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 
@@ -33,6 +36,9 @@ def test_misuse_raises_clear_errors(policy: str) -> None:
     with pytest.raises(AllocationError, match="whole number of KV tokens, got 150.5"):
         alloc.extend(a, 150.5)
     assert alloc.extend(a, 2**70) is False  # past a C integer: refused like any length past max_model_len
+    for copied in (copy.copy, copy.deepcopy, pickle.dumps):  # a second handle would pass as the live one
+        with pytest.raises(TypeError, match="by identity"):
+            copied(a)
     alloc.release(a)
     with pytest.raises(AllocationError, match="already released"):
         alloc.release(a)

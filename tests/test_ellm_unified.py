@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from odmactl.allocator import make_allocator
+from odmactl.core.errors import AllocationError
 from odmactl.hw.cost import CostModel, KvLayout, to_ps
 from odmactl.hw.profiles import HostLink, load_device, load_model
 from odmactl.run.serving import serving
@@ -349,3 +350,18 @@ def test_a_host_buffer_below_one_chunk_and_empty_baselines_are_refused(cli, conv
         r = cli("plan", conv_sample_head(300), "--device", "mlu370-x4", "--model", "Llama-3-8B", "--baselines", empty,
                 "--out", tmp_path / "p.toml")
         assert r.code == 1 and "names no policy" in r.err, r.err
+
+
+def test_unified_reads_the_ranges_of_a_live_allocation_only():
+    """A released or another allocator's Allocation is refused before its chain handle is used (the
+    handles index the compiled buffer unchecked)."""
+    alloc = make_allocator("unified", 640, 8, {"max_model_len_tokens": 64, "block_size_tokens": 4})
+    other = make_allocator("unified", 64_000, 8, {"max_model_len_tokens": 64, "block_size_tokens": 4})
+    foreign = [other.reserve(f"f{i}", 3) for i in range(40)][-1]
+    a = alloc.reserve("a", 3)
+    assert alloc.runs_of(a, 4) == 1
+    alloc.release(a)
+    with pytest.raises(AllocationError, match="already released"):
+        alloc.runs_of(a, 4)
+    with pytest.raises(AllocationError, match="not made by this allocator"):
+        alloc.runs_of(foreign, 4)

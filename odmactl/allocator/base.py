@@ -30,7 +30,9 @@ class Allocation:
     `owner` is the allocator that holds it live (`live` True), None once released.
     `bucket` is the bucket index at reservation (or after a move), "large" in ODMA's large pool,
     None for policies without buckets. `limit_tokens` is the most KV tokens the request can reach
-    where the policy knows it (ODMA: its large-pool block, prompt + the output cap), else None. Identity, not value, names an allocation (no __eq__).
+    where the policy knows it (ODMA: its large-pool block, prompt + the output cap), else None.
+    Identity, not value, names an allocation (no __eq__), so it cannot be copied or pickled: the
+    allocators take `owner is self` for "live here" (a copy would pass as the live one).
     A plain slotted class with a hand-written __init__: a third cheaper to create than the
     equivalent slotted dataclass, and one is created per reservation.
     """
@@ -57,6 +59,15 @@ class Allocation:
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
         return f"Allocation({fields})"
+
+    def __copy__(self):
+        raise TypeError("an Allocation names its memory by identity: a copy would be a second handle to it")
+
+    def __deepcopy__(self, memo):
+        return self.__copy__()
+
+    def __reduce__(self):
+        return self.__copy__()
 
 
 def refuse_past_whole_blocks(config: AllocatorConfig, pool_bytes: int, bytes_per_token: int, unit: str) -> None:

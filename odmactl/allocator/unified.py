@@ -304,7 +304,9 @@ class UnifiedAllocator(AllocatorBase):
         self._forget(a)
 
     def runs_of(self, allocation: Allocation, kv_tokens: int) -> int:
-        """The page ranges request `allocation` holds: its KV runs per KV head, K and V, per layer."""
+        """The page ranges request `allocation` holds: its KV runs per KV head, K and V, per layer.
+        Its chain is read only once `_own` found it live here (a handle indexes unchecked)."""
+        self._own(allocation)
         return self._runs.runs(allocation.handle)
 
     def page_ranges(self, request_id: str) -> list[int]:
@@ -374,6 +376,7 @@ class UnifiedAllocator(AllocatorBase):
         return [(ranges[j] * self.page_bytes, ranges[j + 1] * self.page_bytes) for j in range(0, len(ranges), 2)]
 
     def _ranges(self, a: Allocation) -> list[tuple[int, int]]:
+        self._own(a)
         return self._ranges_of(self._runs.tolist(a.handle))
 
     def _other_spans(self) -> list[tuple[int, int, str]]:
