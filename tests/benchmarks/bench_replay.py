@@ -56,17 +56,25 @@ CASES = {
 MODEL = "DeepSeek-R1-Distill-Qwen-7B"
 
 
-def _ingest(args: list[str], full: Path, path: Path, requests: int) -> Path:
-    """Generate a trace once, in a child process (its memory is not the benchmark's), and keep
-    its first `requests` rows."""
-    import polars as pl
+# the head of the generated trace, kept by a second child (reading the whole trace here would count
+# its memory in the benchmark's peak RSS); written beside and renamed, so an interrupted run leaves
+# no partial trace for the next one to reuse
+KEEP_HEAD = ("import os, sys, polars as pl; full, path, n = sys.argv[1:]; part = path + '.part'; "
+             "pl.read_parquet(full).head(int(n)).write_parquet(part); os.replace(part, path)")
 
+
+def _ingest(args: list[str], full: Path, path: Path, requests: int) -> Path:
+    """Generate a trace once and keep its first `requests` rows, both in child processes (their
+    memory is not the benchmark's)."""
     done = subprocess.run([sys.executable, "-m", "odmactl", "ingest", *args, "--format", "servegen", "--out", str(full),
                            "--force", "--json"], capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"ingest failed: {done.stderr[-500:]}")
-    pl.read_parquet(full).head(requests).write_parquet(path)
+    done = subprocess.run([sys.executable, "-c", KEEP_HEAD, str(full), str(path), str(requests)], capture_output=True,
+                          text=True)
     full.unlink()
+    if done.returncode != 0:
+        sys.exit(f"keeping the first {requests:,} rows failed: {done.stderr[-500:]}")
     return path
 
 
