@@ -28,7 +28,6 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
     from odmactl.core.purecython import cython
 
 
-
 @cython.initializedcheck(False)  # `_values` is always set (Int64Buffer), but while `_grow` replaces it
 class ExtentList(Int64Buffer):
     """Extents (start, nbytes) as value pairs in `_values[0:size]` (Int64Buffer; size is twice

@@ -17,7 +17,6 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
     from odmactl.core.purecython import cython
 
 
-
 class Int64Buffer:
     """`size` values in `_values[0:size]`; compiled, `_values` views `_buffer` (`capacity` slots)."""
 

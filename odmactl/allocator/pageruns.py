@@ -27,7 +27,6 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
     from odmactl.core.purecython import cython
 
 
-
 @cython.boundscheck(False)  # node indexes stay within [0, size): the invariants above
 @cython.initializedcheck(False)  # `_values` is always set (Int64Buffer), but while `_grow` replaces it
 @cython.wraparound(False)

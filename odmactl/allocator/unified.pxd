@@ -22,6 +22,7 @@ cdef class UnifiedAllocator(AllocatorBase):
     cpdef void _evict_lru(self) except *
     cpdef void _evict_until(self, double free_pages) except *
     cpdef void _after_allocation(self) except *
+    cpdef long long _give(self, long long h) except? -1
     cpdef long long _range(self, long long pages) except? -2
     cpdef bint _take(self, long long pages, bint contiguous, long long h) except *
     cpdef long long _grow(self, long long h, long long need, long long step) except? -1

@@ -164,8 +164,7 @@ class UnifiedAllocator(AllocatorBase):
     def _evict_lru(self) -> None:
         """Evict the least recently used unpinned adapter (the caller checked there is one)."""
         key, _ = self._lru.popitem(last=False)
-        pages = self._runs.give_all(self._adapters.pop(key)[0], self._free)
-        self.free_pages += pages
+        pages = self._give(self._adapters.pop(key)[0])
         self.evictions += 1
         self.evicted_pages += pages
 
@@ -184,6 +183,12 @@ class UnifiedAllocator(AllocatorBase):
     def used_pages(self) -> int:
         """Pages held by requests and adapters."""
         return self.num_pages - self.free_pages
+
+    def _give(self, h: int) -> int:
+        """Chain `h`'s pages back to the free ranges, the chain ended; returns how many."""
+        pages = self._runs.give_all(h, self._free)
+        self.free_pages += pages
+        return pages
 
     def _range(self, pages: int) -> int:
         """The start of a free range of `pages` pages, now taken (best or first fit), or -1."""
@@ -297,7 +302,7 @@ class UnifiedAllocator(AllocatorBase):
         if final_tokens is not None:  # growth past the pages held is not taken: they go back at once
             self._final_growth(a, final_tokens, self.max_tokens)
         runs = self._runs.runs(a.handle)
-        self.free_pages += self._runs.give_all(a.handle, self._free)
+        self._give(a.handle)
         a.handle = -1
         self.kv_runs -= runs
         self.runs_released += runs

@@ -19,8 +19,8 @@ def _directive(flag):
 
 class cython:  # noqa: N801 - named as the module it stands in for
     compiled = False
-    longlong = Py_ssize_t = bint = p_longlong = double = None
-    boundscheck = wraparound = overflowcheck = initializedcheck = cdivision = staticmethod(_directive)
+    longlong = None
+    boundscheck = wraparound = overflowcheck = initializedcheck = staticmethod(_directive)
 
     @staticmethod
     def locals(**_types):

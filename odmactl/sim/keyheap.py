@@ -22,7 +22,6 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
     from odmactl.core.purecython import cython
 
 
-
 @cython.initializedcheck(False)  # `_values` is always set (Int64Buffer), but while `_grow` replaces it
 class KeyHeap(Int64Buffer):
     """Keys `_values[0:size]` (Int64Buffer) in binary-heap order: every key is >= its parent's
