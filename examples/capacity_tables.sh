@@ -21,14 +21,17 @@ f.head(6000).write_parquet('train.parquet'); f.slice(6000).write_parquet('rest.p
 odmactl fit train.parquet --out pred --split-by time --max-model-len 8192 --force > /dev/null
 odmactl plan rest.parquet --device mlu370-x4 --model $MODEL --predictor pred --workers 2 --max-migration-rate 0.01 \
   --out c.toml --force > /dev/null
-# the same config with a full large pool's blocks spilled to the main pool (docs/policies.md, large_spill)
+# the same config with a full large pool's blocks waiting for it (plan writes large_spill = true here,
+# docs/plan.md; without it they wait: docs/policies.md, large_spill)
 python -c "
 s = open('c.toml').read()
-i = s.index('\n[allocator]\n') + len('\n[allocator]\n')
-open('c_spill.toml', 'w').write(s[:i] + 'large_spill = true\n' + s[i:])"
-odmactl capacity rest.parquet --device mlu370-x4 --model $MODEL --slo ttft_p99=2s,tpot_p99=100ms --config c_spill.toml \
+i = s.index('\n[allocator]\n')
+j = s.index('\n[', i + 1)
+assert '\nlarge_spill = true\n' in s[i:j], 'plan wrote no large_spill: c.toml is the waiting config'
+open('c_wait.toml', 'w').write(s[:i] + s[i:j].replace('\nlarge_spill = true\n', '\n', 1) + s[j:])"
+odmactl capacity rest.parquet --device mlu370-x4 --model $MODEL --slo ttft_p99=2s,tpot_p99=100ms --config c_wait.toml \
   --allow-mismatch --max-migration-rate 0.01 --predictor pred --tp 1 --workers 2 --policies odma \
-  --out conv-mlu370-x4-spill.json --force
+  --out conv-mlu370-x4-wait.json --force
 # each device under the engine it runs (the config, planned on the MLU370, records vllm-v0; the A100 runs vLLM v1)
 for run in mlu370-x4:vllm-v0 a100-80gb-sxm:vllm-v1; do
   device=${run%%:*} engine=${run##*:}

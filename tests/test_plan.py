@@ -255,3 +255,80 @@ def test_tune_spills_where_large_blocks_wait_for_a_full_large_pool():
     assert [o for o in tuned["options"] if o["chosen"]] == [options[tuned["scheduler"], True]]
     best = options[tuned["scheduler"], True]
     assert all(best["tps"] >= o["tps"] for o in tuned["options"])
+    # each option was replayed again with half the pool, unless that is under one largest block
+    # (here the pool is one block, so the second replay is the first)
+    assert tuned["stressed_large_pool_bytes"] == tuned["large_pool_bytes"]
+    assert all(o["stressed"] == {k: o[k] for k in o["stressed"]} for o in tuned["options"])
+
+
+class _Result:
+    """What `_tune` reads of a replay: metrics and the allocator's odma counters."""
+
+    def __init__(self, tps: float, ttft_p99: float, peak_large_bytes: int = 0) -> None:
+        self.metrics = {"tps": tps, "kv_utilization": 0.7, "ttft_p99": ttft_p99, "overflow_rate": 0.0, "stalls": 0}
+        self.allocator = {"policy_counters": {"peak_large_bytes": peak_large_bytes, "large_spills": 0}}
+
+
+def _tune_with(monkeypatch, outcome):
+    """`_tune` on a stand-in context whose replays return `outcome(scheduler, spill, large_pool_bytes)`
+    = (tps, ttft_p99); the roomy replay's peak fills its half of the pool, so the pool is sized by
+    the share given (40 largest blocks)."""
+    import odmactl.plan.search as search
+    from odmactl.run.serving import serving
+    from odmactl.sim.settings import SchedulerSettings
+    from odmactl.sim.workload import Workload
+
+    setup = serving(DEVICE, MODEL)
+    bpt, max_len = setup.bytes_per_token, 1024
+    w = Workload(["r0"], np.zeros(1, dtype=np.int64), np.full(1, 24, dtype=np.int64), np.full(1, 10, dtype=np.int64),
+                 np.full(1, 10.0), np.full(1, 0.1))
+    ctx = search.ReplayContext(setup, w, max_len, SchedulerSettings())
+    calls = []
+
+    def replay(run_ctx, policy, table):
+        if "large_spill" not in table:  # the roomy replay that sizes the pool
+            return [_Result(0.0, 0.0, peak_large_bytes=table["large_pool_bytes"])]
+        calls.append((run_ctx.scheduler.policy, table["large_spill"], table["large_pool_bytes"]))
+        return [_Result(*outcome(run_ctx.scheduler.policy, table["large_spill"], table["large_pool_bytes"]))]
+
+    monkeypatch.setattr(search, "replay_policy", replay)
+    share = 40 * max_len * bpt / setup.pool_bytes
+    tuned = search._tune(ctx, {"max_model_len_tokens": max_len, "large_pool_fraction": 0.1}, PlanSpec(DEVICE, MODEL),
+                         None, share)
+    return tuned, calls
+
+
+def test_tune_picks_the_option_whose_worse_pool_is_best(monkeypatch):
+    """Waiting beats spilling by 0.4% with the planned large pool and falls to a third with half of
+    it (alpaca_eval's plan, examples/paper_table.py): the pick is the spill, the option whose worse
+    replay is best; every option ran with both pools, half of the planned one at least one block."""
+    planned = {}
+
+    def outcome(scheduler, spill, pool):
+        planned.setdefault("size", pool)  # the first replay of each option has the planned pool
+        full = pool == planned["size"]
+        tps = {(True, True): 1002.0, (False, True): 1006.0, (True, False): 1000.0, (False, False): 338.0}[spill, full]
+        return (tps if scheduler == "task_pool" else tps - 100.0), 600.0
+
+    from odmactl.plan.search import LARGE_STRESS
+
+    tuned, calls = _tune_with(monkeypatch, outcome)
+    size, half = tuned["large_pool_bytes"], tuned["stressed_large_pool_bytes"]
+    assert half < size and abs(half - size * LARGE_STRESS) <= size / 1000
+    assert sorted(calls) == sorted((s, spill, pool) for s in ("task_pool", "fcfs") for spill in (True, False)
+                                   for pool in (size, half))
+    assert (tuned["scheduler"], tuned["large_spill"]) == ("task_pool", True)
+    chosen = [o for o in tuned["options"] if o["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["tps"] == 1002.0 and chosen[0]["stressed"]["tps"] == 1000.0
+
+
+def test_tune_breaks_a_tie_to_the_task_pool_then_to_the_spill(monkeypatch):
+    """Where every replay is alike (an overloaded search part: both pools full) nothing separates
+    the options, and the pick is the first of them: the Task Pool, with spill."""
+    tuned, _ = _tune_with(monkeypatch, lambda scheduler, spill, pool: (500.0, 900.0))
+    assert (tuned["scheduler"], tuned["large_spill"]) == ("task_pool", True)
+    # a worse TTFT p99 with either pool loses the tie: here the spill's with the smaller pool
+    half = tuned["stressed_large_pool_bytes"]
+    tuned, _ = _tune_with(monkeypatch, lambda scheduler, spill, pool: (
+        500.0, 950.0 if (scheduler, spill, pool) == ("task_pool", True, half) else 900.0))
+    assert (tuned["scheduler"], tuned["large_spill"]) == ("task_pool", False)

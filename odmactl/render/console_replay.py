@@ -39,14 +39,24 @@ def _sized_by(sized_by: str) -> str:
 
 def _tuning_line(doc: dict) -> str:
     """plan's scheduler and spill options on the search part (plan/search._tune), with what chose
-    between them: the metric the objective ranks them by (none under capacity), and TTFT p99."""
-    key = doc["tuning"]["objective_metric"]
+    between them: the metric the objective ranks them by (none under capacity), and TTFT p99, each
+    with the planned large pool and, where it differs, with the smaller one `_tune` also tries."""
+    t = doc["tuning"]
+    key = t["objective_metric"]
+    stressed = t["stressed_large_pool_bytes"] != t["large_pool_bytes"]
+
+    def both(o: dict, metric: str) -> str:
+        m = METRICS[metric]
+        return m.in_words(o[metric]) + (f" / {m.in_words(o['stressed'][metric])}" if stressed else "")
+
     parts = []
-    for o in doc["tuning"]["options"]:
-        value = "" if key is None else f"{METRICS[key].title} {METRICS[key].in_words(o[key])}, "
+    for o in t["options"]:
+        value = "" if key is None else f"{METRICS[key].title} {both(o, key)}, "
         parts.append(f"{o['scheduler']}{' + spill' if o['large_spill'] else ''} {value}TTFT p99 "
-                     f"{METRICS['ttft_p99'].in_words(o['ttft_p99'])}{' (chosen)' if o['chosen'] else ''}")
-    return "the options on the search part: " + "; ".join(parts)
+                     f"{both(o, 'ttft_p99')}{' (chosen)' if o['chosen'] else ''}")
+    pools = (f" (with the planned large pool / with {t['large_stress']:.0%} of it; the worse of the two ranks them)"
+             if stressed else "")
+    return f"the options on the search part{pools}: " + "; ".join(parts)
 
 
 def _wrapped(console: Console, line: str, style: str) -> None:

@@ -66,12 +66,17 @@ def write_plan_report(doc: dict, config: dict, path: Path) -> None:
                         "</td></tr>" for k, v in config["allocator"].items())  # as the TOML spells it
     tuning_keys = ("tps", "kv_utilization", "ttft_p99", "overflow_rate")
     bold = ' style="font-weight:bold"'
+    stressed_keys = ("tps", "ttft_p99")  # the same option with the smaller large pool _tune also tries
     options = "".join(f"<tr{bold if o['chosen'] else ''}><td>{esc(o['scheduler'])}</td>"
                       f"<td>{'on' if o['large_spill'] else 'off'}</td>"
                       + "".join(f"<td>{format_metric(k, o[k])}</td>" for k in tuning_keys)
-                      + f"<td>{o['large_spills']:,}</td><td>{'chosen' if o['chosen'] else ''}</td></tr>"
+                      + f"<td>{o['large_spills']:,}</td>"
+                      + "".join(f"<td>{format_metric(k, o['stressed'][k])}</td>" for k in stressed_keys)
+                      + f"<td>{'chosen' if o['chosen'] else ''}</td></tr>"
                       for o in doc["tuning"]["options"])
-    options_head = "".join(f"<th>{esc(METRICS[k].header)}</th>" for k in tuning_keys)
+    stress_share = f"{doc['tuning']['large_stress']:.0%}"
+    options_head = ("".join(f"<th>{esc(METRICS[k].header)}</th>" for k in tuning_keys) + "<th>large spills</th>"
+                    + "".join(f"<th>{esc(METRICS[k].header)}, large pool at {stress_share}</th>" for k in stressed_keys))
     text = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>odmactl plan: {esc(t['path'])}</title>
 <style>body{{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
@@ -91,9 +96,9 @@ Searched on the first {t['search_requests']:,} requests, validated on the last {
 <table><tr><th>metric</th>{head}</tr>{body}</table>
 <h2>{'Recommended' if holds else 'Closest candidate (not written)'} [allocator]</h2><table>{allocator}</table>
 <h2>Scheduler and large_spill: the options replayed on the search part</h2>
-<p>The pick, with its large pool, under each scheduler, with a full large pool's block waiting or spilling
-to the main pool; the best by the objective, options within {doc['tuning']['objective_tie']:.1%} of it tied to the lower TTFT p99.</p>
-<table><tr><th>scheduler</th><th>large_spill</th>{options_head}<th>large spills</th><th></th></tr>{options}</table>
+<p>The pick, with its large pool and with {stress_share} of it ({format_bytes(doc['tuning']['stressed_large_pool_bytes'])}, at least one largest block), under each scheduler, with a full large pool's block waiting or spilling
+to the main pool; the best by the worse objective of the two pools, options within {doc['tuning']['objective_tie']:.1%} of it tied to the lower worse TTFT p99, then to the Task Pool, then to the spill.</p>
+<table><tr><th>scheduler</th><th>large_spill</th>{options_head}<th></th></tr>{options}</table>
 {engine}
 <h2>Utilization against overflow rate: the Pareto front</h2><img src="data:image/png;base64,{pareto_png(doc)}">
 <h2>Bucket boundaries over the held-out lengths</h2><img src="data:image/png;base64,{boundaries_png(doc)}">
