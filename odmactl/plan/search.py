@@ -406,9 +406,9 @@ SCHEDULERS_COMPARED = ("task_pool", "fcfs")  # the papers' Task Pool, and vLLM's
 # [allocator] large_spill: spill to the main pool, or wait for a large block (the papers' reading);
 # in this order, so that a tie goes to the spill (`_tune`)
 SPILL_COMPARED = (True, False)
-# each option is also replayed with the large pool at this share of the planned one (at least one
-# largest block), as if twice the large-tag demand the search part showed came; the pick is the
-# option with the best worse objective of the two (`_tune`)
+# each option is also replayed with the large pool at this share of the planned one (in whole
+# largest blocks, at least one), as if twice the large-tag demand the search part showed came; the
+# pick is the option with the best worse objective of the two (`_tune`)
 LARGE_STRESS = 0.5
 # `_tune`'s objective values this close to the best tie (a share of it): where the engine keeps up,
 # every option serves the same tokens, and their TPS differ in the last completion's time only
@@ -438,9 +438,9 @@ def _tune(ctx: ReplayContext, table: dict, spec: PlanSpec, progress, large_share
 
     The scheduler and `large_spill` (what a large-tag request does when the large pool is full at
     its admission): each of SCHEDULERS_COMPARED, with each of SPILL_COMPARED, replayed with that
-    pool and again with a pool of LARGE_STRESS of it (at least one largest block; not replayed
-    again where that is the same pool). An option's score is the worse of its two replays: its
-    objective (TTFT p99 for the capacity objective) and its TTFT p99. The best worse objective
+    pool and again with a pool of LARGE_STRESS of it in whole largest blocks (at least one; not
+    replayed again where that is the planned pool, a pool of one block). An option's score is the
+    worse of its two replays: its objective (TTFT p99 for the capacity objective) and its TTFT p99. The best worse objective
     wins, a tie (within OBJECTIVE_TIE) to the lower worse TTFT p99, then to the earlier in that
     order (the task pool, with spill).
 
@@ -448,8 +448,8 @@ def _tune(ctx: ReplayContext, table: dict, spec: PlanSpec, progress, large_share
     more large-tag requests than it showed (a refit that lowers the top boundary, longer prompts)
     fills it. Waiting for a large block then starts them one at a time while the main pool has
     room, and spilling does not: on alpaca_eval (examples/paper_table.py's plan) waiting and
-    spilling serve 1,006 and 1,002 tok/s on the search part with the planned pool, 338 and 1,000
-    with half of it, and 328 and 984 on the requests replayed after it. Why a tie goes to the
+    spilling serve 1,006 and 1,002 tok/s on the search part with the planned pool, 338 and 1,012
+    with one of its two largest blocks, and 328 and 984 on the requests replayed after it. Why a tie goes to the
     spill: where the replays are alike (the engine overloaded, its main pool full as well, as plan
     replays at the trace's own rate) they show nothing between the two, and at lower rates the
     main pool has room that spilling uses (Azure conv 2023 on one MLU370-X4, docs/policies.md:
@@ -465,21 +465,23 @@ def _tune(ctx: ReplayContext, table: dict, spec: PlanSpec, progress, large_share
     backlog = peak + largest > roomy["large_pool_bytes"]  # large blocks waited for room even there
     wanted = int(pool_bytes * large_share) if backlog else peak + LARGE_HEADROOM_BLOCKS * largest
     size = min(max(wanted, LARGE_HEADROOM_BLOCKS * largest), pool_bytes // 2) // bpt * bpt
-    stressed_size = min(max(int(size * LARGE_STRESS), largest), size) // bpt * bpt
-    pools = (size,) if stressed_size == size else (size, stressed_size)
+    # the smaller pool: LARGE_STRESS of the planned one in whole largest blocks (what a pool of
+    # uncapped blocks holds), at least one; none where that is the planned pool (one block)
+    stressed_size = max(largest, int(size * LARGE_STRESS) // largest * largest)
+    pools = (size,) if stressed_size >= size else (size, stressed_size)
     options = [(name, spill) for name in SCHEDULERS_COMPARED for spill in SPILL_COMPARED]
     runs: list[list[dict]] = []  # per option, per pool: metrics with the allocator's counters
     for k, (name, spill) in enumerate(options):
         run_ctx = dataclasses.replace(ctx, scheduler=dataclasses.replace(ctx.scheduler, policy=name))
         runs.append([])
-        for pool in pools:
+        for n, pool in enumerate(pools):
             result = replay_policy(run_ctx, "odma", {**table_without_fraction(table), "large_pool_bytes": pool,
                                                      "large_spill": spill})[0]
             counters = result.allocator["policy_counters"]
             runs[k].append({**{key: result.metrics[key] for key in TUNING_KEYS},
                             "peak_large_bytes": counters["peak_large_bytes"], "large_spills": counters["large_spills"]})
-        if progress is not None:
-            progress("plan: large pool, scheduler and spill", k + 1, len(options))
+            if progress is not None:
+                progress("plan: large pool, scheduler and spill", k * len(pools) + n + 1, len(options) * len(pools))
 
     def ttft(k: int) -> float:  # the worse TTFT p99 of the option's replays
         return max(math.inf if r["ttft_p99"] is None else r["ttft_p99"] for r in runs[k])
@@ -492,11 +494,11 @@ def _tune(ctx: ReplayContext, table: dict, spec: PlanSpec, progress, large_share
     best = min(near, key=lambda k: (ttft(k), k))
     return {"large_pool_bytes": size, "sized_by": "large_share (the large pool filled)" if backlog else "peak",
             "large_share": large_share, "peak_large_bytes": peak, "largest_large_block_tokens": largest // bpt,
-            "stressed_large_pool_bytes": stressed_size, "large_stress": LARGE_STRESS,
+            "stressed_large_pool_bytes": pools[1] if len(pools) > 1 else None, "large_stress": LARGE_STRESS,
             "scheduler": options[best][0], "large_spill": options[best][1], "objective_tie": OBJECTIVE_TIE,
             "objective_metric": None if spec.objective == "capacity" else OBJECTIVE_METRIC[spec.objective],
             "options": [{"scheduler": name, "large_spill": spill, "chosen": k == best, **runs[k][0],
-                         "stressed": runs[k][-1]} for k, (name, spill) in enumerate(options)]}
+                         "stressed": runs[k][1] if len(pools) > 1 else None} for k, (name, spill) in enumerate(options)]}
 
 
 

@@ -19,7 +19,7 @@ from odmactl.render.metrics import (
     metric_rows,
     plan_keys,
 )
-from odmactl.render.plan_text import holdout_title, plan_headline
+from odmactl.render.plan_text import holdout_title, plan_headline, stressed_pool, tuning_rule
 from odmactl.render.tables import deployment, narrow_table
 from odmactl.render.warnings import mismatch_lines, replay_warnings
 from odmactl.run.serving import static_legend
@@ -37,26 +37,23 @@ def _sized_by(sized_by: str) -> str:
     return "the peak of large blocks held" if sized_by == "peak" else "the large blocks' share of block-token-time"
 
 
-def _tuning_line(doc: dict) -> str:
-    """plan's scheduler and spill options on the search part (plan/search._tune), with what chose
-    between them: the metric the objective ranks them by (none under capacity), and TTFT p99, each
-    with the planned large pool and, where it differs, with the smaller one `_tune` also tries."""
+def _print_tuning(console: Console, doc: dict) -> None:
+    """plan's scheduler and spill options on the search part (plan/search._tune): what ranked them,
+    then one row each with the metric the objective ranks them by (none under capacity) and TTFT
+    p99, with the planned large pool and, where `_tune` replayed one, with the smaller pool."""
     t = doc["tuning"]
-    key = t["objective_metric"]
-    stressed = t["stressed_large_pool_bytes"] != t["large_pool_bytes"]
-
-    def both(o: dict, metric: str) -> str:
-        m = METRICS[metric]
-        return m.in_words(o[metric]) + (f" / {m.in_words(o['stressed'][metric])}" if stressed else "")
-
-    parts = []
-    for o in t["options"]:
-        value = "" if key is None else f"{METRICS[key].title} {both(o, key)}, "
-        parts.append(f"{o['scheduler']}{' + spill' if o['large_spill'] else ''} {value}TTFT p99 "
-                     f"{both(o, 'ttft_p99')}{' (chosen)' if o['chosen'] else ''}")
-    pools = (f" (with the planned large pool / with {t['large_stress']:.0%} of it; the worse of the two ranks them)"
-             if stressed else "")
-    return f"the options on the search part{pools}: " + "; ".join(parts)
+    smaller = stressed_pool(t)
+    keys = tuple(k for k in (t["objective_metric"], "ttft_p99") if k is not None)
+    headers = [METRICS[k].header for k in keys]
+    if smaller is not None:
+        headers += [f"{METRICS[k].header}, smaller pool" for k in keys]
+    rows = [[f"{o['scheduler']}{' + spill' if o['large_spill'] else ''}{' (chosen)' if o['chosen'] else ''}"]
+            + [format_metric(k, o[k]) for k in keys]
+            + ([format_metric(k, o["stressed"][k]) for k in keys] if smaller is not None else [])
+            for o in t["options"]]
+    pools = f"with the planned large pool and with a smaller one ({smaller})" if smaller else "with the planned large pool"
+    _wrapped(console, f"the options on the search part, {pools}, {tuning_rule(t)}:", "default")
+    console.print(narrow_table(None, tuple(headers), rows, key="option"))
 
 
 def _wrapped(console: Console, line: str, style: str) -> None:
@@ -232,7 +229,7 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
                       f"scheduler {doc['scheduler']} {'with' if doc['tuning']['large_spill'] else 'without'} large_spill "
                       f"(the best of {len(doc['tuning']['options'])} scheduler and spill options on the search part)",
              "bold")
-    _wrapped(console, _tuning_line(doc), "default")
+    _print_tuning(console, doc)
     if doc["objective"] == "capacity":
         chosen = next(r for r in doc["search"]["replays"] if r["label"] == doc["chosen"]["label"])
         limits = ", ".join(f"{m} <= {format_seconds(v)}" for m, v in doc["slo"].items())

@@ -16,7 +16,7 @@ from odmactl.core.stops import uninterrupted
 from odmactl.core.units import format_bytes
 from odmactl.render.metrics import CAPACITY_KEYS, METRICS, format_metric, metric_rows, plan_keys
 from odmactl.render.plan_plots import boundaries_png, occupancy_png, pareto_png
-from odmactl.render.plan_text import failure_message, holdout_title, plan_headline
+from odmactl.render.plan_text import failure_message, holdout_title, plan_headline, stressed_pool, tuning_rule
 from odmactl.render.tables import deployment
 from odmactl.render.warnings import mismatch_lines
 
@@ -64,9 +64,13 @@ def write_plan_report(doc: dict, config: dict, path: Path) -> None:
                       for r in doc["search"]["replays"])
     allocator = "".join(f"<tr><td>{esc(k)}</td><td style=\"text-align:left\">{esc(str(v).lower() if isinstance(v, bool) else str(v))}"
                         "</td></tr>" for k, v in config["allocator"].items())  # as the TOML spells it
-    tuning_keys = ("tps", "kv_utilization", "ttft_p99", "overflow_rate")
+    tuning_keys = ("tps", "kv_utilization", "ttft_p99", "overflow_rate", "stalls")
     bold = ' style="font-weight:bold"'
-    stressed_keys = ("tps", "ttft_p99")  # the same option with the smaller large pool _tune also tries
+    tuning = doc["tuning"]
+    smaller = stressed_pool(tuning)
+    # the same option with the smaller large pool _tune also tries: what ranks the options, and TTFT p99
+    stressed_keys = () if smaller is None else tuple(dict.fromkeys(
+        k for k in (tuning["objective_metric"], "ttft_p99") if k is not None))
     options = "".join(f"<tr{bold if o['chosen'] else ''}><td>{esc(o['scheduler'])}</td>"
                       f"<td>{'on' if o['large_spill'] else 'off'}</td>"
                       + "".join(f"<td>{format_metric(k, o[k])}</td>" for k in tuning_keys)
@@ -74,9 +78,10 @@ def write_plan_report(doc: dict, config: dict, path: Path) -> None:
                       + "".join(f"<td>{format_metric(k, o['stressed'][k])}</td>" for k in stressed_keys)
                       + f"<td>{'chosen' if o['chosen'] else ''}</td></tr>"
                       for o in doc["tuning"]["options"])
-    stress_share = f"{doc['tuning']['large_stress']:.0%}"
     options_head = ("".join(f"<th>{esc(METRICS[k].header)}</th>" for k in tuning_keys) + "<th>large spills</th>"
-                    + "".join(f"<th>{esc(METRICS[k].header)}, large pool at {stress_share}</th>" for k in stressed_keys))
+                    + "".join(f"<th>{esc(METRICS[k].header)}, smaller large pool</th>" for k in stressed_keys))
+    planned = f"its large pool ({format_bytes(tuning['large_pool_bytes'])})"
+    pools = planned if smaller is None else f"{planned} and with a smaller one ({smaller})"
     text = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>odmactl plan: {esc(t['path'])}</title>
 <style>body{{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
@@ -96,8 +101,8 @@ Searched on the first {t['search_requests']:,} requests, validated on the last {
 <table><tr><th>metric</th>{head}</tr>{body}</table>
 <h2>{'Recommended' if holds else 'Closest candidate (not written)'} [allocator]</h2><table>{allocator}</table>
 <h2>Scheduler and large_spill: the options replayed on the search part</h2>
-<p>The pick, with its large pool and with {stress_share} of it ({format_bytes(doc['tuning']['stressed_large_pool_bytes'])}, at least one largest block), under each scheduler, with a full large pool's block waiting or spilling
-to the main pool; the best by the worse objective of the two pools, options within {doc['tuning']['objective_tie']:.1%} of it tied to the lower worse TTFT p99, then to the Task Pool, then to the spill.</p>
+<p>The pick, with {esc(pools)}, under each scheduler, with a full large pool's block waiting or spilling
+to the main pool: {esc(tuning_rule(tuning))}.</p>
 <table><tr><th>scheduler</th><th>large_spill</th>{options_head}<th></th></tr>{options}</table>
 {engine}
 <h2>Utilization against overflow rate: the Pareto front</h2><img src="data:image/png;base64,{pareto_png(doc)}">

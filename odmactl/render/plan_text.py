@@ -3,6 +3,7 @@ title with the gate's bounds, why no config was written, and the config's openin
 
 from __future__ import annotations
 
+from odmactl.core.units import format_bytes
 from odmactl.render.metrics import METRICS, format_metric
 from odmactl.render.tables import deployment
 from odmactl.render.warnings import overload_line
@@ -129,3 +130,21 @@ def config_heading(doc: dict) -> str:
             "[plan]: what it was planned for and expects (check, replay and capacity compare it with each run);\n"
             "[allocator], [scheduler], [thresholds]: what they apply; [engine.*]: the same in engines' terms\n"
             "(docs/plan.md: \"Applying a plan\").")
+
+
+def stressed_pool(tuning: dict) -> str | None:
+    """The smaller large pool plan/search._tune also replays each option with, in words (its size and
+    its share of the planned pool); None where there was none (a planned pool of one block)."""
+    size, stressed = tuning["large_pool_bytes"], tuning["stressed_large_pool_bytes"]
+    if stressed is None:
+        return None
+    return f"{format_bytes(stressed)}, {stressed / size:.0%} of it"
+
+
+def tuning_rule(tuning: dict) -> str:
+    """How `_tune` picked among the options, in words."""
+    by = "ranked by the worse of the two pools: " if stressed_pool(tuning) else "ranked by "
+    if tuning["objective_metric"] is None:  # the capacity objective ranks by TTFT p99
+        return f"{by}the lower TTFT p99, then the Task Pool, then the spill"
+    return (f"{by}the best {METRICS[tuning['objective_metric']].title}; within {tuning['objective_tie']:.1%} of it, "
+            "the lower TTFT p99, then the Task Pool, then the spill")
