@@ -197,6 +197,16 @@ def test_plan_errors(cli, trace, conv_sample_head, tmp_path):
         PlanSpec(device=DEVICE, model=MODEL, replays=0)
 
 
+def test_capacity_objective_on_too_few_requests_says_so(cli, conv_sample_head, tmp_path):
+    """--objective capacity bisects each candidate's rate on the search part, and capacity reports a
+    rate only from MIN_COMPLETED completed requests: a search part of 40 said "sustains 0.000x ... no
+    rate meets the SLO" where the SLO was met; now plan names the count and writes nothing."""
+    out = tmp_path / "c.toml"
+    r = _plan(cli, conv_sample_head(200), out, "--holdout", "0.8", "--objective", "capacity", "--slo", "ttft_p99=2s")
+    assert r.code == 1 and "at least 50 completed requests" in r.err and "--holdout" in r.err, r.err
+    assert "Traceback" not in r.err and not out.exists()
+
+
 def test_a_config_names_its_predictor_relative_to_itself(tmp_path, monkeypatch):
     from odmactl.run.config import predictor_for_config, predictor_from_config
 

@@ -72,7 +72,7 @@ import polars as pl
 
 from odmactl.allocator import AllocatorConfig
 from odmactl.capacity.run import trace_rates
-from odmactl.capacity.search import CapacityTarget, capacity_scale, sustainable_scale
+from odmactl.capacity.search import MIN_COMPLETED, CapacityTarget, capacity_scale, sustainable_scale
 from odmactl.capacity.slo import Slo
 from odmactl.core.errors import ConfigError, OdmaError
 from odmactl.gate.thresholds import evaluate
@@ -177,6 +177,13 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> tuple[dict, Serv
         return dataclasses.replace(ctx, workload=search_w, max_len=cap), c.allocator_table()
 
     search_jobs = [job(e["candidate"]) for e in shortlist]
+    fewest = min(run_ctx.workload.size for run_ctx, _ in search_jobs)
+    if spec.objective == "capacity" and fewest < MIN_COMPLETED:  # capacity reports no rate from fewer (too_few_served)
+        raise ConfigError(f"--objective capacity finds each candidate's sustainable rate by replaying the search part, "
+                          f"and capacity reports a rate only from at least {MIN_COMPLETED} completed requests; the "
+                          f"candidates replay {fewest:,} (the search part is the first {split:,} of {frame.height:,} "
+                          "requests; a hedge table's candidate replays the part of it the table was not fitted on)",
+                          hint="a smaller --holdout, or a longer trace")
     metrics = run_jobs(search_jobs, spec.workers, "plan: replay candidates", progress, executor=spec.executor)
     target = CapacityTarget(spec.slo, spec.max_overflow_rate) if spec.objective == "capacity" else None
     if target is not None:  # each candidate's sustainable rate at the SLO, found by replay
