@@ -122,6 +122,18 @@ def test_offload_and_fetch_charged_at_the_host_link_by_hand():
     assert m["link_bottleneck_s"] == (max(0, link - prefill) + max(0, link - step)) / PS > 0
 
 
+def test_unified_without_adapter_bytes_refuses_to_acquire_an_adapter():
+    """With adapter_bytes 0 an adapter is no pages: acquiring one looked for an empty free range
+    forever (the replay never calls it then: its adapter cache is None). Now it is refused."""
+    from odmactl.core.errors import AllocationError
+
+    alloc = make_allocator("unified", 640, 8, {"max_model_len_tokens": 64, "block_size_tokens": 4})
+    with pytest.raises(AllocationError, match="adapter_bytes is 0"):
+        alloc.acquire_adapter("a")
+    assert alloc.adapter_loads == 0 and alloc.adapter_hits == 0 and not alloc._adapters
+    alloc.check_invariants()
+
+
 def test_unified_best_fit_ranges_and_an_eviction_under_hysteresis():
     """20 pages of 4 tokens (8 B a token: 32 B a page); an adapter of 64 B is 2 pages."""
     alloc = make_allocator("unified", 640, 8, {"max_model_len_tokens": 64, "block_size_tokens": 4, "adapter_bytes": 64})

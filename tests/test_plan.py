@@ -256,7 +256,7 @@ def test_tune_spills_where_large_blocks_wait_for_a_full_large_pool():
     table = {"max_model_len_tokens": max_len, "boundaries_tokens": [256, 1024], "refit": False, "tau": 0.5}
     tuned = _tune(ctx, table, PlanSpec(DEVICE, MODEL), None, 0.0)
     bpt = ctx.serving.bytes_per_token
-    assert tuned["sized_by"].startswith("large_share") and tuned["large_pool_bytes"] == max_len * bpt
+    assert tuned["sized_by"] == "large_share" and tuned["large_pool_bytes"] == max_len * bpt
     options = {(o["scheduler"], o["large_spill"]): o for o in tuned["options"]}
     assert sorted(options) == [("fcfs", False), ("fcfs", True), ("task_pool", False), ("task_pool", True)]
     for scheduler in ("task_pool", "fcfs"):

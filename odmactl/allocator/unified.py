@@ -26,7 +26,7 @@ from odmactl.allocator.config import AllocatorConfig, Deployment, PolicySettings
 from odmactl.allocator.extentlist import ExtentList
 from odmactl.allocator.pageruns import PageRuns
 from odmactl.allocator.paged import PagedSettings
-from odmactl.core.errors import ConfigError
+from odmactl.core.errors import AllocationError, ConfigError
 
 UNIFIED_FITS = ("best", "first")  # ADR-006 §5.2: best fit by default, first fit for latency-critical paths
 MAX_ADAPTER_RANK = 4_096  # LoRA ranks are 8-64 in S-LoRA's and ADR-006's examples
@@ -331,6 +331,9 @@ class UnifiedAllocator(AllocatorBase):
         """Pin adapter `key` for a request about to run: resident, its refcount goes up (a hit);
         else it is loaded from host memory into a page range (its bytes cross the host link),
         evicting unpinned adapters for room and to stay within the hot tier. False: no room."""
+        if self.adapter_pages <= 0:  # a load of no pages would look for an empty range forever
+            raise AllocationError("this allocator keeps no LoRA adapters (adapter_bytes is 0): give it adapter_bytes, "
+                                  "or a lora_rank with a deployment that names the bytes per rank")
         entry = self._adapters.get(key)
         self.last_acquire_hit = entry is not None
         if entry is not None:

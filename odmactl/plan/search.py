@@ -499,7 +499,7 @@ def _tune(ctx: ReplayContext, table: dict, spec: PlanSpec, progress, large_share
         score = [min(r[key] for r in runs[k]) for k in near]
         near = [k for k in near if score[k] >= max(score) * (1.0 - OBJECTIVE_TIE)]
     best = min(near, key=lambda k: (ttft(k), k))
-    return {"large_pool_bytes": size, "sized_by": "large_share (the large pool filled)" if backlog else "peak",
+    return {"large_pool_bytes": size, "sized_by": "large_share" if backlog else "peak",
             "large_share": large_share, "peak_large_bytes": peak, "largest_large_block_tokens": largest // bpt,
             "stressed_large_pool_bytes": pools[1] if len(pools) > 1 else None, "large_stress": LARGE_STRESS,
             "scheduler": options[best][0], "large_spill": options[best][1], "objective_tie": OBJECTIVE_TIE,
