@@ -372,14 +372,6 @@ def test_rates_are_never_rounded_to_zero():
     assert format_metric("max_rate_per_replica", 1_048_576_000_000.0) == "1.05e+12"
 
 
-def test_a_gain_that_rounds_to_zero_has_no_minus_sign():
-    """plan's headline wrote "static 1,114.9 (-0.0% for odma)" beside "+0.0%" for another baseline."""
-    from odmactl.render.metrics import format_metric
-
-    assert format_metric("tps_gain", -2.8e-6) == format_metric("tps_gain", 2.8e-6) == "+0.0%"
-    assert format_metric("tps_gain", -0.0123) == "-1.2%" and format_metric("tps_gain", 0.0123) == "+1.2%"
-
-
 
 @pytest.mark.parametrize("replicas, rate, said", [
     (4, 0.715, "R engines carry more than R times one engine's rate"),  # 2.86 < 4.56

@@ -168,8 +168,8 @@ def _render_on_device(console: Console, measured: dict[str, dict]) -> None:
     for policy in measured:
         table.add_column(escape(policy), justify="right")
     rows = [("steps", "decode_steps", "{:,}"), ("measured total (s)", "measured_decode_s", "{:.4g}"),
-            ("modelled total (s)", "modelled_decode_s", "{:.4g}"), ("total error", "total_error", "{:+z.1%}"),
-            ("per-step error p50", "step_error_p50", "{:+z.1%}"),
+            ("modelled total (s)", "modelled_decode_s", "{:.4g}"), ("total error", "total_error", "{:+.1%}"),
+            ("per-step error p50", "step_error_p50", "{:+.1%}"),
             ("per-step |error| p50", "step_abs_error_p50", "{:.1%}"),
             ("per-step |error| p90", "step_abs_error_p90", "{:.1%}")]
     for title, key, fmt in rows:

@@ -48,7 +48,7 @@ class Metric:
         return text if text == "n/a" or self.unit in ("", "%") else f"{text} {self.unit}"
 
 
-SHARE, RATE, GAIN, COUNT, SIG3 = ".1%", ".3%", "+z.1%", ",", "sig3"  # z: a gain that rounds to 0 is +0.0%, never -0.0%
+SHARE, RATE, GAIN, COUNT, SIG3 = ".1%", ".3%", "+.1%", ",", "sig3"
 
 METRICS: dict[str, Metric] = {m.key: m for m in (
     Metric("kv_utilization", "KV util", "%", SHARE),
