@@ -200,11 +200,16 @@ def test_plan_errors(cli, trace, conv_sample_head, tmp_path):
 def test_capacity_objective_on_too_few_requests_says_so(cli, conv_sample_head, tmp_path):
     """--objective capacity bisects each candidate's rate on the search part, and capacity reports a
     rate only from MIN_COMPLETED completed requests: a search part of 40 said "sustains 0.000x ... no
-    rate meets the SLO" where the SLO was met; now plan names the count and writes nothing."""
+    rate meets the SLO" where the SLO was met; now plan says why and writes nothing."""
     out = tmp_path / "c.toml"
     r = _plan(cli, conv_sample_head(200), out, "--holdout", "0.8", "--objective", "capacity", "--slo", "ttft_p99=2s")
-    assert r.code == 1 and "at least 50 completed requests" in r.err and "--holdout" in r.err, r.err
+    assert r.code == 1 and "at least 50 completed requests" in r.err and "a smaller --holdout" in r.err, r.err
     assert "Traceback" not in r.err and not out.exists()
+    # 49 held out: the pick's rate there cannot be judged either (it read 0.000 for every policy and
+    # wrote the config)
+    r = _plan(cli, conv_sample_head(200), out, "--holdout", "0.245", "--objective", "capacity", "--slo", "ttft_p99=2s")
+    assert r.code == 1 and "held-out part (the last 49 requests)" in r.err and "a larger --holdout" in r.err, r.err
+    assert not out.exists()
 
 
 def test_a_config_names_its_predictor_relative_to_itself(tmp_path, monkeypatch):

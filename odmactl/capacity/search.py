@@ -299,7 +299,10 @@ def sustainable_scale(ctx: ReplayContext, policy: str, table: dict, metrics: dic
     return {"rate_scale": found["rate_scale"], "next_rate_scale": found["next_rate_scale"]}
 
 
-def capacity_scale(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget) -> float:
-    """The rate scale `find_capacity` reports, 0.0 when no rate meets the SLO (plan's capacity objective)."""
-    return find_capacity(ctx, policy, table, target)["rate_scale"] or 0.0
+def capacity_scale(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget) -> tuple[float, str | None]:
+    """The rate scale `find_capacity` reports, 0.0 when no rate meets the SLO (plan's capacity
+    objective), and why no rate is reported at all where too few requests are served
+    (`too_few_served`), else None."""
+    found = find_capacity(ctx, policy, table, target)
+    return found["rate_scale"] or 0.0, found["infeasible"] if found["too_few_served"] else None
 

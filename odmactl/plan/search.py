@@ -177,19 +177,17 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> tuple[dict, Serv
         return dataclasses.replace(ctx, workload=search_w, max_len=cap), c.allocator_table()
 
     search_jobs = [job(e["candidate"]) for e in shortlist]
-    fewest = min(run_ctx.workload.size for run_ctx, _ in search_jobs)
-    if spec.objective == "capacity" and fewest < MIN_COMPLETED:  # capacity reports no rate from fewer (too_few_served)
-        raise ConfigError(f"--objective capacity finds each candidate's sustainable rate by replaying the search part, "
-                          f"and capacity reports a rate only from at least {MIN_COMPLETED} completed requests; the "
-                          f"candidates replay {fewest:,} (the search part is the first {split:,} of {frame.height:,} "
-                          "requests; a hedge table's candidate replays the part of it the table was not fitted on)",
-                          hint="a smaller --holdout, or a longer trace")
     metrics = run_jobs(search_jobs, spec.workers, "plan: replay candidates", progress, executor=spec.executor)
     target = CapacityTarget(spec.slo, spec.max_overflow_rate) if spec.objective == "capacity" else None
     if target is not None:  # each candidate's sustainable rate at the SLO, found by replay
         scales = run_jobs([(c, "odma", table, target) for c, table in search_jobs], spec.workers,
                           "plan: capacity of the candidates", progress, fn=capacity_scale, executor=spec.executor)
-        metrics = [{**m, "capacity_rate_scale": scale} for m, scale in zip(metrics, scales)]
+        if all(few for _, few in scales):  # no candidate could be judged (one on a shorter part alone counts as none)
+            raise ConfigError(f"--objective capacity finds each candidate's sustainable rate by replaying the search "
+                              f"part (the first {split:,} of {frame.height:,} requests), and no candidate gets one: "
+                              f"{scales[0][1]}", hint=f"a smaller --holdout (capacity needs at least {MIN_COMPLETED} "
+                              "completed requests)")
+        metrics = [{**m, "capacity_rate_scale": scale} for m, (scale, _) in zip(metrics, scales)]
     replayed = list(zip(shortlist, metrics))
     best, feasible = choose(replayed, spec)
     chosen = shortlist[best]["candidate"]
@@ -354,7 +352,11 @@ def _validate(frame: pl.DataFrame, spec: PlanSpec, hold_ctx, split: int, final_t
                                                               for c, (_, policy, table, _) in zip(contexts, runs)]
         scales = run_jobs([(c, policy, table, target) for c, policy, table in every], spec.workers,
                           "plan: capacity on the later part", progress, fn=capacity_scale, executor=spec.executor)
-        for name, scale in zip(validation, scales):
+        if scales[0][1]:  # the pick's rate on the held-out part cannot be judged: neither can the plan
+            raise ConfigError(f"--objective capacity validates the pick's sustainable rate on the held-out part (the "
+                              f"last {hold_ctx.workload.size:,} requests), and gets none: {scales[0][1]}",
+                              hint=f"a larger --holdout (capacity needs at least {MIN_COMPLETED} completed requests)")
+        for name, (scale, _) in zip(validation, scales):
             validation[name]["metrics"] = {**validation[name]["metrics"], "capacity_rate_scale": scale}
     return validation
 

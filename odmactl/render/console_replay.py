@@ -51,7 +51,8 @@ def _print_tuning(console: Console, doc: dict) -> None:
             + [format_metric(k, o[k]) for k in keys]
             + ([format_metric(k, o["stressed"][k]) for k in keys] if smaller is not None else [])
             for o in t["options"]]
-    pools = f"with the planned large pool and with a smaller one ({smaller})" if smaller else "with the planned large pool"
+    pools = (f"with the planned large pool and with a smaller one ({smaller})" if smaller else
+             "with the planned large pool (one largest block: no smaller one to try)")
     _wrapped(console, f"the options on the search part, {pools}, {tuning_rule(t)}:", "default")
     console.print(narrow_table(None, tuple(headers), rows, key="option"))
 

@@ -81,7 +81,8 @@ def write_plan_report(doc: dict, config: dict, path: Path) -> None:
     options_head = ("".join(f"<th>{esc(METRICS[k].header)}</th>" for k in tuning_keys) + "<th>large spills</th>"
                     + "".join(f"<th>{esc(METRICS[k].header)}, smaller large pool</th>" for k in stressed_keys))
     planned = f"its large pool ({format_bytes(tuning['large_pool_bytes'])})"
-    pools = planned if smaller is None else f"{planned} and with a smaller one ({smaller})"
+    pools = f"{planned}, one largest block, so no smaller one" if smaller is None else \
+        f"{planned} and with a smaller one ({smaller})"
     text = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>odmactl plan: {esc(t['path'])}</title>
 <style>body{{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}

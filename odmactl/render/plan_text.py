@@ -142,8 +142,8 @@ def stressed_pool(tuning: dict) -> str | None:
 
 
 def tuning_rule(tuning: dict) -> str:
-    """How `_tune` picked among the options, in words."""
-    by = "ranked by the worse of the two pools: " if stressed_pool(tuning) else "ranked by "
+    """How `_tune` picked among the options (listed in a fixed order, not ranked), in words."""
+    by = "picked by the worse of the two pools: " if stressed_pool(tuning) else "picked by "
     if tuning["objective_metric"] is None:  # the capacity objective ranks by TTFT p99
         return f"{by}the lower TTFT p99, then the Task Pool, then the spill"
     return (f"{by}the best {METRICS[tuning['objective_metric']].title}; within {tuning['objective_tie']:.1%} of it, "
