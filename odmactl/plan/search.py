@@ -449,17 +449,17 @@ def _tune(ctx: ReplayContext, table: dict, spec: PlanSpec, progress, large_share
     its admission): each of SCHEDULERS_COMPARED, with each of SPILL_COMPARED, replayed with that
     pool and again with a pool of LARGE_STRESS of it in whole largest blocks (at least one; not
     replayed again where that is the planned pool, a pool of one block). An option's score is the
-    worse of its two replays: its objective (TTFT p99 for the capacity objective) and its TTFT p99. The best worse objective
-    wins, a tie (within OBJECTIVE_TIE) to the lower worse TTFT p99, then to the earlier in that
-    order (the task pool, with spill).
+    worse of its two replays: its objective (TTFT p99 for the capacity objective) and its TTFT p99.
+    The best worse objective wins, a tie (within OBJECTIVE_TIE) to the lower worse TTFT p99, then
+    to the earlier in that order (the task pool, with spill).
 
     Why the worse of two pools: the pool is sized from the search part, and traffic that brings
     more large-tag requests than it showed (a refit that lowers the top boundary, longer prompts)
     fills it. Waiting for a large block then starts them one at a time while the main pool has
     room, and spilling does not: on alpaca_eval (examples/paper_table.py's plan) waiting and
     spilling serve 1,006 and 1,002 tok/s on the search part with the planned pool, 338 and 1,012
-    with one of its two largest blocks, and 328 and 984 on the requests replayed after it. Why a tie goes to the
-    spill: where the replays are alike (the engine overloaded, its main pool full as well, as plan
+    with one of its two largest blocks, and 328 and 984 on the requests replayed after it. Why a
+    tie goes to the spill: where the replays are alike (the engine overloaded, its main pool full as well, as plan
     replays at the trace's own rate) they show nothing between the two, and at lower rates the
     main pool has room that spilling uses (Azure conv 2023 on one MLU370-X4, docs/policies.md:
     0.257 req/s within the SLO spilling, 0.115 waiting)."""
@@ -468,7 +468,8 @@ def _tune(ctx: ReplayContext, table: dict, spec: PlanSpec, progress, large_share
     prompt = ctx.workload.prompt_tokens
     largest = large_slot_tokens(int(prompt.max()) if prompt.size else ctx.max_len, ctx.scheduler.max_new_tokens,
                                 ctx.max_len) * bpt
-    roomy = {**table_without_fraction(table), "large_pool_bytes": pool_bytes // 2 // bpt * bpt}
+    base = table_without_fraction(table)  # every replay here sets the large pool in bytes
+    roomy = {**base, "large_pool_bytes": pool_bytes // 2 // bpt * bpt}
     measured = replay_policy(ctx, "odma", roomy)[0]
     peak = measured.allocator["policy_counters"]["peak_large_bytes"]
     backlog = peak + largest > roomy["large_pool_bytes"]  # large blocks waited for room even there
@@ -484,8 +485,7 @@ def _tune(ctx: ReplayContext, table: dict, spec: PlanSpec, progress, large_share
         run_ctx = dataclasses.replace(ctx, scheduler=dataclasses.replace(ctx.scheduler, policy=name))
         runs.append([])
         for n, pool in enumerate(pools):
-            result = replay_policy(run_ctx, "odma", {**table_without_fraction(table), "large_pool_bytes": pool,
-                                                     "large_spill": spill})[0]
+            result = replay_policy(run_ctx, "odma", {**base, "large_pool_bytes": pool, "large_spill": spill})[0]
             counters = result.allocator["policy_counters"]
             runs[k].append({**{key: result.metrics[key] for key in TUNING_KEYS},
                             "peak_large_bytes": counters["peak_large_bytes"], "large_spills": counters["large_spills"]})
@@ -508,7 +508,6 @@ def _tune(ctx: ReplayContext, table: dict, spec: PlanSpec, progress, large_share
             "objective_metric": None if spec.objective == "capacity" else OBJECTIVE_METRIC[spec.objective],
             "options": [{"scheduler": name, "large_spill": spill, "chosen": k == best, **runs[k][0],
                          "stressed": runs[k][1] if len(pools) > 1 else None} for k, (name, spill) in enumerate(options)]}
-
 
 
 def _final_boundaries(w: Workload, c: Candidate, max_len: int, max_new_tokens: int | None = None) -> list[int]:

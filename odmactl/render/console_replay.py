@@ -19,7 +19,7 @@ from odmactl.render.metrics import (
     metric_rows,
     plan_keys,
 )
-from odmactl.render.plan_text import holdout_title, plan_headline, stressed_pool, tuning_rule
+from odmactl.render.plan_text import holdout_title, plan_headline, stressed_pool, tuning_keys, tuning_rule
 from odmactl.render.tables import deployment, narrow_table
 from odmactl.render.warnings import mismatch_lines, replay_warnings
 from odmactl.run.serving import static_legend
@@ -43,7 +43,7 @@ def _print_tuning(console: Console, doc: dict) -> None:
     p99, with the planned large pool and, where `_tune` replayed one, with the smaller pool."""
     t = doc["tuning"]
     smaller = stressed_pool(t)
-    keys = tuple(k for k in (t["objective_metric"], "ttft_p99") if k is not None)
+    keys = tuning_keys(t)
     headers = [METRICS[k].header for k in keys]
     if smaller is not None:
         headers += [f"{METRICS[k].header}, smaller pool" for k in keys]

@@ -16,7 +16,7 @@ from odmactl.core.stops import uninterrupted
 from odmactl.core.units import format_bytes
 from odmactl.render.metrics import CAPACITY_KEYS, METRICS, format_metric, metric_rows, plan_keys
 from odmactl.render.plan_plots import boundaries_png, occupancy_png, pareto_png
-from odmactl.render.plan_text import failure_message, holdout_title, plan_headline, stressed_pool, tuning_rule
+from odmactl.render.plan_text import failure_message, holdout_title, plan_headline, stressed_pool, tuning_keys, tuning_rule
 from odmactl.render.tables import deployment
 from odmactl.render.warnings import mismatch_lines
 
@@ -64,21 +64,20 @@ def write_plan_report(doc: dict, config: dict, path: Path) -> None:
                       for r in doc["search"]["replays"])
     allocator = "".join(f"<tr><td>{esc(k)}</td><td style=\"text-align:left\">{esc(str(v).lower() if isinstance(v, bool) else str(v))}"
                         "</td></tr>" for k, v in config["allocator"].items())  # as the TOML spells it
-    tuning_keys = ("tps", "kv_utilization", "ttft_p99", "overflow_rate", "stalls")
+    option_keys = ("tps", "kv_utilization", "ttft_p99", "overflow_rate", "stalls")
     bold = ' style="font-weight:bold"'
     tuning = doc["tuning"]
     smaller = stressed_pool(tuning)
-    # the same option with the smaller large pool _tune also tries: what ranks the options, and TTFT p99
-    stressed_keys = () if smaller is None else tuple(dict.fromkeys(
-        k for k in (tuning["objective_metric"], "ttft_p99") if k is not None))
+    # the same option with the smaller large pool _tune also tries: what picks among the options
+    stressed_keys = () if smaller is None else tuning_keys(tuning)
     options = "".join(f"<tr{bold if o['chosen'] else ''}><td>{esc(o['scheduler'])}</td>"
                       f"<td>{'on' if o['large_spill'] else 'off'}</td>"
-                      + "".join(f"<td>{format_metric(k, o[k])}</td>" for k in tuning_keys)
+                      + "".join(f"<td>{format_metric(k, o[k])}</td>" for k in option_keys)
                       + f"<td>{o['large_spills']:,}</td>"
                       + "".join(f"<td>{format_metric(k, o['stressed'][k])}</td>" for k in stressed_keys)
                       + f"<td>{'chosen' if o['chosen'] else ''}</td></tr>"
-                      for o in doc["tuning"]["options"])
-    options_head = ("".join(f"<th>{esc(METRICS[k].header)}</th>" for k in tuning_keys) + "<th>large spills</th>"
+                      for o in tuning["options"])
+    options_head = ("".join(f"<th>{esc(METRICS[k].header)}</th>" for k in option_keys) + "<th>large spills</th>"
                     + "".join(f"<th>{esc(METRICS[k].header)}, smaller large pool</th>" for k in stressed_keys))
     planned = f"its large pool ({format_bytes(tuning['large_pool_bytes'])})"
     pools = f"{planned}, one largest block, so no smaller one" if smaller is None else \

@@ -141,6 +141,11 @@ def stressed_pool(tuning: dict) -> str | None:
     return f"{format_bytes(stressed)}, {stressed / size:.0%} of it"
 
 
+def tuning_keys(tuning: dict) -> tuple[str, ...]:
+    """The metrics `_tune` picks an option by: the objective's (none under capacity), then TTFT p99."""
+    return tuple(k for k in (tuning["objective_metric"], "ttft_p99") if k is not None)
+
+
 def tuning_rule(tuning: dict) -> str:
     """How `_tune` picked among the options (listed in a fixed order, not ranked), in words."""
     by = "picked by the worse of the two pools: " if stressed_pool(tuning) else "picked by "
