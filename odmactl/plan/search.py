@@ -185,8 +185,8 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> tuple[dict, Serv
         if all(few for _, few in scales):  # no candidate could be judged (one on a shorter part alone counts as none)
             raise ConfigError(f"--objective capacity finds each candidate's sustainable rate by replaying the search "
                               f"part (the first {split:,} of {frame.height:,} requests), and no candidate gets one: "
-                              f"{scales[0][1]}", hint=f"a smaller --holdout (capacity needs at least {MIN_COMPLETED} "
-                              "completed requests)")
+                              f"{scales[0][1]}", hint=f"a smaller --holdout: capacity needs at least {MIN_COMPLETED} "
+                              "completed requests")
         metrics = [{**m, "capacity_rate_scale": scale} for m, (scale, _) in zip(metrics, scales)]
     replayed = list(zip(shortlist, metrics))
     best, feasible = choose(replayed, spec)
@@ -355,7 +355,7 @@ def _validate(frame: pl.DataFrame, spec: PlanSpec, hold_ctx, split: int, final_t
         if scales[0][1]:  # the pick's rate on the held-out part cannot be judged: neither can the plan
             raise ConfigError(f"--objective capacity validates the pick's sustainable rate on the held-out part (the "
                               f"last {hold_ctx.workload.size:,} requests), and gets none: {scales[0][1]}",
-                              hint=f"a larger --holdout (capacity needs at least {MIN_COMPLETED} completed requests)")
+                              hint=f"a larger --holdout: capacity needs at least {MIN_COMPLETED} completed requests")
         for name, (scale, _) in zip(validation, scales):
             validation[name]["metrics"] = {**validation[name]["metrics"], "capacity_rate_scale": scale}
     return validation
