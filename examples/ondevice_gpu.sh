@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On-device replay on a GPU, real size: calibrate the GPU into a measured profile, then replay the
 # shipped Azure conv sample with the full DeepSeek-R1-Distill-Qwen-7B on it (no --scale), every
-# policy, and compare each decode iteration's measured time with the cost model's. A second replay
+# policy, and compare each iteration's measured time (decodes, prompt chunks, prefills) with the cost
+# model's. On an H200: PROFILE_NAME=nvidia-h200 DATASHEET=h200 (examples/ondevice_h200.md). A second replay
 # compares the same iterations with the datasheet profile of the card instead of the measured one.
 #
 #   bash examples/ondevice_gpu.sh OUTDIR

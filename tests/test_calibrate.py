@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 
@@ -43,6 +44,8 @@ def test_calibrate_cpu_quick_writes_a_valid_measured_profile(tmp_path, cli):
     assert profile.bandwidth.sequential_efficiency == 1.0
     for key in ("memory.peak_bandwidth", "compute.peak_fp16", "bandwidth.scattered"):
         assert profile.sources[key].startswith("measured ")
+    sizes = [int(re.search(r"(\d+)\^3 matmul", profile.sources[f"compute.peak_{d}"]).group(1)) for d in ("fp16", "bf16")]
+    assert all(256 <= n <= 1024 and n & (n - 1) == 0 for n in sizes)  # the size timed, at most --quick's on a CPU
 
     # sequential read of the same order as numpy's copy, measured here: within 4x either way (a
     # units slip, bits for bytes or a 1000x, fails; a shared 2-vCPU machine's drift between the two
@@ -81,3 +84,34 @@ def test_calibrate_never_clobbers_and_refuses_a_missing_device(tmp_path, cli):
         cuda = cli("calibrate", "--device", "cuda", "--out", tmp_path / "gpu.toml")
         assert cuda.code == 1 and "no CUDA device" in cuda.err
         assert not (tmp_path / "gpu.toml").exists()
+
+
+class _SlowTorch:
+    """torch, but its matmul sleeps `first_s` on its first call (a GPU creating its BLAS handle) and
+    `each_s` on every call (a slow kernel)."""
+
+    def __init__(self, first_s: float, each_s: float) -> None:
+        self.first_s, self.each_s, self.calls, self.sizes = first_s, each_s, 0, []
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def matmul(self, a, b):
+        self.calls += 1
+        self.sizes.append(a.shape[0])
+        time.sleep(self.each_s + (self.first_s if self.calls == 1 else 0.0))
+        return torch.matmul(a, b)
+
+
+def test_the_matmul_is_sized_after_a_warm_up_and_says_its_size():
+    """The first product on a device can take far longer than the rest (on an H200 the sizing probe
+    was that product, and calibrate measured launch-bound 256^3 products: 884 GFLOP/s for a card
+    of 750 TFLOP/s); a kernel that is slow throughout keeps a small matrix."""
+    from odmactl.device.calibrate import MATMUL_PROBE_N, _matmul_rate, _Timer
+
+    first_slow = _SlowTorch(first_s=0.3, each_s=0.0)
+    rate, n = _matmul_rate(first_slow, _Timer(torch, "cpu", 1, 0), torch.device("cpu"), torch.float32, 512)
+    assert n == 512 and rate > 0 and first_slow.sizes[0] == MATMUL_PROBE_N
+    slow = _SlowTorch(first_s=0.0, each_s=0.03)  # 8 x 0.03 s > MATMUL_TARGET_S: no larger probe
+    rate, n = _matmul_rate(slow, _Timer(torch, "cpu", 1, 0), torch.device("cpu"), torch.float32, 512)
+    assert n == MATMUL_PROBE_N and set(slow.sizes) == {MATMUL_PROBE_N}

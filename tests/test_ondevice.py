@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from odmactl.allocator import make_allocator
-from odmactl.device.ondevice import DecodeProbe, expand_runs, split_runs, step_time_fit
+from odmactl.device.ondevice import GEMM_ALIGN, StepProbe, StepShape, expand_runs, split_runs, step_time_fit
 from odmactl.hw.profiles import load_model
 from odmactl.sim.engine import Replay
 from odmactl.sim.settings import SchedulerSettings
@@ -51,7 +51,7 @@ def _owned_bytes(alloc, a, model, block_tokens, kv: int) -> set[int]:
     return out
 
 
-def _read_bytes(probe: DecodeProbe, allocations, kv_tokens) -> list[int]:
+def _read_bytes(probe: StepProbe, allocations, kv_tokens) -> list[int]:
     """The bytes of the probe's runs, as offsets into the arena; and the same read through the
     embedding_bag rows (the CPU reader), which must be the same bytes."""
     groups = probe._runs(allocations, kv_tokens)
@@ -75,7 +75,7 @@ def test_each_step_reads_exactly_the_running_requests_kv(tiny_model, policy):
     alloc = make_allocator(policy, 1000 * bpt, bpt, {"max_model_len_tokens": 96, "block_size_tokens": 16,
                                                      "large_pool_fraction": 0.25},
                            arena="torch", device="cpu")
-    probe = DecodeProbe(alloc.arena, model, 16 if policy == "paged" else None, max_batch=8)
+    probe = StepProbe(alloc.arena, model, 16 if policy == "paged" else None, StepShape.of(model, 8, 64, 96))
     rng = np.random.default_rng(3)
     live = []
     for i in range(3):
@@ -93,6 +93,31 @@ def test_each_step_reads_exactly_the_running_requests_kv(tiny_model, policy):
     assert len(read) == len(set(read)) == len(want) and set(read) == want  # each byte once, nothing else
     seconds = probe.step(allocations, kv_tokens, modelled_ps=10**9)
     assert seconds > 0 and probe.measured_s == [seconds] and probe.modelled_ps == [10**9]
+    # beside two prompt chunks (16 new tokens after 40, and a whole 30-token prompt), then a prefill alone
+    probe.step(allocations, kv_tokens, modelled_ps=2 * 10**9, chunks=[(40, 16), (0, 30)])
+    probe.step([], [], modelled_ps=3 * 10**9, chunks=[(0, 64)])
+    assert probe.batch == [3, 3, 0] and probe.chunk_tokens == [0, 46, 64]
+    assert probe.kv_bytes == [sum(kv_tokens) * bpt] * 2 + [0]
+    with pytest.raises(ValueError, match="exceeds"):  # a chunk past the attention scratch
+        probe.step([], [], modelled_ps=1, chunks=[(90, 16)])
+
+
+def test_step_shape_counts_the_model_s_gemm_weights(tiny_model):
+    """The probe's GEMMs read the layers' weights and the head, not the embedding table (the model's
+    gemm_layers and gemm_head); its buffers are what StepShape.device_bytes counts."""
+    model = load_model(tiny_model)
+    shape = StepShape.of(model, max_batch=8, max_chunk_tokens=64, max_context_tokens=96)
+    assert shape.layers == 4 and shape.head_columns == TINY["vocab_size"]
+    left = model.layer_weight_bytes - shape.layers * shape.layer_columns * shape.hidden * 2  # rounded to GEMM_ALIGN
+    assert shape.layer_columns % GEMM_ALIGN == 0 and 0 <= left < shape.layers * GEMM_ALIGN * shape.hidden * 2
+    alloc = make_allocator("static", 1000 * model.kv_bytes_per_token, model.kv_bytes_per_token,
+                           {"max_model_len_tokens": 96}, arena="torch", device="cpu")
+    probe = StepProbe(alloc.arena, model, None, shape)
+    assert probe.weight_bytes == model.layer_weight_bytes - left + model.head_params * 2 < model.weight_bytes
+    held = sum(t.numel() * t.element_size() for t in (probe.layer_weights, probe.head_weights, probe.activations,
+                                                      probe.product, probe.queries, probe.keys, probe.values))
+    queries = probe.queries.numel() * 2  # the attention's output, as large, is counted too
+    assert held + queries == shape.device_bytes
 
 
 def test_probe_needs_token_by_token_stepping(tiny_model):
@@ -100,7 +125,7 @@ def test_probe_needs_token_by_token_stepping(tiny_model):
     bpt = model.kv_bytes_per_token
     alloc = make_allocator("odma", 1000 * bpt, bpt, {"max_model_len_tokens": 96, "large_pool_fraction": 0.25},
                            arena="torch", device="cpu")
-    probe = DecodeProbe(alloc.arena, model, None, max_batch=4)
+    probe = StepProbe(alloc.arena, model, None, StepShape.of(model, 4, 64, 96))
     empty = Workload([], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
     with pytest.raises(ValueError, match="fast_forward"):
         Replay(empty, alloc, None, 96, SchedulerSettings(fast_forward=True), probe=probe)
@@ -124,8 +149,12 @@ def test_cli_on_device_cpu_matches_the_virtual_stepping_replay(cli, tiny_model, 
         assert result["metrics"]["completed"] == 24
         measured = result["on_device"]
         assert measured["torch_device"] == "cpu" and measured["layers"] == measured["layers_full"] == 4
-        assert measured["decode_steps"] == result["metrics"]["decode_iterations"] > 0
-        assert measured["measured_decode_s"] > 0 and measured["modelled_decode_s"] > 0
+        metrics = result["metrics"]
+        assert measured["decode_steps"] + measured["mixed_steps"] == metrics["decode_iterations"] > 0
+        assert measured["prefill_steps"] + measured["mixed_steps"] == metrics["prefill_iterations"] > 0
+        steps = measured["all_steps"]
+        assert steps["steps"] == metrics["decode_iterations"] + measured["prefill_steps"]
+        assert steps["measured_s"] > 0 and steps["modelled_s"] > 0 and measured["decode_only"]["steps"] > 0
         assert len(measured["series"]["measured_s"]) == len(measured["series"]["modelled_s"]) > 0
         assert result["allocator"]["arena"] == "torch"
 

@@ -53,7 +53,7 @@ def replay(
     allow_mismatch: Annotated[bool, typer.Option(help="apply a --config planned for another device, model, kv_dtype, tp "
                                                      "or KV pool (a warning instead of an error)")] = False,
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: what the device profile leaves)")] = None,
-    on_device: Annotated[bool, typer.Option(help="also run every decode iteration on the torch device given by --device and time it")] = False,
+    on_device: Annotated[bool, typer.Option(help="also run every iteration (decodes, prompt chunks, prefills) on the torch device given by --device and time it")] = False,
     profile: Annotated[Optional[str], typer.Option(help="with --on-device: the device profile the measured steps are compared with "
                                                         "(default: the measured profile of this device)")] = None,
     scale: Annotated[float, typer.Option(help="with --on-device: keep this share of the model's layers (the pool keeps its tokens)")] = 1.0,

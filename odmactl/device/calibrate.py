@@ -170,7 +170,8 @@ def measure(settings: CalibrationSettings, progress: Progress = None) -> dict:
     gen = torch.Generator(device="cpu").manual_seed(settings.seed)
     results = _bandwidths(torch, timer, dev, settings, gen, tick)
     for dtype_name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
-        results[f"matmul_{dtype_name}_flops"] = _matmul_rate(torch, timer, dev, dtype, settings.matmul_n)
+        rate_n = _matmul_rate(torch, timer, dev, dtype, settings.matmul_n)
+        results[f"matmul_{dtype_name}_flops"], results[f"matmul_{dtype_name}_n"] = rate_n or (None, None)
         tick(f"{dtype_name} matmul")
     results["attention"] = _attention_check(torch, timer, dev, settings, gen)
     tick("decode attention")
@@ -210,23 +211,33 @@ MATMUL_TARGET_S = 0.2  # one timed matmul at most this long: a slow kernel (fp16
 MATMUL_PROBE_N = 256
 
 
-def _matmul_rate(torch, timer: _Timer, dev, dtype, n: int) -> float | None:
-    """FLOP/s of an n x n x n matmul, or None where this device has no kernel for the dtype. n is
-    at most `n` and sized from one untimed probe so that a matmul takes about MATMUL_TARGET_S: on a
-    2-vCPU AMD EPYC the fp16 CPU kernel ran at 0.27 GFLOPS, where 6 runs at n = 2,048 took minutes."""
+def _matmul_rate(torch, timer: _Timer, dev, dtype, n_max: int) -> tuple[float, int] | None:
+    """(FLOP/s, n) of an n x n x n matmul, or None where this device has no kernel for the dtype.
+    n doubles from MATMUL_PROBE_N up to `n_max` while a timed probe at the current n says the next
+    one takes at most MATMUL_TARGET_S (8 times as long): on a 2-vCPU AMD EPYC the fp16 CPU kernel
+    ran at 0.27 GFLOPS, where 6 runs at n = 2,048 took minutes. The probes follow one untimed
+    matmul: the first on a GPU creates the BLAS handle, and when it was itself the probe (before
+    2026-11-28) an H200's rate read as 0.9 TFLOPS, from launch-bound 256^3 products, not the card's
+    800."""
     try:
-        probe = torch.randn(MATMUL_PROBE_N, MATMUL_PROBE_N, device=dev).to(dtype)
-        started = time.perf_counter()
+        n = MATMUL_PROBE_N
+        probe = torch.randn(n, n, device=dev).to(dtype)
         torch.matmul(probe, probe)
         timer.sync()
-        rate = 2.0 * MATMUL_PROBE_N**3 / max(time.perf_counter() - started, 1e-9)
-        n = max(MATMUL_PROBE_N, min(n, int((rate * MATMUL_TARGET_S / 2.0) ** (1 / 3)) // 128 * 128))
+        while n < n_max:
+            started = time.perf_counter()
+            torch.matmul(probe, probe)
+            timer.sync()
+            if 8 * (time.perf_counter() - started) > MATMUL_TARGET_S:
+                break
+            n = min(2 * n, n_max)
+            probe = torch.randn(n, n, device=dev).to(dtype)
         a = torch.randn(n, n, device=dev).to(dtype)
         b = torch.randn(n, n, device=dev).to(dtype)
         t = timer.median_s(lambda: torch.matmul(a, b))
     except RuntimeError:
         return None
-    return 2.0 * n**3 / t
+    return 2.0 * n**3 / t, n
 
 
 def _attention_check(torch, timer: _Timer, dev, s: CalibrationSettings, gen) -> dict:
@@ -280,7 +291,8 @@ def profile_document(results: dict, settings: CalibrationSettings, command: str,
         rate = results[f"matmul_{dtype_name}_flops"]
         if rate is not None:
             compute[key] = {"value": format_rate(rate, "FLOPS"),
-                            "source": f"{how}: {dtype_name} {settings.matmul_n}^3 matmul, median of {settings.repeats}"}
+                            "source": f"{how}: {dtype_name} {results[f'matmul_{dtype_name}_n']}^3 matmul, "
+                                      f"median of {settings.repeats}"}
     if "peak_fp16" not in compute:
         raise ProfileError(f"the fp16 matmul did not run on {settings.device}; cannot describe its compute rate")
     scattered = [{"chunk": format_bytes(row["chunk_bytes"]), "efficiency": round(min(1.0, row["ratio"]), 4)}

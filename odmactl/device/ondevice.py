@@ -1,4 +1,4 @@
-"""On-device replay: a replay's decode iterations executed on a torch arena and timed, so the cost
+"""On-device replay: a replay's iterations executed on a torch arena and timed, so the cost
 model's step time is checked against the device it claims to describe.
 
 What lies inside a block (the allocator decides where a block lies, this decides its contents):
@@ -9,18 +9,26 @@ What lies inside a block (the allocator decides where a block lies, this decides
   bytes at b * block_bytes + l * block_tokens * bytes_per_token_layer, so one layer of a request is
   its blocks' runs, scattered (vLLM keeps one block table per layer).
 
-One decode iteration (`DecodeProbe.step`) runs, on the device:
-1. the weights, as the batch's GEMM in the nn.Linear layout: activations [batch, hidden] times the
-   transpose of the weight bytes viewed as a 16-bit matrix [weight_bytes / (2 * hidden), hidden]:
-   every weight byte read once, 2 * batch * params FLOPs (the product, batch / hidden of the weight
-   bytes, is written into a preallocated buffer). The column count is rounded down to a multiple of
-   GEMM_ALIGN, as every layer shape of a real model is: an odd count leaves the product's rows
-   misaligned, and on an H100 cuBLAS then ran the batch-256 product at about a tenth of its
-   tensor-core rate. Weights and activations hold small random values, not zeros: a tensor core
-   multiplying zeros draws less power and runs faster than on real weights. The dtype is the
+One iteration (`StepProbe.step`) runs, on the device, what the cost model charges it for
+(hw/cost.py: decode, prefill and "mixed", the chunked step of vLLM v1):
+1. the weights, as the step's GEMMs in the nn.Linear layout, activations [rows, hidden] times the
+   transpose of weight bytes viewed as a 16-bit matrix [columns, hidden]: the layers' weights
+   (ModelProfile.layer_weight_bytes: all but the embedding table and the head) one GEMM per layer
+   for every token the step computes (its decodes and its prompt chunks' tokens), and the head
+   (vocab x hidden) for the decodes and the last token of each chunk, as the model's gemm_layers
+   and gemm_head; every weight byte read once, 2 * rows * params FLOPs. The embedding table is not
+   read: a step reads only its tokens' rows (the model's `row` term, 7 KiB a token of a 7B model),
+   which the probe leaves out. Before 2026-11-28 the probe streamed the whole weight file (the
+   embedding table too: 1.09 of 15.23 GB for DeepSeek-R1-Distill-Qwen-7B) in one GEMM at every
+   decode step, which the model, rightly, does not charge. A layer's column count is rounded down
+   to a multiple of GEMM_ALIGN, as every layer shape of a real model is: an odd count leaves the
+   product's rows misaligned, and on an H100 cuBLAS then ran the batch-256 product at about a tenth
+   of its tensor-core rate. Weights and activations hold small random values, not zeros: a tensor
+   core multiplying zeros draws less power and runs faster than on real weights. The dtype is the
    profile's faster 16-bit rate (`compute_dtype`: bf16 on CPUs, whose fp16 kernels are slow), the
-   one the cost model is given;
-2. every running request's KV, read in the runs the layout gives it (`_runs`: one run per
+   one the cost model is given. A mixture-of-experts model's layers are multiplied densely here,
+   where the model charges the routed experts' FLOPs: its compute-bound steps measure slow;
+2. every decoding request's KV, read in the runs the layout gives it (`_runs`: one run per
    contiguous block; for paged, one per block and layer, and one per layer for the last partial
    block). Nothing as large as the KV is written. Two readers:
    - on CUDA with Triton (torch's CUDA wheels ship it): `_read_runs_kernel` splits the runs into
@@ -29,7 +37,15 @@ One decode iteration (`DecodeProbe.step`) runs, on the device:
      `embedding_bag` (below) read the same runs at about 1.8 TB/s against about 3 TB/s streamed;
    - elsewhere: `embedding_bag` sums over row views of the arena (rows of one token for contiguous
      blocks; for paged, rows of one block-layer for full blocks and of one token-layer for the
-     last partial block), bags of 64 rows: at most two kernels whatever the batch.
+     last partial block), bags of 64 rows: at most two kernels whatever the batch;
+3. each prompt chunk's attention, c new queries after x computed tokens, every layer at once:
+   torch's scaled_dot_product_attention of the c queries over the x earlier keys (no mask), then
+   over their own c keys (causal): the lower-triangle band ((x + c)^2 - x^2) / 2 of query-key
+   pairs the model's squares term charges. The keys and values are scratch tensors of
+   max_model_len tokens with a head per query head, not the chunk's blocks in the arena: a prompt's
+   attention is compute-bound (the model charges its FLOPs only), and where the KV lies does not
+   move it; without GQA's grouping, torch picks its flash kernel on every version it has one
+   (enable_gqa is not taken by every backend, and the math fallback would hold every score).
 The run tiles or row indices are built and copied to the device before the clock starts; the clock is CUDA
 events on cuda, synchronise + perf_counter elsewhere. The replay's clock still advances by the
 modelled step time, so scheduling and every replay metric equal the virtual replay's under
@@ -133,33 +149,78 @@ HOST_SHARE = 0.5  # of the host's available memory an on-device replay on the CP
 DEVICE_SHARE = 0.9  # of an accelerator's free memory
 
 
-def check_fits(torch_device: str, pool_bytes: int, weight_bytes: int, scale: float) -> None:
-    """Raise ConfigError, suggesting a --scale that fits, when the arena and the weights' GEMM need
-    more than their share of the memory free now."""
-    need = pool_bytes + weight_bytes
+def check_fits(torch_device: str, pool_bytes: int, probe_bytes: int, scale: float) -> None:
+    """Raise ConfigError, suggesting a --scale that fits, when the arena and the probe's tensors
+    (StepProbe.device_bytes) need more than their share of the memory free now."""
+    need = pool_bytes + probe_bytes
     share = HOST_SHARE if torch_device == "cpu" else DEVICE_SHARE
     free = free_device_bytes(torch_device)
     if need > share * free:
         suggest = max(share * free / need * scale, 1e-3)
         raise ConfigError(
             f"an on-device replay needs {format_bytes(need)} on {torch_device} (KV pool {format_bytes(pool_bytes)} + "
-            f"weights {format_bytes(weight_bytes)}) and {format_bytes(free)} is free, of which it may take {share:.0%}",
+            f"weights and step buffers {format_bytes(probe_bytes)}) and {format_bytes(free)} is free, of which it may "
+            f"take {share:.0%}",
             hint=f"scale the model down, e.g. --scale {suggest:.3g}, or shrink the pool with --kv-pool")
 
 
-class DecodeProbe:
-    """Runs and times each decode iteration of one replay on `arena` (a TorchArena) for `model`.
+def _aligned_columns(weight_bytes: int, hidden: int) -> int:
+    """Columns of a [columns, hidden] 16-bit view of `weight_bytes`, rounded down to GEMM_ALIGN."""
+    cols = weight_bytes // (2 * hidden)
+    return cols - cols % GEMM_ALIGN if cols >= GEMM_ALIGN else max(1, cols)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    """The tensors a StepProbe holds for `model`: per-layer and head GEMM columns, the most rows a
+    step computes (`max_rows`: decodes + prompt-chunk tokens) and the attention scratch (the most
+    chunk tokens, `max_chunk_tokens`, and the longest context, `max_context_tokens`, with a key
+    and value head per query head)."""
+
+    layers: int
+    hidden: int
+    layer_columns: int
+    head_columns: int
+    max_rows: int
+    heads: int
+    head_dim: int
+    max_chunk_tokens: int
+    max_context_tokens: int
+
+    @classmethod
+    def of(cls, model: ModelProfile, max_batch: int, max_chunk_tokens: int, max_context_tokens: int) -> StepShape:
+        hidden, layers = model.hidden_size, model.num_layers
+        return cls(layers=layers, hidden=hidden,
+                   layer_columns=_aligned_columns(model.layer_weight_bytes // layers, hidden),
+                   head_columns=_aligned_columns(model.head_params * 2, hidden),
+                   max_rows=max_batch + max_chunk_tokens, heads=model.num_attention_heads, head_dim=model.head_dim,
+                   max_chunk_tokens=max_chunk_tokens, max_context_tokens=max_context_tokens if max_chunk_tokens else 0)
+
+    @property
+    def device_bytes(self) -> int:
+        """2-byte values: weights, activations, one GEMM's product, and the attention's queries, its
+        output (as large) and the keys and values."""
+        weights = (self.layers * self.layer_columns + self.head_columns) * self.hidden
+        product = self.max_rows * max(self.layer_columns, self.head_columns)
+        queries = self.layers * self.heads * self.max_chunk_tokens * self.head_dim
+        keys = self.layers * self.heads * self.max_context_tokens * self.head_dim
+        return 2 * (weights + self.max_rows * self.hidden + product + 2 * queries + 2 * keys)
+
+
+class StepProbe:
+    """Runs and times each iteration of one replay on `arena` (a TorchArena) for `model`: its
+    decodes, and the prompt chunks beside them (module docstring).
 
     `reader`: "auto" reads the KV with the Triton run reader where there is one (CUDA), else with
-    embedding_bag; "embedding_bag" always with embedding_bag.
+    embedding_bag; "embedding_bag" always with embedding_bag. `shape`: StepShape.of(model, ...).
 
-    Invariant: `modelled_ps[j]`, `measured_s[j]`, `batch[j]` and `kv_bytes[j]` (KV bytes the
-    iteration read, every layer) describe the same iteration j; the arena's
-    bytes are zeroed once (no denormals, pages touched) and only read afterwards, apart from the
-    allocator's migration copies.
+    Invariant: `modelled_ps[j]`, `measured_s[j]`, `batch[j]` (decodes), `chunk_tokens[j]` (prompt
+    tokens computed beside them), `kv_bytes[j]` (KV bytes its decodes read, every layer) and, on
+    CUDA, `device_mallocs[j]` describe the same iteration j; the arena's bytes are zeroed once (no
+    denormals, pages touched) and only read afterwards, apart from the allocator's migration copies.
     """
 
-    def __init__(self, arena, model: ModelProfile, block_tokens: int | None, max_batch: int,
+    def __init__(self, arena, model: ModelProfile, block_tokens: int | None, shape: StepShape,
                  compute_dtype: str = "fp16", reader: str = "auto", kv_ranges=None) -> None:
         """`kv_ranges(a)`: the byte ranges of a request's KV in token order, for a policy with
         contiguous growth (one range, or ADR-006's few page ranges); None: its blocks."""
@@ -184,21 +245,29 @@ class DecodeProbe:
             raise ValueError(f"reader must be auto or embedding_bag, got {reader!r}")
         self.kernel = run_reader(self.kind) if reader == "auto" else None
         self.align_words = math.gcd(self.bpl // 4, TILE_BYTES // 4, 16)  # divides every run and tile start
-        hidden = model.hidden_size
-        cols = model.weight_bytes // (2 * hidden)
-        cols = cols - cols % GEMM_ALIGN if cols >= GEMM_ALIGN else max(1, cols)
+        self.shape = shape
         dtype = torch.bfloat16 if compute_dtype == "bf16" else torch.float16
         gen = torch.Generator(device=self.dev).manual_seed(0)
-        self.weights = torch.empty(cols, hidden, dtype=dtype, device=self.dev).uniform_(-0.05, 0.05, generator=gen)
-        self.activations = torch.empty(max_batch, hidden, dtype=dtype, device=self.dev).uniform_(-1.0, 1.0,
-                                                                                                 generator=gen)
-        self.product = torch.empty(max_batch, cols, dtype=dtype, device=self.dev)
+
+        def uniform(*size, bound=0.05):
+            return torch.empty(*size, dtype=dtype, device=self.dev).uniform_(-bound, bound, generator=gen)
+
+        sh = shape
+        self.layer_weights = uniform(sh.layers, sh.layer_columns, sh.hidden)
+        self.head_weights = uniform(sh.head_columns, sh.hidden)
+        self.activations = uniform(sh.max_rows, sh.hidden, bound=1.0)
+        self.product = torch.empty(sh.max_rows * max(sh.layer_columns, sh.head_columns), dtype=dtype, device=self.dev)
+        self.queries = uniform(sh.layers, sh.heads, sh.max_chunk_tokens, sh.head_dim, bound=1.0)
+        self.keys = uniform(sh.layers, sh.heads, sh.max_context_tokens, sh.head_dim, bound=1.0)
+        self.values = uniform(sh.layers, sh.heads, sh.max_context_tokens, sh.head_dim, bound=1.0)
         self.compute_dtype = compute_dtype
-        self.weight_bytes = hidden * cols * 2
+        self.weight_bytes = (sh.layers * sh.layer_columns + sh.head_columns) * sh.hidden * 2
         self.modelled_ps: list[int] = []
         self.measured_s: list[float] = []
         self.batch: list[int] = []
+        self.chunk_tokens: list[int] = []
         self.kv_bytes: list[int] = []
+        self.device_mallocs: list[int] = []  # CUDA: segments torch's caching allocator took from the driver in the step
 
     # ------------------------------------------------------------------------------ runs
 
@@ -264,28 +333,44 @@ class DecodeProbe:
 
     # ------------------------------------------------------------------------------ one step
 
-    def step(self, allocations: list, kv_tokens: list[int], modelled_ps: int) -> float:
-        """Run one decode iteration of this batch on the device; returns its measured seconds."""
+    def step(self, allocations: list, kv_tokens: list[int], modelled_ps: int, chunks=()) -> float:
+        """Run one iteration on the device: the decodes of `allocations`, holding `kv_tokens` each,
+        beside prompt `chunks`, (tokens computed before, new tokens) pairs (none: a decode step; no
+        decodes: a prefill iteration); returns its measured seconds."""
         torch = self.torch
-        groups = self._runs(allocations, kv_tokens)
-        n = len(allocations)
-        x, out = self.activations[:n], self.product[:n]
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        n, sh = len(allocations), self.shape
+        chunk_tokens = sum(c for _, c in chunks)
+        rows, head_rows = n + chunk_tokens, n + len(chunks)
+        if rows > sh.max_rows or any(c > sh.max_chunk_tokens or x + c > sh.max_context_tokens for x, c in chunks):
+            raise ValueError(f"a step of {n} decodes and chunks {list(chunks)} exceeds the probe's {sh}")
+        groups = self._runs(allocations, kv_tokens) if n else []
+        x_rows, head_x = self.activations[:rows], self.activations[:head_rows]
+        layer_out = self.product[: rows * sh.layer_columns].view(rows, sh.layer_columns)
+        head_out = self.product[: head_rows * sh.head_columns].view(head_rows, sh.head_columns)
         if self.kernel is not None:
-            tiles = self._tile_reads(groups)
+            tiles = self._tile_reads(groups) if groups else None
 
             def read_kv() -> None:
                 if tiles is not None:
                     self.kernel(self.words, *tiles, self.align_words)
         else:
-            bags = self._bag_reads(groups)
+            bags = self._bag_reads(groups) if groups else []
 
             def read_kv() -> None:
-                for rows, idx, offsets in bags:
-                    torch.nn.functional.embedding_bag(idx, rows, offsets, mode="sum")
+                for rows_view, idx, offsets in bags:
+                    torch.nn.functional.embedding_bag(idx, rows_view, offsets, mode="sum")
 
         def run() -> None:
-            torch.matmul(x, self.weights.T, out=out)
+            for layer in self.layer_weights:
+                torch.matmul(x_rows, layer.T, out=layer_out)
+            torch.matmul(head_x, self.head_weights.T, out=head_out)
             read_kv()
+            for x, c in chunks:
+                q = self.queries[:, :, :c]
+                if x:
+                    sdpa(q, self.keys[:, :, :x], self.values[:, :, :x])
+                sdpa(q, self.keys[:, :, x:x + c], self.values[:, :, x:x + c], is_causal=True)
 
         device = None if self.kind == "cpu" else device_backend(self.kind)
         if not self.measured_s:
@@ -293,12 +378,14 @@ class DecodeProbe:
         if device is not None:
             device.synchronize()
         if self.kind == "cuda":
+            segments = torch.cuda.memory_stats().get("segment.all.allocated", 0)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             run()
             end.record()
             end.synchronize()
             seconds = start.elapsed_time(end) / 1e3
+            self.device_mallocs.append(torch.cuda.memory_stats().get("segment.all.allocated", 0) - segments)
         else:
             t0 = time.perf_counter()
             run()
@@ -308,6 +395,7 @@ class DecodeProbe:
         self.modelled_ps.append(modelled_ps)
         self.measured_s.append(seconds)
         self.batch.append(n)
+        self.chunk_tokens.append(chunk_tokens)
         self.kv_bytes.append(sum(kv_tokens) * self.bpt)
         return seconds
 
@@ -315,17 +403,29 @@ class DecodeProbe:
 
     def summary(self, profile: DeviceProfile, model: ModelProfile, full_model: ModelProfile, scale: float,
                 points: int = 256) -> dict:
-        """Measured against modelled decode time: totals, per-step relative error, a sampled series."""
+        """Measured against modelled step time, over every iteration and over the decode-only ones:
+        totals, per-step relative error; the least-squares terms of the decode-only steps; a sampled
+        series."""
         torch = import_whole("torch")  # never interrupted half-way (core/stops.py)
 
         modelled = np.asarray(self.modelled_ps, dtype=np.float64) / 1e12
         measured = np.asarray(self.measured_s, dtype=np.float64)
-        error = measured / np.maximum(modelled, 1e-30) - 1.0 if modelled.size else np.zeros(0)
         batch, kv_bytes = np.asarray(self.batch, dtype=np.float64), np.asarray(self.kv_bytes, dtype=np.float64)
+        chunked = np.asarray(self.chunk_tokens, dtype=np.int64) > 0
+        decode_only = ~chunked & (batch > 0)
         stride = max(1, -(-modelled.size // points))
 
-        def pct(values: np.ndarray, q: float) -> float:
-            return float(np.percentile(values, q)) if values.size else 0.0
+        def compare(mask: np.ndarray) -> dict:
+            m, t = modelled[mask], measured[mask]
+            error = t / np.maximum(m, 1e-30) - 1.0
+
+            def pct(values: np.ndarray, q: float) -> float:
+                return float(np.percentile(values, q)) if values.size else 0.0
+
+            return {"steps": int(m.size), "modelled_s": float(m.sum()), "measured_s": float(t.sum()),
+                    "total_error": float(t.sum() / m.sum() - 1.0) if m.sum() > 0 else 0.0,
+                    "step_error_p50": pct(error, 50), "step_abs_error_p50": pct(np.abs(error), 50),
+                    "step_abs_error_p90": pct(np.abs(error), 90)}
 
         return {
             "torch_device": str(self.dev), "device_name": device_name(self.kind), "torch": torch.__version__,
@@ -333,17 +433,20 @@ class DecodeProbe:
             "scale": scale, "layers": model.num_layers, "layers_full": full_model.num_layers,
             "weight_bytes_read_per_step": self.weight_bytes, "compute_dtype": self.compute_dtype,
             "kv_reader": "triton runs" if self.kernel is not None else "embedding_bag",
-            "decode_steps": int(modelled.size),
-            "modelled_decode_s": float(modelled.sum()), "measured_decode_s": float(measured.sum()),
-            "total_error": float(measured.sum() / modelled.sum() - 1.0) if modelled.sum() > 0 else 0.0,
-            "step_error_p50": pct(error, 50), "step_abs_error_p50": pct(np.abs(error), 50),
-            "step_abs_error_p90": pct(np.abs(error), 90),
-            # the same least squares on both sides: the terms the model misjudges
-            "measured_fit": step_time_fit(measured, batch, kv_bytes),
-            "modelled_fit": step_time_fit(modelled, batch, kv_bytes),
+            # iterations by kind: decodes alone, decodes beside prompt chunks (vLLM v1), prompts alone
+            "decode_steps": int(decode_only.sum()), "mixed_steps": int((chunked & (batch > 0)).sum()),
+            "prefill_steps": int((batch == 0).sum()),
+            # CUDA: steps in which torch's caching allocator took new memory from the driver (cudaMalloc)
+            "steps_with_device_malloc": int(np.count_nonzero(self.device_mallocs)) if self.device_mallocs else None,
+            "all_steps": compare(np.ones(modelled.size, dtype=bool)),
+            "decode_only": compare(decode_only),
+            # the same least squares on both sides, over the decode-only steps: the terms the model misjudges
+            "measured_fit": step_time_fit(measured[decode_only], batch[decode_only], kv_bytes[decode_only]),
+            "modelled_fit": step_time_fit(modelled[decode_only], batch[decode_only], kv_bytes[decode_only]),
             "series": {"step": list(range(0, modelled.size, stride)),
                        "modelled_s": modelled[::stride].tolist(), "measured_s": measured[::stride].tolist(),
-                       "batch": self.batch[::stride], "kv_bytes": self.kv_bytes[::stride]},
+                       "batch": self.batch[::stride], "chunk_tokens": self.chunk_tokens[::stride],
+                       "kv_bytes": self.kv_bytes[::stride], "device_mallocs": self.device_mallocs[::stride]},
         }
 
 

@@ -1,12 +1,12 @@
 """`odmactl replay --on-device`: the replay of run/replay.py with its blocks in a real buffer on a
-torch device and every decode iteration run there and timed (ondevice.DecodeProbe)."""
+torch device and every iteration run there and timed (ondevice.StepProbe)."""
 
 from __future__ import annotations
 
 import polars as pl
 
 from odmactl.allocator import TorchArena
-from odmactl.device.ondevice import DecodeProbe, OnDeviceSpec, check_fits, release_device_memory
+from odmactl.device.ondevice import OnDeviceSpec, StepProbe, StepShape, check_fits, release_device_memory
 from odmactl.run.replay import ReplayContext, run_policies
 from odmactl.run.serving import serving
 from odmactl.run.spec import ReplaySpec
@@ -14,23 +14,29 @@ from odmactl.run.spec import ReplaySpec
 
 class OnDevice:
     """run/replay.DeviceHooks for one torch device: each policy gets its own arena there (checked to
-    fit first), a probe that runs its decode iterations, and an "on_device" section."""
+    fit first), a probe that runs its iterations, and an "on_device" section."""
 
     def __init__(self, spec: OnDeviceSpec) -> None:
         self.spec = spec
-        self.description = "token-by-token stepping, each decode iteration run on " + spec.torch_device
+        self.description = "token-by-token stepping, each iteration run on " + spec.torch_device
+
+    @staticmethod
+    def shape(ctx: ReplayContext) -> StepShape:
+        """The probe's tensors: a batch of max_num_seqs decodes beside a step's token budget of
+        prompt tokens, each attending to at most max_model_len."""
+        return StepShape.of(ctx.serving.model, ctx.scheduler.max_num_seqs, ctx.scheduler.batched_tokens(ctx.max_len),
+                            ctx.max_len)
 
     def arena(self, ctx: ReplayContext, arena_bytes: int) -> TorchArena:
-        s = ctx.serving
-        check_fits(self.spec.torch_device, arena_bytes, s.model.weight_bytes, self.spec.scale)
+        check_fits(self.spec.torch_device, arena_bytes, self.shape(ctx).device_bytes, self.spec.scale)
         return TorchArena(arena_bytes, self.spec.torch_device)
 
-    def probe(self, allocator, ctx: ReplayContext) -> DecodeProbe:
-        return DecodeProbe(allocator.arena, ctx.serving.model, allocator.block_size_tokens, ctx.scheduler.max_num_seqs,
-                           ctx.serving.compute_dtype,
-                           kv_ranges=allocator.kv_ranges if allocator.block_size_tokens is None else None)
+    def probe(self, allocator, ctx: ReplayContext) -> StepProbe:
+        return StepProbe(allocator.arena, ctx.serving.model, allocator.block_size_tokens, self.shape(ctx),
+                         ctx.serving.compute_dtype,
+                         kv_ranges=allocator.kv_ranges if allocator.block_size_tokens is None else None)
 
-    def section(self, probe: DecodeProbe, ctx: ReplayContext) -> dict:
+    def section(self, probe: StepProbe, ctx: ReplayContext) -> dict:
         s = ctx.serving
         return probe.summary(s.device, s.model, s.full_model, self.spec.scale)
 

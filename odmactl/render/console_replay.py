@@ -158,24 +158,28 @@ def render_replay(console: Console, doc: dict) -> None:
 
 
 def _render_on_device(console: Console, measured: dict[str, dict]) -> None:
-    """Measured against modelled decode steps per policy, and the least-squares terms of each side."""
+    """Measured against modelled step time per policy, over every iteration and over the
+    decode-only ones, and the least-squares terms of each side's decode-only steps."""
     first = next(iter(measured.values()))
     console.print(escape(f"on device: {first['device_name']} ({first['torch_device']}, torch {first['torch']}), "
                          f"model {first['model']}" + (f", scaled to {first['layers']} of {first['layers_full']} layers"
                                                       if first["layers"] != first["layers_full"] else "")
                          + f"; modelled with profile {first['profile']}"), highlight=False)
     table = Table(show_header=True, header_style="bold")
-    table.add_column("decode step time")
+    table.add_column("step time")
     for policy in measured:
         table.add_column(escape(policy), justify="right")
-    rows = [("steps", "decode_steps", "{:,}"), ("measured total (s)", "measured_decode_s", "{:.4g}"),
-            ("modelled total (s)", "modelled_decode_s", "{:.4g}"), ("total error", "total_error", "{:+.1%}"),
-            ("per-step error p50", "step_error_p50", "{:+.1%}"),
-            ("per-step |error| p50", "step_abs_error_p50", "{:.1%}"),
+    for title, key in (("decode steps", "decode_steps"), ("mixed steps (+ prompt chunks)", "mixed_steps"),
+                       ("prefill steps", "prefill_steps")):
+        table.add_row(title, *(f"{m[key]:,}" for m in measured.values()))
+    rows = [("measured total (s)", "measured_s", "{:.4g}"), ("modelled total (s)", "modelled_s", "{:.4g}"),
+            ("total error", "total_error", "{:+.1%}"), ("per-step error p50", "step_error_p50", "{:+.1%}"),
             ("per-step |error| p90", "step_abs_error_p90", "{:.1%}")]
-    for title, key, fmt in rows:
-        table.add_row(title, *(fmt.format(m[key]) for m in measured.values()))
-    # the least-squares terms of each side (ondevice.step_time_fit)
+    for part, label in (("all_steps", "all"), ("decode_only", "decode")):
+        for title, key, fmt in rows:
+            table.add_row(f"{label}: {title}", *(fmt.format(m[part][key]) if m[part]["steps"] else "-"
+                                                 for m in measured.values()))
+    # the least-squares terms of each side's decode-only steps (ondevice.step_time_fit)
     for title, fit_key, key, scale in (("fit: fixed ms, measured", "measured_fit", "fixed_s", 1e3),
                                        ("fit: fixed ms, modelled", "modelled_fit", "fixed_s", 1e3),
                                        ("fit: KV GB/s, measured", "measured_fit", "kv_bytes_per_s", 1e-9),

@@ -13,7 +13,7 @@ from odmactl.render.tables import deployment
 @uninterrupted
 def write_replay_plot(doc: dict, path) -> None:
     """Pool occupancy, batch size and queue length over time per policy, ODMA's boundaries, and for
-    an on-device replay the measured against the modelled decode step time."""
+    an on-device replay the measured against the modelled step time."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -24,7 +24,7 @@ def write_replay_plot(doc: dict, path) -> None:
     has_device = any("on_device" in r for r in results.values())
     labels = ["pool occupancy (reserved / pool)", "batch size", "queue length"]
     labels += ["bucket boundaries (KV tokens)"] if has_bounds else []
-    labels += ["decode step (s): measured, modelled dashed"] if has_device else []
+    labels += ["step (s): measured, modelled dashed"] if has_device else []
     fig = plt.figure(figsize=(10, 2.6 * len(labels)))
     over_time = len(labels) - (1 if has_device else 0)  # the panels that share the time axis
     axes = [fig.add_subplot(len(labels), 1, 1)]
@@ -57,7 +57,7 @@ def write_replay_plot(doc: dict, path) -> None:
             ax.tick_params(labelbottom=False)
     axes[over_time - 1].set_xlabel("time (s)")
     if has_device:
-        axes[-1].set_xlabel("decode iteration")
+        axes[-1].set_xlabel("iteration")
     fig.suptitle(f"{deployment(doc)}: {doc['trace']['path']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=110)

@@ -6,7 +6,7 @@ same way: the [allocator] table, max_model_len, then what the policy fills in it
 (`complete_config`), then the allocator, then the loop.
 
 An on-device replay (device/replay.py) passes `DeviceHooks`: the arena the allocator places blocks
-in, a probe that runs each decode iteration, and the section its measurements add."""
+in, a probe that runs each iteration, and the section its measurements add."""
 
 from __future__ import annotations
 

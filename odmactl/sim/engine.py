@@ -59,7 +59,7 @@ class Replay:
     def __init__(self, workload: Workload, allocator: AllocatorBase, cost, max_model_len: int,
                  settings: SchedulerSettings = SchedulerSettings(), progress=None, probe=None) -> None:
         if probe is not None and settings.fast_forward:
-            raise ValueError("an on-device probe runs every decode iteration: replay with fast_forward=False")
+            raise ValueError("an on-device probe runs every iteration: replay with fast_forward=False")
         self.w = workload
         self.alloc = allocator
         self.settings = settings
@@ -67,7 +67,7 @@ class Replay:
         self.coeff = cost.step_coefficients(KvLayout(allocator.read_block_tokens), max_batch=settings.max_num_seqs)
         self.cost = cost
         self.progress = progress
-        self.probe = probe  # device.ondevice.DecodeProbe: runs and times each decode iteration on the device
+        self.probe = probe  # device.ondevice.StepProbe: runs and times each iteration on the device
 
     def run(self) -> ReplayResult:
         with paused_collector():  # sim/collector.py
@@ -246,9 +246,11 @@ class Replay:
             self._load_segment(n)
             self._run_segment(n, 1, dt, True)
         elif n:
-            self._decode_stepping(dt, True)
+            self._decode_stepping(dt, True, chunks)
         else:  # a prefill iteration over the chunks
             dt = self.link.with_moves(dt)
+            if self.probe is not None:
+                self.probe.step([], [], dt, self._chunk_pairs(chunks))
             self.tally.occupy(self.reserved_bytes(), dt)
             self.t += dt
         self.tally.prefills += 1
@@ -257,6 +259,12 @@ class Replay:
             b.join(i, b.prompt[i] + b.gen[i])
             self._first_token(i)
         return True
+
+    def _chunk_pairs(self, chunks: list) -> list:
+        """The planned chunks ([request, new tokens, ...], before they are computed) as the probe's
+        (tokens computed before, new tokens) pairs."""
+        j: cython.longlong
+        return [(self.batch.prefilling[chunks[j]], chunks[j + 1]) for j in range(0, len(chunks), 2)]
 
     def _prefill(self, admitted: list) -> None:
         """One prefill iteration over the admitted requests: their prompts (and recomputed tokens),
@@ -269,8 +277,11 @@ class Replay:
         prompt_sum: cython.longlong = 0  # the prefill's cost depends on these two sums and the count only
         prompt_squares: cython.longlong = 0
         ttft: cython.longlong = -1
+        pairs: list = [] if self.probe is not None else None  # the probe's (cached, computed) per prompt
         for i in admitted:
             k = b.prompt[i] + b.gen[i]
+            if pairs is not None:
+                pairs.append((b.cached[i], k - b.cached[i]))
             prompt_sum += k - b.cached[i]  # a cached prefix is not computed; the rest attends to it
             prompt_squares += k * k - b.cached[i] * b.cached[i]
             self.tally.recomputed += b.gen[i]
@@ -280,6 +291,8 @@ class Replay:
             self.growth.first_token_room(i, k)
             b.join(i, k + 1)
         dt = self.link.with_moves(self.prefill_clock.ps(prompt_sum, prompt_squares, len(admitted)))  # + its host moves
+        if pairs is not None:
+            self.probe.step([], [], dt, pairs)
         started: cython.longlong = self.t
         self.t += dt
         self.tally.occupy(self.reserved_bytes(), dt)
@@ -393,10 +406,11 @@ class Replay:
         self._advance(n, k, dt)
         return dt
 
-    def _decode_stepping(self, extra: cython.longlong = 0, mixed: cython.bint = False) -> cython.longlong:
+    def _decode_stepping(self, extra: cython.longlong = 0, mixed: cython.bint = False,
+                         chunks: list = None) -> cython.longlong:
         """One decode iteration, its step computed request by request (and run on the device by
-        the probe, when there is one); `mixed`: beside prompt chunks that add `extra` ps. Returns
-        its time."""
+        the probe, when there is one); `mixed`: beside prompt `chunks` (Chunker.plan's) that add
+        `extra` ps. Returns its time."""
         b: Batch = self.batch
         n: cython.longlong = len(b.running)
         dt: cython.longlong
@@ -409,7 +423,7 @@ class Replay:
         if self.tier is not None:
             self.tier.latency_feedback(None, seconds(dt))
         if self.probe is not None:
-            self.probe.step([b.allocs[i] for i in b.running], kv_now, dt)
+            self.probe.step([b.allocs[i] for i in b.running], kv_now, dt, self._chunk_pairs(chunks) if mixed else ())
         self.tally.occupy(self.alloc.reserved_bytes, dt)
         self._advance(n, 1, dt)
         return dt

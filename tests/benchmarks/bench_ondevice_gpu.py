@@ -2,10 +2,12 @@
 
 Run:  python tests/benchmarks/bench_ondevice_gpu.py [--json]
 
-1. The weight GEMM of DecodeProbe: activations [batch, 3584] times the transpose of
-   DeepSeek-R1-Distill-Qwen-7B's 15.23 GB of bf16 weights viewed as [columns, 3584], with the
-   column count as it falls (2,124,893, odd) and rounded down to a multiple of 128 (the probe's
-   GEMM_ALIGN), on zeros and on uniform random values; ms per product at batch 1 to 256.
+1. The weight GEMM as the on-device probe ran it before StepProbe (one product over the whole
+   weight file; the probe now runs one per layer and one for the head): activations [batch, 3584]
+   times the transpose of DeepSeek-R1-Distill-Qwen-7B's 15.23 GB of bf16 weights viewed as
+   [columns, 3584], with the column count as it falls (2,124,893, odd) and rounded down to a
+   multiple of 128 (the probe's GEMM_ALIGN), on zeros and on uniform random values; ms per
+   product at batch 1 to 256.
 2. The KV reader: 16 GiB read as 256 runs of 64 MiB (contiguous blocks) and as 524,288 runs of
    32 KiB (paged block-layers) at random places in a 20 GiB buffer, by the Triton run reader
    (odmactl/device/runread.py) and by embedding_bag over row views (the reader used without Triton);
