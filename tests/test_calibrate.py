@@ -44,6 +44,17 @@ def test_calibrate_cpu_quick_writes_a_valid_measured_profile(tmp_path, cli):
     assert profile.bandwidth.sequential_efficiency == 1.0
     for key in ("memory.peak_bandwidth", "compute.peak_fp16", "bandwidth.scattered"):
         assert profile.sources[key].startswith("measured ")
+    # the [kernels] gemm table: each row's efficiency is the roofline at this profile's peaks over the time taken
+    gemm = report["calibration"]["gemm"]
+    kernels = profile.kernels
+    assert kernels is not None and kernels.gemm_tokens == (1, 16, 64) and kernels.decode_layer_fixed_s == 0.0
+    assert gemm["dtype"] == profile.compute_dtype
+    n_k = gemm["weight_bytes"] // 2
+    for row, eff in zip(gemm["rows"], kernels.gemm_efficiency):
+        ideal = max(gemm["weight_bytes"] / profile.peak_bandwidth_bytes_per_s, 2 * n_k * row["tokens"] / profile.peak_flops(gemm["dtype"]))
+        assert eff == pytest.approx(min(1.0, max(0.01, ideal / row["seconds"])), abs=2e-4)
+    cost = CostModel(profile, load_model("DeepSeek-R1-Distill-Qwen-7B"), compute_dtype=profile.compute_dtype)
+    assert cost.gemms.efficiency == tuple(float(e) for e in kernels.gemm_efficiency)  # the model reads it
     sizes = [int(re.search(r"(\d+)\^3 matmul", profile.sources[f"compute.peak_{d}"]).group(1)) for d in ("fp16", "bf16")]
     assert all(256 <= n <= 1024 and n & (n - 1) == 0 for n in sizes)  # the size timed, at most --quick's on a CPU
 

@@ -13,7 +13,7 @@ import pytest
 
 from odmactl.core.errors import ProfileError
 from odmactl.core.units import parse_quantity
-from odmactl.hw.profiles import device_paths, load_device, load_model, model_dirs, read_device, read_model
+from odmactl.hw.profiles import Kernels, device_paths, load_device, load_model, model_dirs, read_device, read_model
 
 # DESIGN.md "Device and model facts": layers, heads, kv heads, head dim, params (B), active (B), KV bytes/token fp16
 DESIGN_MODELS = {
@@ -167,6 +167,8 @@ BAD_DEVICES = [
      '{ value = "24 GB" }', "memory.capacity.source", "missing"),
     ("format", 'format = "odmactl-device/1"', 'format = "odmactl-device/9"', "format", "expected 'odmactl-device/1'"),
     ("measured without record", "measured = false", "measured = true", "measurement", "missing"),
+    ("one kernel table of three", 'decode_attention = { layer_fixed = "19.768 us", per_request = "0.0764 us" }\n',
+     "", "kernels.decode_attention", "together, or none of them"),
 ]
 
 
@@ -297,3 +299,20 @@ def test_an_installed_wheel_carries_the_shipped_profiles(tmp_path):
     assert devices == [p.relative_to(shipped).as_posix() for p in device_paths()] and devices
     assert models == [d.name for d in model_dirs()] and models
     assert device == load_device("mlu370-x4").name and kv_bytes == 57_344
+
+
+def test_a_kernels_table_of_gemm_rows_alone_keeps_the_rest_flat(tmp_path):
+    """What `odmactl calibrate` writes: measured GEMM rows, no attention or elementwise figures;
+    those are then the flat ones (no fixed costs, the KV table as it is)."""
+    text = load_device("mlu370-x4").path.read_text(encoding="utf-8")
+    start = text.index("decode_attention = {")
+    end = text.index("\n", text.index("elementwise = {")) + 1
+    path = tmp_path / "gemm-only.toml"
+    path.write_text(text[:start] + text[end:], encoding="utf-8")
+    full, gemm_only = load_device("mlu370-x4"), read_device(path)
+    flat = Kernels.flat(gemm_only.bandwidth.sequential_efficiency)
+    assert gemm_only.kernels.gemm_efficiency == full.kernels.gemm_efficiency
+    assert gemm_only.kernels.gemm_tokens == full.kernels.gemm_tokens
+    assert gemm_only.kernels.decode_layer_fixed_s == flat.decode_layer_fixed_s == 0.0
+    assert gemm_only.kernels.elementwise_per_token_s == 0.0 and gemm_only.kernels.decode_kv_efficiency is None
+    assert gemm_only.kernels.prefill_attention_efficiency == flat.prefill_attention_efficiency

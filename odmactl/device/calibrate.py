@@ -3,8 +3,9 @@
 Measured: sequential read bandwidth (a full-buffer reduction), device copy bandwidth, reads of
 contiguous runs of each table size at random offsets (an index gather, timed against a contiguous
 copy of the same bytes, so both sides read and write the same amount), the fp16 and bf16 matmul
-rate, and a decode-attention cross-check: scaled_dot_product_attention over contiguous KV versus
-the same KV gathered from randomly placed 16-token blocks first. Buffers are several times the
+rate, a linear layer's GEMM at m tokens as a share of its roofline (the [kernels] gemm table the
+cost model reads), and a decode-attention cross-check: scaled_dot_product_attention over
+contiguous KV versus the same KV gathered from randomly placed 16-token blocks first. Buffers are several times the
 last-level cache; each timing warms up, synchronises (device events on CUDA) and keeps the median.
 """
 
@@ -26,6 +27,8 @@ from odmactl.core.errors import ProfileError, did_you_mean
 from odmactl.core.limits import check_seed
 from odmactl.rules.engines import DEFAULT_ENGINE, VLLM_V1
 from odmactl.core.units import format_bytes, format_rate
+from odmactl.hw.cost import Gemms
+from odmactl.hw.profiles import MIN_EFFICIENCY
 
 CHUNK_BYTES = (64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 2 << 20)
 DEVICES = ("auto", "cpu", "cuda", "mlu")
@@ -56,6 +59,9 @@ class CalibrationSettings:
     attn_head_dim: int
     attn_context_tokens: int
     attn_block_tokens: int
+    gemm_hidden: int  # the GEMM table's layer: [m, gemm_hidden] times [gemm_hidden, gemm_weight_bytes / 2 / gemm_hidden]
+    gemm_weight_bytes: int  # several times the last-level cache, as a model's weights are
+    gemm_tokens: tuple[int, ...]
     seed: int = 0
 
     @classmethod
@@ -64,10 +70,14 @@ class CalibrationSettings:
         if device == "cpu":
             return cls(device, quick, buffer_bytes=(256 if quick else 512) << 20, gather_bytes=(32 if quick else 64) << 20,
                        repeats=3 if quick else 5, warmup=1, matmul_n=1024 if quick else 2048, attn_batch=8,
-                       attn_heads=8, attn_head_dim=128, attn_context_tokens=2048, attn_block_tokens=16, seed=seed)
+                       attn_heads=8, attn_head_dim=128, attn_context_tokens=2048, attn_block_tokens=16,
+                       gemm_hidden=2048, gemm_weight_bytes=(128 if quick else 256) << 20,
+                       gemm_tokens=(1, 16, 64) if quick else (1, 16, 64, 256), seed=seed)
         return cls(device, quick, buffer_bytes=(1 if quick else 4) << 30, gather_bytes=(256 if quick else 512) << 20,
                    repeats=5 if quick else 20, warmup=2 if quick else 5, matmul_n=8192, attn_batch=32,
-                   attn_heads=32, attn_head_dim=128, attn_context_tokens=4096, attn_block_tokens=16, seed=seed)
+                   attn_heads=32, attn_head_dim=128, attn_context_tokens=4096, attn_block_tokens=16,
+                   gemm_hidden=4096, gemm_weight_bytes=(256 if quick else 1024) << 20,
+                   gemm_tokens=(1, 16, 64, 256, 1024, 4096) + (() if quick else (8192,)), seed=seed)
 
 
 def resolve_device(name: str) -> str:
@@ -157,7 +167,7 @@ def measure(settings: CalibrationSettings, progress: Progress = None) -> dict:
     """Run every measurement; returns raw figures (bytes/s, FLOP/s, seconds) keyed by name."""
     torch = import_whole("torch")  # never interrupted half-way (core/stops.py)
 
-    step, total = 0, 4 + len(CHUNK_BYTES) + 1
+    step, total = 0, 4 + len(CHUNK_BYTES) + 2
 
     def tick(label: str) -> None:
         nonlocal step
@@ -173,6 +183,8 @@ def measure(settings: CalibrationSettings, progress: Progress = None) -> dict:
         rate_n = _matmul_rate(torch, timer, dev, dtype, settings.matmul_n)
         results[f"matmul_{dtype_name}_flops"], results[f"matmul_{dtype_name}_n"] = rate_n or (None, None)
         tick(f"{dtype_name} matmul")
+    results["gemm"] = _gemm_table(torch, timer, dev, settings, results)
+    tick("linear-layer GEMMs")
     results["attention"] = _attention_check(torch, timer, dev, settings, gen)
     tick("decode attention")
     return results
@@ -240,6 +252,32 @@ def _matmul_rate(torch, timer: _Timer, dev, dtype, n_max: int) -> tuple[float, i
     return 2.0 * n**3 / t, n
 
 
+def _gemm_table(torch, timer: _Timer, dev, s: CalibrationSettings, results: dict) -> dict:
+    """A linear layer's GEMM, activations [m, gemm_hidden] times the transpose of gemm_weight_bytes
+    of weights (nn.Linear's layout, random values), at each of `gemm_tokens`, in the faster 16-bit
+    format as the cost model computes (DeviceProfile.compute_dtype): each one's median time and its
+    efficiency, the roofline at this run's measured sequential read and matmul rate (hw/cost.Gemms,
+    efficiency 1) over that time, capped at 1. That is the [kernels] gemm table (profiles.Kernels)."""
+    rates = {d: results[f"matmul_{d}_flops"] for d in ("fp16", "bf16") if results[f"matmul_{d}_flops"] is not None}
+    dtype_name = "bf16" if rates.get("bf16", 0.0) > rates["fp16"] else "fp16"
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float16
+    k = s.gemm_hidden
+    n = s.gemm_weight_bytes // (2 * k)
+    weights = torch.empty(n, k, dtype=dtype, device=dev).uniform_(-0.05, 0.05)
+    activations = torch.empty(max(s.gemm_tokens), k, dtype=dtype, device=dev).uniform_(-1.0, 1.0)
+    out = torch.empty(max(s.gemm_tokens), n, dtype=dtype, device=dev)
+    weight_bytes, flops_per_token = float(2 * n * k), float(2 * n * k)
+    roofline = Gemms(weight_bytes, flops_per_token, 0.0, 0.0, results["sequential_read_bytes_per_s"],
+                     rates[dtype_name], (1.0,), (1.0,))
+    rows = []
+    for m in s.gemm_tokens:
+        x, y = activations[:m], out[:m]
+        t = timer.median_s(lambda: torch.matmul(x, weights.T, out=y))
+        ideal = roofline.roofline_s(weight_bytes, flops_per_token, float(m))
+        rows.append({"tokens": m, "seconds": t, "efficiency": max(MIN_EFFICIENCY, min(1.0, ideal / t))})
+    return {"dtype": dtype_name, "hidden": k, "weight_bytes": int(weight_bytes), "rows": rows}
+
+
 def _attention_check(torch, timer: _Timer, dev, s: CalibrationSettings, gen) -> dict:
     """One decode step of attention: contiguous K/V, and K/V gathered from shuffled blocks first."""
     import torch.nn.functional as F
@@ -297,6 +335,7 @@ def profile_document(results: dict, settings: CalibrationSettings, command: str,
         raise ProfileError(f"the fp16 matmul did not run on {settings.device}; cannot describe its compute rate")
     scattered = [{"chunk": format_bytes(row["chunk_bytes"]), "efficiency": round(min(1.0, row["ratio"]), 4)}
                  for row in results["scattered"]]
+    gemm = results["gemm"]
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:60]
     return {
         "format": "odmactl-device/1",
@@ -326,6 +365,14 @@ def profile_document(results: dict, settings: CalibrationSettings, command: str,
                            "source": "by definition: peak_bandwidth is this device's measured sequential read rate"},
             "scattered": scattered,
         },
+        "kernels": {
+            "source": (f"{how}: a linear layer's GEMM, [m, {gemm['hidden']}] activations times "
+                       f"{format_bytes(gemm['weight_bytes'])} of {gemm['dtype']} weights, median of {settings.repeats}, "
+                       "as a share of its roofline at this profile's peak_bandwidth and matmul rate; capped at 1. "
+                       "Attention and elementwise kernels are not measured: their figures are the flat ones "
+                       "(no fixed costs)"),
+            "gemm": [{"tokens": row["tokens"], "efficiency": round(row["efficiency"], 4)} for row in gemm["rows"]],
+        },
         "calibration": _calibration_record(results),
         "engine": {"default": _engine_default(settings.device)},
     }
@@ -350,6 +397,9 @@ def _calibration_record(results: dict) -> dict:
         "scattered": [{k: (round(v) if k.endswith("per_s") else round(v, 4) if isinstance(v, float) else v)
                        for k, v in row.items()} for row in results["scattered"]],
         "attention": {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in results["attention"].items()},
+        "gemm": {**{k: v for k, v in results["gemm"].items() if k != "rows"},
+                 "rows": [{"tokens": r["tokens"], "seconds": float(f"{r['seconds']:.6g}"),
+                           "efficiency": round(r["efficiency"], 4)} for r in results["gemm"]["rows"]]},
     }
     for key in ("matmul_fp16_flops", "matmul_bf16_flops"):
         if results[key] is not None:

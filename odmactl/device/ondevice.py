@@ -430,6 +430,8 @@ class StepProbe:
         return {
             "torch_device": str(self.dev), "device_name": device_name(self.kind), "torch": torch.__version__,
             "profile": profile.name, "model": model.name,
+            # a measured profile of another machine: the modelled side describes that one
+            "profile_measured_on": profile.measurement.get("device") if profile.measured and profile.measurement else None,
             "scale": scale, "layers": model.num_layers, "layers_full": full_model.num_layers,
             "weight_bytes_read_per_step": self.weight_bytes, "compute_dtype": self.compute_dtype,
             "kv_reader": "triton runs" if self.kernel is not None else "embedding_bag",
@@ -440,13 +442,15 @@ class StepProbe:
             "steps_with_device_malloc": int(np.count_nonzero(self.device_mallocs)) if self.device_mallocs else None,
             "all_steps": compare(np.ones(modelled.size, dtype=bool)),
             "decode_only": compare(decode_only),
+            "mixed_only": compare(chunked & (batch > 0)),
             # the same least squares on both sides, over the decode-only steps: the terms the model misjudges
             "measured_fit": step_time_fit(measured[decode_only], batch[decode_only], kv_bytes[decode_only]),
             "modelled_fit": step_time_fit(modelled[decode_only], batch[decode_only], kv_bytes[decode_only]),
             "series": {"step": list(range(0, modelled.size, stride)),
                        "modelled_s": modelled[::stride].tolist(), "measured_s": measured[::stride].tolist(),
                        "batch": self.batch[::stride], "chunk_tokens": self.chunk_tokens[::stride],
-                       "kv_bytes": self.kv_bytes[::stride], "device_mallocs": self.device_mallocs[::stride]},
+                       "kv_bytes": self.kv_bytes[::stride],
+                       "device_mallocs": self.device_mallocs[::stride] if self.device_mallocs else None},
         }
 
 

@@ -162,7 +162,9 @@ class Kernels:
     Invariant: `gemm_tokens` strictly increasing whole numbers >= 1, efficiencies in
     (MIN_EFFICIENCY, 1], times from 0 to 1 ms. A profile without [kernels] gets
     `Kernels.flat(sequential_efficiency)`: every GEMM and the
-    prefill attention at the sequential share, no fixed costs, the KV table unscaled.
+    prefill attention at the sequential share, no fixed costs, the KV table unscaled. A [kernels]
+    table with its gemm rows alone (what `odmactl calibrate` measures) gets those rows and the flat
+    figures for the rest.
     """
 
     gemm_tokens: tuple[int, ...]
@@ -352,7 +354,7 @@ def _kernel_time(table: TomlTable, name: str) -> float:
     return value
 
 
-def _kernels(table: TomlTable | None, sources: dict[str, str]) -> Kernels | None:
+def _kernels(table: TomlTable | None, sources: dict[str, str], sequential_efficiency: float) -> Kernels | None:
     if table is None:
         return None
     sources[table.prefix] = table.string("source")
@@ -368,8 +370,17 @@ def _kernels(table: TomlTable | None, sources: dict[str, str]) -> Kernels | None
         tokens.append(m)
         effs.append(entry.number("efficiency", MIN_EFFICIENCY, 1.0))
         entry.finish()
-    decode, prefill, elementwise = table.table("decode_attention"), table.table("prefill_attention"), \
-        table.table("elementwise")
+    names = ("decode_attention", "prefill_attention", "elementwise")
+    subs = [table.table(name, required=False) for name in names]
+    if all(sub is None for sub in subs):  # a GEMM table alone (odmactl calibrate): the rest flat, as without [kernels]
+        flat = Kernels.flat(sequential_efficiency)
+        table.finish()
+        return replace(flat, gemm_tokens=tuple(tokens), gemm_efficiency=tuple(effs))
+    for name, sub in zip(names, subs):
+        if sub is None:
+            raise table.error(name, "expected a table: give decode_attention, prefill_attention and elementwise "
+                                    "together, or none of them (the gemm table alone)")
+    decode, prefill, elementwise = subs
     kv_eff = decode.number("kv_efficiency", MIN_EFFICIENCY, 1.0, required=False)
     figures = Kernels(
         gemm_tokens=tuple(tokens), gemm_efficiency=tuple(effs), decode_kv_efficiency=kv_eff,
@@ -439,7 +450,7 @@ def parse_device(data: dict, path: Path) -> DeviceProfile:
                 raise top.error(f"measurement.{key}", "missing: a measured profile records date, device, torch and command")
     calibration = top.raw("calibration", required=False)
     interconnect = _interconnect(top.table("interconnect", required=False), sources)
-    kernels = _kernels(top.table("kernels", required=False), sources)
+    kernels = _kernels(top.table("kernels", required=False), sources, bandwidth.sequential_efficiency)
     host_link = _host_link(top.table("host_link", required=False), sources)
     engine = _engine(top.table("engine", required=False), sources)
     top.finish()

@@ -169,6 +169,15 @@ def render_calibration(console: Console, out_path: str, doc: dict, seconds: floa
         bw.add_row(format_bytes(row["chunk_bytes"]), format_rate(row["gather_bytes_per_s"], "B/s"),
                    format_rate(row["contiguous_bytes_per_s"], "B/s"), f"{entry['efficiency']:.4f}")
     console.print(bw)
+    gemm = cal.get("gemm")
+    if gemm:  # the [kernels] gemm table (a profile written before it has none)
+        g = Table(title=f"linear-layer GEMM, {format_bytes(gemm['weight_bytes'])} of {gemm['dtype']} weights, "
+                        f"hidden {gemm['hidden']:,}", title_justify="left")
+        for col in ("tokens", "time", "of roofline"):
+            g.add_column(col, justify="right")
+        for row in gemm["rows"]:
+            g.add_row(f"{row['tokens']:,}", f"{row['seconds'] * 1e3:.3f} ms", f"{row['efficiency']:.4f}")
+        console.print(g)
 
 
 def render_kernels(console: Console, doc: dict) -> None:

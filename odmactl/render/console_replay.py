@@ -162,9 +162,12 @@ def _render_on_device(console: Console, measured: dict[str, dict]) -> None:
     decode-only ones, and the least-squares terms of each side's decode-only steps."""
     first = next(iter(measured.values()))
     console.print(escape(f"on device: {first['device_name']} ({first['torch_device']}, torch {first['torch']}), "
-                         f"model {first['model']}" + (f", scaled to {first['layers']} of {first['layers_full']} layers"
-                                                      if first["layers"] != first["layers_full"] else "")
-                         + f"; modelled with profile {first['profile']}"), highlight=False)
+                         f"model {first['model']}; modelled with profile {first['profile']}"), highlight=False)
+    elsewhere = first.get("profile_measured_on")
+    if elsewhere and elsewhere != first["device_name"]:
+        console.print(escape(f"warning: profile {first['profile']} was measured on {elsewhere}, not on this device: "
+                             f"the modelled side describes that machine (odmactl calibrate measures this one)"),
+                      style="yellow", highlight=False)
     table = Table(show_header=True, header_style="bold")
     table.add_column("step time")
     for policy in measured:
@@ -175,7 +178,7 @@ def _render_on_device(console: Console, measured: dict[str, dict]) -> None:
     rows = [("measured total (s)", "measured_s", "{:.4g}"), ("modelled total (s)", "modelled_s", "{:.4g}"),
             ("total error", "total_error", "{:+.1%}"), ("per-step error p50", "step_error_p50", "{:+.1%}"),
             ("per-step |error| p90", "step_abs_error_p90", "{:.1%}")]
-    for part, label in (("all_steps", "all"), ("decode_only", "decode")):
+    for part, label in (("all_steps", "all"), ("decode_only", "decode"), ("mixed_only", "mixed")):
         for title, key, fmt in rows:
             table.add_row(f"{label}: {title}", *(fmt.format(m[part][key]) if m[part]["steps"] else "-"
                                                  for m in measured.values()))

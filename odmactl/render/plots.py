@@ -24,7 +24,7 @@ def write_replay_plot(doc: dict, path) -> None:
     has_device = any("on_device" in r for r in results.values())
     labels = ["pool occupancy (reserved / pool)", "batch size", "queue length"]
     labels += ["bucket boundaries (KV tokens)"] if has_bounds else []
-    labels += ["step (s): measured, modelled dashed"] if has_device else []
+    labels += ["step (s, log): measured, modelled dashed"] if has_device else []
     fig = plt.figure(figsize=(10, 2.6 * len(labels)))
     over_time = len(labels) - (1 if has_device else 0)  # the panels that share the time axis
     axes = [fig.add_subplot(len(labels), 1, 1)]
@@ -58,6 +58,7 @@ def write_replay_plot(doc: dict, path) -> None:
     axes[over_time - 1].set_xlabel("time (s)")
     if has_device:
         axes[-1].set_xlabel("iteration")
+        axes[-1].set_yscale("log")  # prefill steps take 100x a decode step: on a linear axis the decodes lie flat
     fig.suptitle(f"{deployment(doc)}: {doc['trace']['path']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=110)
