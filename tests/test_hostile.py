@@ -440,9 +440,19 @@ def test_an_on_device_replay_that_does_not_fit_suggests_a_scale():
     from odmactl.device.ondevice import check_fits, free_device_bytes
 
     free = free_device_bytes("cpu")
-    with pytest.raises(ConfigError, match="--scale 0.2"):
-        check_fits("cpu", int(free * 0.5), int(free * 2), 1.0)  # needs 2.5x the free memory; may take half
-    check_fits("cpu", 1 << 20, 1 << 20, 1.0)
+
+    def per_layer(pool_share: float, probe_share: float, fixed_share: float = 0.0):
+        """Needs that follow the layers kept (of 10), plus a part that does not."""
+        return lambda scale: (int(free * pool_share * max(1, round(10 * scale)) / 10),
+                              int(free * (probe_share * max(1, round(10 * scale)) / 10 + fixed_share)))
+
+    with pytest.raises(ConfigError) as info:  # 2.5x the free memory at 10 layers; half may be taken: 2 layers fit
+        check_fits("cpu", per_layer(0.5, 2.0), 1.0, 10)
+    assert "--scale 0.2 keeps 2 of its 10 layers" in info.value.hint
+    with pytest.raises(ConfigError) as info:  # buffers that do not shrink with the layers: no scale fits
+        check_fits("cpu", per_layer(0.01, 0.01, fixed_share=0.6), 1.0, 10)
+    assert "even one of the model's 10 layers" in info.value.hint and "--max-num-batched-tokens" in info.value.hint
+    check_fits("cpu", lambda scale: (1 << 20, 1 << 20), 1.0, 10)
 
 
 @pytest.mark.parametrize("kind", ["duration", "datetime"])

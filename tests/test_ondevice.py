@@ -18,6 +18,7 @@ from odmactl.sim.engine import Replay
 from odmactl.sim.settings import SchedulerSettings
 from odmactl.sim.workload import Workload
 
+SAMPLES = Path(__file__).resolve().parents[1] / "traces"
 PROFILE = str(Path(__file__).resolve().parents[1] / "profiles" / "devices" / "measured" / "cpu-xeon-2vcpu.toml")
 TINY = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
         "num_key_value_heads": 2, "intermediate_size": 688, "vocab_size": 4096, "max_position_embeddings": 8192,
@@ -120,6 +121,44 @@ def test_step_shape_counts_the_model_s_gemm_weights(tiny_model):
     assert held + queries == shape.device_bytes
 
 
+def test_a_shared_prefix_s_blocks_lead_a_paged_request_s_reads(tiny_model):
+    """With prefix caching a paged request's KV starts in the cached prefix blocks it hit, which
+    are not in its own allocation (allocator/prefix.PrefixCache.hit_blocks): the probe reads those
+    first, then its own."""
+    from array import array
+    from types import SimpleNamespace
+
+    model = load_model(tiny_model)
+    bpt = model.kv_bytes_per_token
+    alloc = make_allocator("paged", 1000 * bpt, bpt, {"max_model_len_tokens": 96, "block_size_tokens": 16},
+                           arena="torch", device="cpu")
+    probe = StepProbe(alloc.arena, model, 16, StepShape.of(model, 4, 64, 96))
+    own = SimpleNamespace(block_ids=array("q", [5, 6, 7]))
+    lead = [array("q", [1, 2])]
+    (starts, lens, _), (tail_starts, tail_lens, _) = probe._runs([own], [4 * 16 + 3], lead)
+    layer_words = 16 * int(model.kv_bytes_per_token_layer) // 4
+    blocks = sorted({int(x) // (layer_words * model.num_layers) for x in starts})
+    assert blocks == [1, 2, 5, 6] and (lens == layer_words).all()
+    assert {int(x) // (layer_words * model.num_layers) for x in tail_starts} == {7} and tail_lens.sum() > 0
+
+
+def test_cli_on_device_with_prefix_caching_hits(cli, tiny_model, tmp_path):
+    """The Mooncake sample's prompts share prefixes: paged's on-device replay, every hit's blocks
+    read, equals the virtual one (this crashed before the probe read the shared blocks)."""
+    trace = tmp_path / "moon.parquet"
+    assert cli("ingest", SAMPLES / "mooncake_conversation_sample.jsonl.gz", "--out", trace).code == 0
+    common = ["--model", tiny_model, "--compare", "static,paged", "--predictor", "oracle", "--kv-pool", "64 MiB",
+              "--limit", "8", "--engine", "vllm-v1", "--json"]
+    r = cli("replay", trace, "--device", "cpu", "--on-device", "--profile", PROFILE, *common)
+    assert r.code == 0, r.err
+    device = json.loads(r.out)
+    r = cli("replay", trace, "--device", PROFILE, "--stepping", *common)
+    virtual = json.loads(r.out)
+    assert device["results"]["paged"]["metrics"]["prefill_tokens_saved"] > 0
+    for policy in ("static", "paged"):
+        assert device["results"][policy]["metrics"] == virtual["results"][policy]["metrics"]
+
+
 def test_probe_needs_token_by_token_stepping(tiny_model):
     model = load_model(tiny_model)
     bpt = model.kv_bytes_per_token
@@ -183,7 +222,11 @@ def test_cli_on_device_errors(cli, tiny_model, small_trace, tmp_path):
         (["--device", "cpu", "--on-device", "--profile", PROFILE, "--scale", "0"], "--scale"),
         (["--device", "cpu", "--on-device", "--profile", PROFILE, "--kv-pool", "12 GB/s"], "--kv-pool"),
         (["--device", "cpu", "--on-device", "--profile", PROFILE, "--kv-pool", "100 TiB"], "does not fit"),
-        (["--device", "cpu", "--on-device", "--profile", PROFILE, "--kv-dtype", "oaken", "--kv-pool", "8 MiB"], "4-byte"),
+        (["--device", "cpu", "--on-device", "--profile", PROFILE, "--kv-dtype", "oaken", "--kv-pool", "8 MiB"],
+         "4-byte words; oaken KV has 177.6 bytes"),
+        (["--device", "cpu", "--on-device", "--profile", PROFILE, "--kv-dtype", "oaken", "--kv-pool", "8 MiB"],
+         "use --kv-dtype fp16, bf16, fp8, int8 or int4"),  # the dtypes that give this model whole words
+        (["--device", "cpu", "--on-device", "--profile", "h200"], "--kv-pool"),  # a pool no layer count fits
     ]:
         r = cli(*base, *args)
         assert r.code == 1 and words in r.err and "Traceback" not in r.err, (args, r.err)

@@ -213,6 +213,7 @@ BAD_CONFIGS = [
     ("missing layers", lambda r: r.pop("num_hidden_layers"), "num_hidden_layers", "missing"),
     ("string heads", lambda r: r.update(num_attention_heads="32"), "num_attention_heads", "positive integer"),
     ("zero kv heads", lambda r: r.update(num_key_value_heads=0), "num_key_value_heads", "positive integer"),
+    ("tied as text", lambda r: r.update(tie_word_embeddings="false"), "tie_word_embeddings", "true or false"),
     ("kv heads do not divide", lambda r: r.update(num_key_value_heads=5), "num_key_value_heads", "not a multiple"),
     ("unsupported architecture", lambda r: r.update(model_type="bert"), "model_type", "not one odmactl can size"),
     ("experts", lambda r: r.update(num_local_experts=2, num_experts_per_tok=4), "num_experts_per_tok", "exceeds"),

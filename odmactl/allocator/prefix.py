@@ -118,6 +118,20 @@ class PrefixCache:
         self._match = (i, m, evictable, kv_tokens)
         return m * self.unit_tokens
 
+    def hit_blocks(self, i: int) -> array:
+        """The pool blocks of live request i's hit units, in token order: they lead its KV, and its
+        own allocation holds the rest (the on-device probe reads them all)."""
+        out = array("q")
+        k = self.unit_blocks
+        for key in self.keys[i][:self.held[i][0]]:
+            u = self.units[key]
+            if u.owner is None:
+                out.extend(u.blocks)
+            else:
+                start = u.position * k
+                out.extend(self.batch.allocs[u.owner].block_ids[start:start + k])
+        return out
+
     def evictable_hit_blocks(self, i: int) -> int:
         """Of request i's last lookup, the blocks of free units it would take (they stop being free)."""
         assert self._match[0] == i

@@ -71,7 +71,7 @@ from odmactl.core.stops import import_whole
 from odmactl.core.errors import ConfigError, ProfileError
 from odmactl.core.units import format_bytes
 from odmactl.device.calibrate import device_backend, device_name
-from odmactl.hw.profiles import DeviceProfile, ModelProfile, device_paths, read_device
+from odmactl.hw.profiles import KV_DTYPE_BITS, DeviceProfile, ModelProfile, device_paths, read_device
 
 BAG_ROWS = 64
 TILE_BYTES = 32 << 10  # one program of the run reader: a paged block-layer of 16 tokens of a 7B GQA model
@@ -149,19 +149,39 @@ HOST_SHARE = 0.5  # of the host's available memory an on-device replay on the CP
 DEVICE_SHARE = 0.9  # of an accelerator's free memory
 
 
-def check_fits(torch_device: str, pool_bytes: int, probe_bytes: int, scale: float) -> None:
-    """Raise ConfigError, suggesting a --scale that fits, when the arena and the probe's tensors
-    (StepProbe.device_bytes) need more than their share of the memory free now."""
-    need = pool_bytes + probe_bytes
+def check_fits(torch_device: str, need_at, scale: float, layers_full: int) -> None:
+    """Raise ConfigError when the replay at `scale` needs more than its share of the memory free
+    now. `need_at(scale)` gives (arena bytes, probe bytes: StepProbe's tensors, StepShape) at any
+    scale; the hint names the largest whole number of layers that fits, or says that even one
+    layer does not (the probe's step buffers follow the token budget, not the layers)."""
     share = HOST_SHARE if torch_device == "cpu" else DEVICE_SHARE
     free = free_device_bytes(torch_device)
-    if need > share * free:
-        suggest = max(share * free / need * scale, 1e-3)
-        raise ConfigError(
-            f"an on-device replay needs {format_bytes(need)} on {torch_device} (KV pool {format_bytes(pool_bytes)} + "
-            f"weights and step buffers {format_bytes(probe_bytes)}) and {format_bytes(free)} is free, of which it may "
-            f"take {share:.0%}",
-            hint=f"scale the model down, e.g. --scale {suggest:.3g}, or shrink the pool with --kv-pool")
+    pool_bytes, probe_bytes = need_at(scale)
+    if pool_bytes + probe_bytes <= share * free:
+        return
+    fits = next((layers for layers in range(min(layers_full, max(1, round(scale * layers_full))) - 1, 0, -1)
+                 if sum(need_at(layers / layers_full)) <= share * free), None)
+    if fits is not None:
+        suggest = _scale_for(fits, layers_full)
+        hint = f"scale the model down: --scale {suggest} keeps {fits} of its {layers_full} layers; or shrink the pool with --kv-pool"
+    else:
+        one = sum(need_at(1 / layers_full))
+        hint = (f"even one of the model's {layers_full} layers needs {format_bytes(one)}: shrink the pool with "
+                f"--kv-pool, or the step's token budget with --max-num-batched-tokens (the probe's buffers hold "
+                f"max_num_seqs + that many tokens)")
+    raise ConfigError(
+        f"an on-device replay needs {format_bytes(pool_bytes + probe_bytes)} on {torch_device} (KV pool "
+        f"{format_bytes(pool_bytes)} + weights and step buffers {format_bytes(probe_bytes)}) and "
+        f"{format_bytes(free)} is free, of which it may take {share:.0%}", hint=hint)
+
+
+def _scale_for(layers: int, layers_full: int) -> str:
+    """The shortest --scale that ModelProfile.scaled turns into `layers` of `layers_full`."""
+    for digits in range(2, 8):
+        text = f"{layers / layers_full:.{digits}g}"
+        if max(1, round(layers_full * float(text))) == layers:
+            return text
+    return repr(layers / layers_full)
 
 
 def _aligned_columns(weight_bytes: int, hidden: int) -> int:
@@ -233,8 +253,13 @@ class StepProbe:
         self.kind = self.dev.type
         per_layer = model.kv_bytes_per_token_layer
         if per_layer != int(per_layer) or int(per_layer) % 4:
+            sizes = {d: dataclasses.replace(model, kv_dtype=d).kv_bytes_per_token_layer for d in KV_DTYPE_BITS}
+            whole = [d for d, size in sizes.items() if size == int(size) and int(size) % 4 == 0]
             raise ConfigError(f"on-device replay reads KV as 4-byte words; {model.kv_dtype} KV has "
-                              f"{per_layer} bytes per token and layer", hint="use --kv-dtype fp16, bf16, fp8 or int8")
+                              f"{per_layer:g} bytes per token and layer for {model.name}",
+                              hint=f"use --kv-dtype {', '.join(whole[:-1]) + ' or ' if whole[:-1] else ''}{whole[-1]}, "
+                                   "which give this model whole words"
+                              if whole else "no KV dtype gives this model whole 4-byte words per token and layer")
         self.bpl = int(per_layer)
         self.layers = model.num_layers
         self.bpt = model.kv_bytes_per_token
@@ -271,10 +296,12 @@ class StepProbe:
 
     # ------------------------------------------------------------------------------ runs
 
-    def _runs(self, allocations: list, kv_tokens: list[int]) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    def _runs(self, allocations: list, kv_tokens: list[int],
+              lead_blocks: list | None = None) -> list[tuple[np.ndarray, np.ndarray, int]]:
         """The KV the batch reads, as groups of (start words, length words, row words): runs of
         4-byte words into the arena; each group's starts and lengths are multiples of its row width
-        (the unit embedding_bag reads them in)."""
+        (the unit embedding_bag reads them in). `lead_blocks`: per request, the paged blocks of the
+        cached prefix it shares, which lead its KV (allocator/prefix.PrefixCache.hit_blocks)."""
         lens = np.asarray(kv_tokens, dtype=np.int64)
         if self.kv_ranges is not None:  # ranges, token-major like a contiguous block: each up to its share
             row = self.bpt // 4
@@ -296,11 +323,12 @@ class StepProbe:
         T, L = self.block_tokens, self.layers
         layer_words = T * self.bpl // 4  # one layer of one block
         full, rest = (lens // T).tolist(), (lens % T)
-        blocks = np.fromiter(chain.from_iterable(a.block_ids[:f] for a, f in zip(allocations, full)),
-                             np.int64, int(sum(full)))
+        ids = [a.block_ids for a in allocations] if lead_blocks is None else \
+            [lead + a.block_ids if lead else a.block_ids for a, lead in zip(allocations, lead_blocks)]
+        blocks = np.fromiter(chain.from_iterable(b[:f] for b, f in zip(ids, full)), np.int64, int(sum(full)))
         full_starts = ((blocks[:, None] * L + np.arange(L, dtype=np.int64)) * layer_words).ravel()
         groups = [(full_starts, np.full(full_starts.size, layer_words, dtype=np.int64), layer_words)]
-        tails = [(a.block_ids[f], r) for a, f, r in zip(allocations, full, rest.tolist()) if r]
+        tails = [(b[f], r) for b, f, r in zip(ids, full, rest.tolist()) if r]
         if tails:
             tail_block = np.array([b for b, _ in tails], dtype=np.int64)
             tail_starts = ((tail_block[:, None] * L + np.arange(L, dtype=np.int64)) * layer_words).ravel()
@@ -333,10 +361,12 @@ class StepProbe:
 
     # ------------------------------------------------------------------------------ one step
 
-    def step(self, allocations: list, kv_tokens: list[int], modelled_ps: int, chunks=()) -> float:
-        """Run one iteration on the device: the decodes of `allocations`, holding `kv_tokens` each,
-        beside prompt `chunks`, (tokens computed before, new tokens) pairs (none: a decode step; no
-        decodes: a prefill iteration); returns its measured seconds."""
+    def step(self, allocations: list, kv_tokens: list[int], modelled_ps: int, chunks=(),
+             lead_blocks: list | None = None) -> float:
+        """Run one iteration on the device: the decodes of `allocations`, holding `kv_tokens` each
+        (a shared cached prefix's `lead_blocks` first, see `_runs`), beside prompt `chunks`, (tokens
+        computed before, new tokens) pairs (none: a decode step; no decodes: a prefill iteration);
+        returns its measured seconds."""
         torch = self.torch
         sdpa = torch.nn.functional.scaled_dot_product_attention
         n, sh = len(allocations), self.shape
@@ -344,7 +374,7 @@ class StepProbe:
         rows, head_rows = n + chunk_tokens, n + len(chunks)
         if rows > sh.max_rows or any(c > sh.max_chunk_tokens or x + c > sh.max_context_tokens for x, c in chunks):
             raise ValueError(f"a step of {n} decodes and chunks {list(chunks)} exceeds the probe's {sh}")
-        groups = self._runs(allocations, kv_tokens) if n else []
+        groups = self._runs(allocations, kv_tokens, lead_blocks) if n else []
         x_rows, head_x = self.activations[:rows], self.activations[:head_rows]
         layer_out = self.product[: rows * sh.layer_columns].view(rows, sh.layer_columns)
         head_out = self.product[: head_rows * sh.head_columns].view(head_rows, sh.head_columns)

@@ -21,14 +21,21 @@ class OnDevice:
         self.description = "token-by-token stepping, each iteration run on " + spec.torch_device
 
     @staticmethod
-    def shape(ctx: ReplayContext) -> StepShape:
-        """The probe's tensors: a batch of max_num_seqs decodes beside a step's token budget of
-        prompt tokens, each attending to at most max_model_len."""
-        return StepShape.of(ctx.serving.model, ctx.scheduler.max_num_seqs, ctx.scheduler.batched_tokens(ctx.max_len),
-                            ctx.max_len)
+    def shape(ctx: ReplayContext, model=None) -> StepShape:
+        """The probe's tensors for `model` (the replay's, scaled): a batch of max_num_seqs decodes
+        beside a step's token budget of prompt tokens, each attending to at most max_model_len."""
+        return StepShape.of(model or ctx.serving.model, ctx.scheduler.max_num_seqs,
+                            ctx.scheduler.batched_tokens(ctx.max_len), ctx.max_len)
 
     def arena(self, ctx: ReplayContext, arena_bytes: int) -> TorchArena:
-        check_fits(self.spec.torch_device, arena_bytes, self.shape(ctx).device_bytes, self.spec.scale)
+        s = ctx.serving
+
+        def need_at(scale: float) -> tuple[int, int]:  # the pool keeps its tokens at any scale
+            model = s.full_model.scaled(scale)
+            return arena_bytes * model.kv_bytes_per_token // s.model.kv_bytes_per_token, \
+                self.shape(ctx, model).device_bytes
+
+        check_fits(self.spec.torch_device, need_at, self.spec.scale, s.full_model.num_layers)
         return TorchArena(arena_bytes, self.spec.torch_device)
 
     def probe(self, allocator, ctx: ReplayContext) -> StepProbe:

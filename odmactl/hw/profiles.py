@@ -701,6 +701,9 @@ def read_model(model_dir: Path, name: str | None = None, kv_dtype: str = "fp16",
     max_pos = raw.get("max_position_embeddings")
     if max_pos is not None:
         max_pos = _config_int(raw, "max_position_embeddings", file)
+    for key in ("tie_word_embeddings", "attention_bias"):  # JSON true/false: "false" as text would read as True
+        if raw.get(key) is not None and not isinstance(raw[key], bool):
+            raise ProfileError(f"expected true or false, got {raw[key]!r}", file=file, key=key)
     return ModelProfile(
         name=name or model_dir.name, path=model_dir, model_type=raw["model_type"], num_layers=layers,
         hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,

@@ -423,7 +423,9 @@ class Replay:
         if self.tier is not None:
             self.tier.latency_feedback(None, seconds(dt))
         if self.probe is not None:
-            self.probe.step([b.allocs[i] for i in b.running], kv_now, dt, self._chunk_pairs(chunks) if mixed else ())
+            prefix = self.growth.prefix  # shared prefix blocks lead a request's KV, outside its allocation
+            self.probe.step([b.allocs[i] for i in b.running], kv_now, dt, self._chunk_pairs(chunks) if mixed else (),
+                            None if prefix is None else [prefix.hit_blocks(i) for i in b.running])
         self.tally.occupy(self.alloc.reserved_bytes, dt)
         self._advance(n, 1, dt)
         return dt
