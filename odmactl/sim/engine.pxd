@@ -43,13 +43,12 @@ cdef class Replay:
     cdef void _done(self, long long i) except *
     cdef void _first_token(self, long long i) except *
     cdef bint _step_chunked(self) except *
-    cdef list _chunk_pairs(self, list chunks)
     cdef void _prefill(self, list admitted) except *
     cdef bint _decode_fast(self) except *
     cdef bint _grow(self) except *
     cdef void _decode_segment(self) except *
     cdef void _load_segment(self, long long n) except *
     cdef long long _run_segment(self, long long n, long long k, long long extra, bint mixed) except? -1
-    cdef long long _decode_stepping(self, long long extra=*, bint mixed=*, list chunks=*) except? -1
+    cdef long long _decode_stepping(self, long long extra=*, list chunks=*) except? -1
     cdef void _advance(self, long long n, long long k, long long dt) except *
     cdef void _complete(self) except *

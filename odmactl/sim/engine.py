@@ -37,6 +37,7 @@ from odmactl.sim.growth import Growth
 from odmactl.sim.link import HostLink
 from odmactl.sim.metrics import ReplayResult, replay_result
 from odmactl.sim.prefill import PrefillClock
+from odmactl.sim.probing import chunk_pairs, decode_step
 from odmactl.sim.schedulers import make_scheduler
 from odmactl.sim.schedulers.base import Scheduler
 from odmactl.sim.segment import Segment
@@ -246,11 +247,11 @@ class Replay:
             self._load_segment(n)
             self._run_segment(n, 1, dt, True)
         elif n:
-            self._decode_stepping(dt, True, chunks)
+            self._decode_stepping(dt, chunks)
         else:  # a prefill iteration over the chunks
             dt = self.link.with_moves(dt)
             if self.probe is not None:
-                self.probe.step([], [], dt, self._chunk_pairs(chunks))
+                self.probe.step([], [], dt, chunk_pairs(b, chunks))
             self.tally.occupy(self.reserved_bytes(), dt)
             self.t += dt
         self.tally.prefills += 1
@@ -259,12 +260,6 @@ class Replay:
             b.join(i, b.prompt[i] + b.gen[i])
             self._first_token(i)
         return True
-
-    def _chunk_pairs(self, chunks: list) -> list:
-        """The planned chunks ([request, new tokens, ...], before they are computed) as the probe's
-        (tokens computed before, new tokens) pairs."""
-        j: cython.longlong
-        return [(self.batch.prefilling[chunks[j]], chunks[j + 1]) for j in range(0, len(chunks), 2)]
 
     def _prefill(self, admitted: list) -> None:
         """One prefill iteration over the admitted requests: their prompts (and recomputed tokens),
@@ -277,11 +272,8 @@ class Replay:
         prompt_sum: cython.longlong = 0  # the prefill's cost depends on these two sums and the count only
         prompt_squares: cython.longlong = 0
         ttft: cython.longlong = -1
-        pairs: list = [] if self.probe is not None else None  # the probe's (cached, computed) per prompt
         for i in admitted:
             k = b.prompt[i] + b.gen[i]
-            if pairs is not None:
-                pairs.append((b.cached[i], k - b.cached[i]))
             prompt_sum += k - b.cached[i]  # a cached prefix is not computed; the rest attends to it
             prompt_squares += k * k - b.cached[i] * b.cached[i]
             self.tally.recomputed += b.gen[i]
@@ -291,8 +283,8 @@ class Replay:
             self.growth.first_token_room(i, k)
             b.join(i, k + 1)
         dt = self.link.with_moves(self.prefill_clock.ps(prompt_sum, prompt_squares, len(admitted)))  # + its host moves
-        if pairs is not None:
-            self.probe.step([], [], dt, pairs)
+        if self.probe is not None:  # (cached, computed) per prompt; each one's gen counts the token it yields
+            self.probe.step([], [], dt, [(b.cached[i], b.prompt[i] + b.gen[i] - 1 - b.cached[i]) for i in admitted])
         started: cython.longlong = self.t
         self.t += dt
         self.tally.occupy(self.reserved_bytes(), dt)
@@ -406,26 +398,23 @@ class Replay:
         self._advance(n, k, dt)
         return dt
 
-    def _decode_stepping(self, extra: cython.longlong = 0, mixed: cython.bint = False,
-                         chunks: list = None) -> cython.longlong:
+    def _decode_stepping(self, extra: cython.longlong = 0, chunks: list = None) -> cython.longlong:
         """One decode iteration, its step computed request by request (and run on the device by
-        the probe, when there is one); `mixed`: beside prompt `chunks` (Chunker.plan's) that add
+        the probe, when there is one); beside prompt `chunks` (Chunker.plan's, None: none) that add
         `extra` ps. Returns its time."""
         b: Batch = self.batch
         n: cython.longlong = len(b.running)
         dt: cython.longlong
         kv_now = [b.kv(i) for i in b.running]
         dt = self.coeff.step_ps(kv_now, [self.alloc.runs_of(b.allocs[i], b.kv(i)) for i in b.running])
-        if mixed:
+        if chunks is not None:
             dt = self.link.with_moves(dt + extra)
         if self.link.pending_ps:
             dt += self.link.overlap_pending(dt)
         if self.tier is not None:
             self.tier.latency_feedback(None, seconds(dt))
         if self.probe is not None:
-            prefix = self.growth.prefix  # shared prefix blocks lead a request's KV, outside its allocation
-            self.probe.step([b.allocs[i] for i in b.running], kv_now, dt, self._chunk_pairs(chunks) if mixed else (),
-                            None if prefix is None else [prefix.hit_blocks(i) for i in b.running])
+            decode_step(self.probe, b, self.growth.prefix, kv_now, dt, chunks)
         self.tally.occupy(self.alloc.reserved_bytes, dt)
         self._advance(n, 1, dt)
         return dt
