@@ -91,6 +91,8 @@ def test_calibrate_never_clobbers_and_refuses_a_missing_device(tmp_path, cli):
     assert bad.code == 1 and "--device expects one of" in bad.err
     missing_dir = cli("calibrate", "--device", "cpu", "--out", tmp_path / "nope" / "x.toml")
     assert missing_dir.code == 1 and "does not exist" in missing_dir.err
+    not_toml = cli("calibrate", "--device", "cpu", "--quick", "--out", tmp_path / "p.json")
+    assert not_toml.code == 1 and "ending in .toml" in not_toml.err and not (tmp_path / "p.json").exists()
     if not torch.cuda.is_available():
         cuda = cli("calibrate", "--device", "cuda", "--out", tmp_path / "gpu.toml")
         assert cuda.code == 1 and "no CUDA device" in cuda.err

@@ -227,6 +227,7 @@ def test_cli_on_device_errors(cli, tiny_model, small_trace, tmp_path):
         (["--device", "cpu", "--on-device", "--profile", PROFILE, "--kv-dtype", "oaken", "--kv-pool", "8 MiB"],
          "use --kv-dtype fp16, bf16, fp8, int8 or int4"),  # the dtypes that give this model whole words
         (["--device", "cpu", "--on-device", "--profile", "h200"], "--kv-pool"),  # a pool no layer count fits
+        (["--device", "cpu", "--on-device", "--profile", PROFILE, "--tp", "0"], "--tp"),  # the value, not "no --tp"
     ]:
         r = cli(*base, *args)
         assert r.code == 1 and words in r.err and "Traceback" not in r.err, (args, r.err)

@@ -9,6 +9,7 @@ import typer
 
 from odmactl.cli.app import app, out, progress_for
 from odmactl.cli.inputs import check_outputs
+from odmactl.core.errors import OdmaError
 
 
 @app.command()
@@ -28,6 +29,8 @@ def calibrate(
     from odmactl.render.console_profiles import render_calibration
     from odmactl.render.json import to_json
 
+    if out_path.suffix.lower() != ".toml":  # profiles are found as profiles/devices/**/*.toml
+        raise OdmaError(f"--out writes a device profile in TOML; give a path ending in .toml, got '{out_path}'")
     check_outputs([out_path], force)
     started = time.perf_counter()
     with progress_for(json_out) as progress:

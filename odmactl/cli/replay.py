@@ -78,7 +78,7 @@ def replay(
     check_outputs([metrics_out, out_path, plot], force, input_paths(trace_path, config, predictor, device, model, profile))
     pool_bytes = parse_kv_pool(kv_pool)
     device_spec = None
-    if on_device and tp != 1:
+    if on_device and tp > 1:  # a --tp below 1 is refused as a setting (run/spec.py)
         raise OdmaError("--on-device runs on one device: it takes no --tp", hint="replay --tp N without --on-device")
     if on_device:
         from odmactl.device.calibrate import resolve_device
