@@ -436,23 +436,27 @@ def test_a_kv_pool_reads_the_same_in_profiles_and_replay(cli, folder, monkeypatc
 
 
 def test_an_on_device_replay_that_does_not_fit_suggests_a_scale():
+    import dataclasses
+
     from odmactl.core.errors import ConfigError
     from odmactl.device.ondevice import check_fits, free_device_bytes
+    from odmactl.hw.profiles import load_model
 
     free = free_device_bytes("cpu")
+    model = dataclasses.replace(load_model("DeepSeek-R1-Distill-Qwen-7B"), num_layers=10)
 
     def per_layer(pool_share: float, probe_share: float, fixed_share: float = 0.0):
         """Needs that follow the layers kept (of 10), plus a part that does not."""
-        return lambda scale: (int(free * pool_share * max(1, round(10 * scale)) / 10),
-                              int(free * (probe_share * max(1, round(10 * scale)) / 10 + fixed_share)))
+        return lambda m: (int(free * pool_share * m.num_layers / 10),
+                          int(free * (probe_share * m.num_layers / 10 + fixed_share)))
 
     with pytest.raises(ConfigError) as info:  # 2.5x the free memory at 10 layers; half may be taken: 2 layers fit
-        check_fits("cpu", per_layer(0.5, 2.0), 1.0, 10)
+        check_fits("cpu", per_layer(0.5, 2.0), model, 1.0)
     assert "--scale 0.2 keeps 2 of its 10 layers" in info.value.hint
     with pytest.raises(ConfigError) as info:  # buffers that do not shrink with the layers: no scale fits
-        check_fits("cpu", per_layer(0.01, 0.01, fixed_share=0.6), 1.0, 10)
+        check_fits("cpu", per_layer(0.01, 0.01, fixed_share=0.6), model, 1.0)
     assert "even one of the model's 10 layers" in info.value.hint and "--max-num-batched-tokens" in info.value.hint
-    check_fits("cpu", lambda scale: (1 << 20, 1 << 20), 1.0, 10)
+    check_fits("cpu", lambda m: (1 << 20, 1 << 20), model, 1.0)
 
 
 @pytest.mark.parametrize("kind", ["duration", "datetime"])

@@ -28,7 +28,7 @@ from odmactl.core.limits import check_seed
 from odmactl.rules.engines import DEFAULT_ENGINE, VLLM_V1
 from odmactl.core.units import format_bytes, format_rate
 from odmactl.hw.cost import Gemms
-from odmactl.hw.profiles import MIN_EFFICIENCY
+from odmactl.hw.profiles import MIN_EFFICIENCY, faster_16bit
 
 CHUNK_BYTES = (64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 2 << 20)
 DEVICES = ("auto", "cpu", "cuda", "mlu")
@@ -258,8 +258,7 @@ def _gemm_table(torch, timer: _Timer, dev, s: CalibrationSettings, results: dict
     format as the cost model computes (DeviceProfile.compute_dtype): each one's median time and its
     efficiency, the roofline at this run's measured sequential read and matmul rate (hw/cost.Gemms,
     efficiency 1) over that time, capped at 1. That is the [kernels] gemm table (profiles.Kernels)."""
-    rates = {d: results[f"matmul_{d}_flops"] for d in ("fp16", "bf16") if results[f"matmul_{d}_flops"] is not None}
-    dtype_name = "bf16" if rates.get("bf16", 0.0) > rates["fp16"] else "fp16"
+    dtype_name = faster_16bit(results["matmul_fp16_flops"], results["matmul_bf16_flops"])
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float16
     k = s.gemm_hidden
     n = s.gemm_weight_bytes // (2 * k)
@@ -268,7 +267,7 @@ def _gemm_table(torch, timer: _Timer, dev, s: CalibrationSettings, results: dict
     out = torch.empty(max(s.gemm_tokens), n, dtype=dtype, device=dev)
     weight_bytes, flops_per_token = float(2 * n * k), float(2 * n * k)
     roofline = Gemms(weight_bytes, flops_per_token, 0.0, 0.0, results["sequential_read_bytes_per_s"],
-                     rates[dtype_name], (1.0,), (1.0,))
+                     results[f"matmul_{dtype_name}_flops"], (1.0,), (1.0,))
     rows = []
     for m in s.gemm_tokens:
         x, y = activations[:m], out[:m]

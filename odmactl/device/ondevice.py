@@ -149,23 +149,26 @@ HOST_SHARE = 0.5  # of the host's available memory an on-device replay on the CP
 DEVICE_SHARE = 0.9  # of an accelerator's free memory
 
 
-def check_fits(torch_device: str, need_at, scale: float, layers_full: int) -> None:
-    """Raise ConfigError when the replay at `scale` needs more than its share of the memory free
-    now. `need_at(scale)` gives (arena bytes, probe bytes: StepProbe's tensors, StepShape) at any
-    scale; the hint names the largest whole number of layers that fits, or says that even one
-    layer does not (the probe's step buffers follow the token budget, not the layers)."""
+def check_fits(torch_device: str, need_at, full_model: ModelProfile, scale: float) -> None:
+    """Raise ConfigError when the replay of `full_model` at `scale` needs more than its share of
+    the memory free now. `need_at(model)` gives (arena bytes, probe bytes: StepProbe's tensors,
+    StepShape) for the model scaled any way; the hint names the largest whole number of layers that
+    fits and the --scale that keeps them, or says that even one layer does not (the probe's step
+    buffers follow the token budget, not the layers)."""
     share = HOST_SHARE if torch_device == "cpu" else DEVICE_SHARE
     free = free_device_bytes(torch_device)
-    pool_bytes, probe_bytes = need_at(scale)
+    now = full_model.scaled(scale)
+    pool_bytes, probe_bytes = need_at(now)
     if pool_bytes + probe_bytes <= share * free:
         return
-    fits = next((layers for layers in range(min(layers_full, max(1, round(scale * layers_full))) - 1, 0, -1)
-                 if sum(need_at(layers / layers_full)) <= share * free), None)
+    layers_full = full_model.num_layers
+    scales = (_scale_for(layers, full_model) for layers in range(now.num_layers - 1, 0, -1))
+    fits = next((text for text in scales if sum(need_at(full_model.scaled(float(text)))) <= share * free), None)
     if fits is not None:
-        suggest = _scale_for(fits, layers_full)
-        hint = f"scale the model down: --scale {suggest} keeps {fits} of its {layers_full} layers; or shrink the pool with --kv-pool"
+        hint = (f"scale the model down: --scale {fits} keeps {full_model.scaled(float(fits)).num_layers} of its "
+                f"{layers_full} layers; or shrink the pool with --kv-pool")
     else:
-        one = sum(need_at(1 / layers_full))
+        one = sum(need_at(full_model.scaled(float(_scale_for(1, full_model)))))
         hint = (f"even one of the model's {layers_full} layers needs {format_bytes(one)}: shrink the pool with "
                 f"--kv-pool, or the step's token budget with --max-num-batched-tokens (the probe's buffers hold "
                 f"max_num_seqs + that many tokens)")
@@ -175,13 +178,13 @@ def check_fits(torch_device: str, need_at, scale: float, layers_full: int) -> No
         f"{format_bytes(free)} is free, of which it may take {share:.0%}", hint=hint)
 
 
-def _scale_for(layers: int, layers_full: int) -> str:
-    """The shortest --scale that ModelProfile.scaled turns into `layers` of `layers_full`."""
-    for digits in range(2, 8):
-        text = f"{layers / layers_full:.{digits}g}"
-        if max(1, round(layers_full * float(text))) == layers:
+def _scale_for(layers: int, full_model: ModelProfile) -> str:
+    """The shortest --scale that `full_model.scaled` turns into `layers` layers."""
+    for digits in range(2, 17):
+        text = f"{layers / full_model.num_layers:.{digits}g}"
+        if full_model.scaled(float(text)).num_layers == layers:
             return text
-    return repr(layers / layers_full)
+    return repr(layers / full_model.num_layers)
 
 
 def _aligned_columns(weight_bytes: int, hidden: int) -> int:
@@ -217,14 +220,18 @@ class StepShape:
                    max_chunk_tokens=max_chunk_tokens, max_context_tokens=max_context_tokens if max_chunk_tokens else 0)
 
     @property
+    def weight_bytes(self) -> int:
+        """What a step's GEMMs read: the layers' and the head's 16-bit weights."""
+        return 2 * (self.layers * self.layer_columns + self.head_columns) * self.hidden
+
+    @property
     def device_bytes(self) -> int:
         """2-byte values: weights, activations, one GEMM's product, and the attention's queries, its
         output (as large) and the keys and values."""
-        weights = (self.layers * self.layer_columns + self.head_columns) * self.hidden
         product = self.max_rows * max(self.layer_columns, self.head_columns)
         queries = self.layers * self.heads * self.max_chunk_tokens * self.head_dim
         keys = self.layers * self.heads * self.max_context_tokens * self.head_dim
-        return 2 * (weights + self.max_rows * self.hidden + product + 2 * queries + 2 * keys)
+        return self.weight_bytes + 2 * (self.max_rows * self.hidden + product + 2 * queries + 2 * keys)
 
 
 class StepProbe:
@@ -286,7 +293,7 @@ class StepProbe:
         self.keys = uniform(sh.layers, sh.heads, sh.max_context_tokens, sh.head_dim, bound=1.0)
         self.values = uniform(sh.layers, sh.heads, sh.max_context_tokens, sh.head_dim, bound=1.0)
         self.compute_dtype = compute_dtype
-        self.weight_bytes = (sh.layers * sh.layer_columns + sh.head_columns) * sh.hidden * 2
+        self.weight_bytes = sh.weight_bytes
         self.modelled_ps: list[int] = []
         self.measured_s: list[float] = []
         self.batch: list[int] = []
@@ -442,7 +449,7 @@ class StepProbe:
         measured = np.asarray(self.measured_s, dtype=np.float64)
         batch, kv_bytes = np.asarray(self.batch, dtype=np.float64), np.asarray(self.kv_bytes, dtype=np.float64)
         chunked = np.asarray(self.chunk_tokens, dtype=np.int64) > 0
-        decode_only = ~chunked & (batch > 0)
+        decode_only, mixed = ~chunked & (batch > 0), chunked & (batch > 0)
         stride = max(1, -(-modelled.size // points))
 
         def compare(mask: np.ndarray) -> dict:
@@ -466,13 +473,13 @@ class StepProbe:
             "weight_bytes_read_per_step": self.weight_bytes, "compute_dtype": self.compute_dtype,
             "kv_reader": "triton runs" if self.kernel is not None else "embedding_bag",
             # iterations by kind: decodes alone, decodes beside prompt chunks (vLLM v1), prompts alone
-            "decode_steps": int(decode_only.sum()), "mixed_steps": int((chunked & (batch > 0)).sum()),
+            "decode_steps": int(decode_only.sum()), "mixed_steps": int(mixed.sum()),
             "prefill_steps": int((batch == 0).sum()),
             # CUDA: steps in which torch's caching allocator took new memory from the driver (cudaMalloc)
             "steps_with_device_malloc": int(np.count_nonzero(self.device_mallocs)) if self.device_mallocs else None,
             "all_steps": compare(np.ones(modelled.size, dtype=bool)),
             "decode_only": compare(decode_only),
-            "mixed_only": compare(chunked & (batch > 0)),
+            "mixed_only": compare(mixed),
             # the same least squares on both sides, over the decode-only steps: the terms the model misjudges
             "measured_fit": step_time_fit(measured[decode_only], batch[decode_only], kv_bytes[decode_only]),
             "modelled_fit": step_time_fit(modelled[decode_only], batch[decode_only], kv_bytes[decode_only]),

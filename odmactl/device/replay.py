@@ -30,12 +30,11 @@ class OnDevice:
     def arena(self, ctx: ReplayContext, arena_bytes: int) -> TorchArena:
         s = ctx.serving
 
-        def need_at(scale: float) -> tuple[int, int]:  # the pool keeps its tokens at any scale
-            model = s.full_model.scaled(scale)
+        def need_at(model) -> tuple[int, int]:  # the pool keeps its tokens at any scale
             return arena_bytes * model.kv_bytes_per_token // s.model.kv_bytes_per_token, \
                 self.shape(ctx, model).device_bytes
 
-        check_fits(self.spec.torch_device, need_at, self.spec.scale, s.full_model.num_layers)
+        check_fits(self.spec.torch_device, need_at, s.full_model, self.spec.scale)
         return TorchArena(arena_bytes, self.spec.torch_device)
 
     def probe(self, allocator, ctx: ReplayContext) -> StepProbe:

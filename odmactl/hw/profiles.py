@@ -255,9 +255,14 @@ class DeviceProfile:
 
     @property
     def compute_dtype(self) -> str:
-        """The 16-bit format the device computes faster by its profile (fp16 unless bf16 is faster)."""
-        bf16 = self.peak_bf16_flops
-        return "bf16" if bf16 is not None and bf16 > self.peak_fp16_flops else "fp16"
+        """The 16-bit format the device computes faster by its profile (`faster_16bit`)."""
+        return faster_16bit(self.peak_fp16_flops, self.peak_bf16_flops)
+
+
+def faster_16bit(fp16_flops: float, bf16_flops: float | None) -> str:
+    """The 16-bit format a device computes faster at these rates: fp16 unless bf16 is faster (None:
+    no bf16 kernel)."""
+    return "bf16" if bf16_flops is not None and bf16_flops > fp16_flops else "fp16"
 
 
 def _figure(table: TomlTable, name: str, kind: str | None, sources: dict[str, str], required: bool = True,
