@@ -121,6 +121,7 @@ def test_the_console_table_and_the_plot(cli, small, tmp_path):
     (["--slo", SLO, "--policies", "static,static"], ("--policies names a policy twice",)),
     (["--slo", "ttft_p99=1us"], ("no policy meets the SLO", "ttft_p99 =", "even at")),
     (["--slo", SLO, "--router", "random"], ("--router expects one of round-robin, least-outstanding",)),
+    (["--slo", SLO, "--router", "round-robin-redy"], ("round-robin-ready", "did you mean 'round-robin-ready'")),
     (["--slo", SLO, "--engine", "vllm-v3"], ("--engine must be one of vllm-v0, vllm-v1",)),
     (["--slo", SLO, "--arrivals", "bursty"], ("--arrivals expects one of trace, poisson, gamma:CV",)),
     (["--slo", SLO, "--arrivals", "gamma:0"], ("--arrivals gamma:CV", "coefficient of variation")),

@@ -37,6 +37,8 @@ def test_round_robin_overloads_the_engine_that_gets_every_long_request_and_least
     assert rr["completed"] == lo["completed"] == 400 and rr["generated_tokens"] == lo["generated_tokens"]
     kv = served(ctx, "paged", {}, 1.0, 2, "least-kv")
     assert not kv["overloaded"]
+    fit = served(ctx, "paged", {}, 1.0, 2, "round-robin-ready")  # it passes over an engine with a request waiting
+    assert not fit["overloaded"] and fit["ttft_p99"] < rr["ttft_p99"] / 10
 
 
 def test_round_robin_replayed_together_equals_each_share_replayed_apart():
@@ -64,3 +66,38 @@ def test_every_router_serves_every_request_once_alike_in_both_modes(router):
 def test_an_unknown_router_is_refused():
     with pytest.raises(ConfigError, match="unknown router 'random'"):
         replayed_together(_context(n=10), "paged", {}, 2, "random")
+
+
+def _slots_context(outputs: list[int], gaps_s: list[float], slots: int, prompts: list[int] | None = None) -> ReplayContext:
+    """Static at max_model_len (4,096 tokens), `slots` slots per engine, 500-token prompts unless given."""
+    probe = serving(DEVICE, MODEL)
+    setup = serving(DEVICE, MODEL, kv_pool_bytes=slots * 4096 * probe.bytes_per_token)
+    n = len(outputs)
+    w = Workload([f"r{i}" for i in range(n)], (np.cumsum([0.0] + gaps_s)[:n] * PS).astype(np.int64),
+                 np.array(prompts or [500] * n, dtype=np.int64), np.array(outputs, dtype=np.int64))
+    return ReplayContext(setup, w, 4096, SchedulerSettings(max_num_seqs=16))
+
+
+def test_round_robin_fit_skips_an_engine_without_room_for_the_reservation():
+    """Two engines of two slots: r0 (long) and r2 (long) fill engine 0, r1 (short) has left engine 1
+    by r3; r4's turn is engine 0, which round-robin sends it to (it waits a long request out) and
+    round-robin-ready passes over for engine 1, where a slot is free."""
+    ctx = _slots_context([1500, 20, 1500, 1500, 1500], [0.1, 5.0, 1.0, 1.0], slots=2)
+    rr = replayed_together(ctx, "static", {}, 2, "round-robin")
+    fit = replayed_together(ctx, "static", {}, 2, "round-robin-ready")
+    assert [r.metrics["requests"] for r in rr] == [3, 2] and [r.metrics["requests"] for r in fit] == [2, 3]
+    assert fit[1].ttft_s.max() < 1.0 < 60.0 < rr[0].ttft_s.max()
+
+
+def test_round_robin_fit_is_round_robin_where_every_engine_has_room_and_least_kv_where_none_has():
+    light = _context(n=120)
+    for a, b in zip(replayed_together(light, "paged", {}, 3, "round-robin"),
+                    replayed_together(light, "paged", {}, 3, "round-robin-ready")):
+        assert a.metrics == b.metrics and np.array_equal(a.tpot_s, b.tpot_s)
+    # two one-slot engines: r2..r5 find no room anywhere and go where the least is in demand: r2's
+    # 3,000-token prompt waits at engine 0, so r3, r4 and r5 (100 tokens) go to engine 1
+    full = _slots_context([1500] * 6, [0.01] * 5, slots=1, prompts=[500, 500, 3000, 100, 100, 100])
+    kv, fit = (replayed_together(full, "static", {}, 2, router) for router in ("least-kv", "round-robin-ready"))
+    assert [r.metrics for r in kv] == [r.metrics for r in fit]
+    assert [r.metrics["requests"] for r in fit] == [2, 4]
+    assert [r.metrics["requests"] for r in replayed_together(full, "static", {}, 2, "round-robin")] == [3, 3]

@@ -277,6 +277,9 @@ class Allocator(Protocol):
 
     def tag_of(self, prompt_tokens: int, predicted_output_tokens: float | None, uncertainty: float | None) -> object: ...
 
+    def reservation_tokens(self, prompt_tokens: int, predicted_output_tokens: float | None,
+                           uncertainty: float | None) -> int: ...
+
     def overflow_waits(self, allocation: Allocation, total_tokens: int) -> bool: ...
 
     def room_version(self, tag: object) -> object: ...
@@ -477,6 +480,14 @@ class AllocatorBase:
     def tag_of(self, prompt_tokens: int, predicted_output_tokens: float | None, uncertainty: float | None) -> object:
         """One kind of block: every request has the same tag."""
         return None
+
+    def reservation_tokens(self, prompt_tokens: int, predicted_output_tokens: float | None,
+                           uncertainty: float | None) -> int:
+        """The KV tokens `reserve` takes for a new request of `prompt_tokens` now (a router's check
+        for room, sim/cluster.py): by default its prompt, which a policy that grows by blocks takes
+        in whole blocks (less than one block more, left out). A policy that reserves ahead
+        (static, s3, odma) overrides it, and its `reserve` takes what this says."""
+        return prompt_tokens
 
     def overflow_waits(self, allocation: Allocation, total_tokens: int) -> bool:
         """A refused extend preempts."""

@@ -18,6 +18,9 @@ cdef class OdmaAllocator(ContiguousAllocator):
     cpdef _route(self, prompt_tokens, predicted_output_tokens, uncertainty)
     cpdef _large_peak(self)
     cpdef _large_home(self, slot_tokens)
+    @cython.locals(capacity=cython.longlong)
+    cdef long long _block_tokens(self, long long bucket, long long slot_tokens) except? -1
+    cpdef reservation_tokens(self, prompt_tokens, predicted_output_tokens, uncertainty)
     cpdef tag_of(self, prompt_tokens, predicted_output_tokens, uncertainty)
     cpdef overflow_waits(self, allocation, total_tokens)
     cpdef room_version(self, tag)

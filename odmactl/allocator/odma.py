@@ -301,6 +301,19 @@ class OdmaAllocator(ContiguousAllocator):
                 return lo
         return -1
 
+    def _block_tokens(self, bucket: int, slot_tokens: int) -> int:
+        """The block of a request routed to `bucket` (-1: the large pool) whose large block would
+        be `slot_tokens`: no bucket's block holds more than that (the module docstring)."""
+        if bucket < 0:
+            return slot_tokens
+        capacity = self._bounds[bucket]
+        return capacity if capacity < slot_tokens else slot_tokens
+
+    def reservation_tokens(self, prompt_tokens: int, predicted_output_tokens, uncertainty) -> int:
+        """A new request's block, in whichever pool `reserve` takes it from."""
+        return self._block_tokens(self._route(prompt_tokens, predicted_output_tokens, uncertainty),
+                                  large_slot_tokens(prompt_tokens, self.max_new_tokens, self.max_tokens))
+
     def tag_of(self, prompt_tokens: int, predicted_output_tokens, uncertainty):
         """The papers' bucket tag, with the pool its block comes from: ("main", bucket index), or
         ("large", "large") (("main", "large") where the large pool could never hold the block)."""
@@ -321,9 +334,7 @@ class OdmaAllocator(ContiguousAllocator):
         slot = large_slot_tokens(prompt_tokens, self.max_new_tokens, self.max_tokens)
         bucket = self._route(prompt_tokens, predicted_output_tokens, uncertainty)
         if bucket >= 0:
-            capacity = self.boundaries_tokens[bucket]
-            a = self._reserve_in(self._main, "main", request_id, capacity if capacity < slot else slot,
-                                 prompt_tokens, bucket)
+            a = self._reserve_in(self._main, "main", request_id, self._block_tokens(bucket, slot), prompt_tokens, bucket)
         else:
             region = self._large_home(slot)
             a = self._reserve_in(self.regions[region], region, request_id, slot, prompt_tokens, LARGE)

@@ -35,6 +35,22 @@ class S3Settings(PolicySettings):
         one_of(self, "s3_overflow", S3_OVERFLOWS)
 
 
+def bucket_of(capacities_tokens: tuple, predicted_output_tokens) -> int:
+    """A new request's bucket: the first whose capacity holds its predicted output (the last one
+    without a prediction)."""
+    if predicted_output_tokens is None:
+        return len(capacities_tokens) - 1
+    return min(bisect_left(capacities_tokens, int(predicted_output_tokens)), len(capacities_tokens) - 1)
+
+
+def block_tokens(prompt_tokens: int, capacity_tokens: int, predicted: bool, max_tokens: int) -> int:
+    """A new request's block: prompt + its bucket's capacity, max_model_len without a prediction,
+    at most max_model_len (a re-admission after a preemption takes its record's)."""
+    if not predicted:
+        return max_tokens
+    return prompt_tokens + capacity_tokens if prompt_tokens + capacity_tokens < max_tokens else max_tokens
+
+
 class S3Allocator(ContiguousAllocator):
     """`s3_num_buckets` equal-width buckets over OUTPUT tokens up to max_model_len (rules/s3.py, the
     S3 predictor's classes): bucket i holds `capacities_tokens[i]` output tokens. A request with
@@ -96,17 +112,19 @@ class S3Allocator(ContiguousAllocator):
         if record is not None:
             bucket = record[1]
             need = max(record[0] + caps[bucket], prompt_tokens + 1)
-        elif predicted_output_tokens is None:
-            bucket = len(caps) - 1
-            need = self.max_tokens
         else:
-            bucket = min(bisect_left(caps, int(predicted_output_tokens)), len(caps) - 1)
-            need = prompt_tokens + caps[bucket]
+            bucket = bucket_of(caps, predicted_output_tokens)
+            need = block_tokens(prompt_tokens, caps[bucket], predicted_output_tokens is not None, self.max_tokens)
         a = self._reserve_in(self._main, "main", request_id, min(need, self.max_tokens), prompt_tokens, bucket)
         if a is not None and record is not None:
             del self._escalated[request_id]
             self.escalations += 1
         return a
+
+    def reservation_tokens(self, prompt_tokens: int, predicted_output_tokens, uncertainty) -> int:
+        caps = self.capacities_tokens
+        return block_tokens(prompt_tokens, caps[bucket_of(caps, predicted_output_tokens)],
+                            predicted_output_tokens is not None, self.max_tokens)
 
     def extend(self, allocation: Allocation, total_tokens: int) -> bool:
         if self._grow_in_place(allocation, total_tokens):

@@ -59,11 +59,12 @@ class StaticAllocator(ContiguousAllocator):
                 uncertainty: float | None = None) -> Allocation | None:
         if request_id in self._live or not 1 <= prompt_tokens <= self.max_tokens:
             self._admit(request_id, prompt_tokens)
-        if self._fixed:
-            capacity = self.max_tokens
-        else:
-            capacity = min(prompt_tokens + self._max_new, self.max_tokens)
-        return self._reserve_in(self._main, "main", request_id, capacity, prompt_tokens, None)
+        return self._reserve_in(self._main, "main", request_id, self.reservation_tokens(prompt_tokens, None, None),
+                                prompt_tokens, None)
+
+    def reservation_tokens(self, prompt_tokens: int, predicted_output_tokens, uncertainty) -> int:
+        """The slot (the class docstring)."""
+        return self.max_tokens if self._fixed else min(prompt_tokens + self._max_new, self.max_tokens)
 
     def extend(self, allocation: Allocation, total_tokens: int) -> bool:
         if self._grow_in_place(allocation, total_tokens):

@@ -14,7 +14,7 @@ import polars as pl
 from odmactl.capacity.binds import breaking, floor_cause, headline, memory_binding, near_floor, rates_differ, zero_load
 from odmactl.capacity.search import MAX_SCALE_STEPS, CapacityTarget, capacity_job, lowest_scale
 from odmactl.capacity.slo import Slo
-from odmactl.core.errors import ConfigError
+from odmactl.core.errors import ConfigError, did_you_mean
 from odmactl.core.limits import MAX_TP, MAX_WORKERS, check_seed, check_whole
 from odmactl.run.arrivals import label as arrival_label
 from odmactl.run.arrivals import canonical, parse_arrivals, with_arrivals
@@ -23,7 +23,7 @@ from odmactl.run.executors import EXECUTORS, run_jobs
 from odmactl.run.replay import prepare
 from odmactl.run.serving import serving, static_baselines
 from odmactl.run.spec import ServingSpec
-from odmactl.sim.cluster import DEFAULT_ROUTER, ROUTERS
+from odmactl.sim.router import DEFAULT_ROUTER, ROUTERS
 from odmactl.sim.workload import CLOCK_LIMIT_PS, PS
 from odmactl.trace.stats import BUSIEST_WINDOW_S, busiest_rate
 
@@ -61,7 +61,9 @@ class CapacitySpec(ServingSpec):
         check_whole(self.workers, 1, MAX_WORKERS, "--workers")
         check_whole(self.max_replicas, 1, 4096, "--max-replicas")
         if self.router not in ROUTERS:
-            raise ConfigError(f"--router expects one of {', '.join(ROUTERS)}, got {self.router!r}")
+            near = did_you_mean(str(self.router), ROUTERS)
+            raise ConfigError(f"--router expects one of {', '.join(ROUTERS)}, got {self.router!r}"
+                              + (f"; {near}" if near else ""))
         parse_arrivals(self.arrivals)
         check_seed(self.seed)
         if self.executor not in EXECUTORS:

@@ -15,7 +15,16 @@ between their steps does. The router's rules (`ROUTERS`):
 - `cluster-manager`: ODMA's Cluster Manager (sim/router.py): the most KV memory free of that
   demand, then the least load. The papers weigh "free capacity and bucket occupancy" per bucket;
   odmactl's ODMA carves every bucket's blocks from one main pool, so the free memory of the pool is
-  that of every bucket, and the rule reads the pool's for every policy.
+  that of every bucket, and the rule reads the pool's for every policy;
+- `round-robin-ready`: round-robin over the engines ready to start the request: nothing routed
+  to it still waiting to start, and room in its pool for the reservation the request would take
+  there (the allocator's `reservation_tokens`: static's slot, s3's and odma's blocks, the prompt
+  for policies that grow by blocks); where none is ready, `least-kv`'s choice. It reads no
+  policy's reservations as load, so until memory or a queue tells engines apart it routes as
+  round-robin does and policies that hold the same requests are routed alike (`least-kv` reads
+  odma's insurance blocks and static's slots as demand); and it passes over an engine that would
+  queue the request while another would start it, which round-robin does not (static at
+  max_model_len: a third more devices behind round-robin, docs/capacity.md).
 
 An engine's KV demand is what it holds (`Replay.reserved_bytes`) plus the prompts routed to it
 that have not started their prefill (`Cluster.pending`): an engine reached at a boundary past two arrivals
@@ -38,15 +47,13 @@ except ImportError:  # pragma: no cover - cython is a build requirement, not a r
     cython = None
 
 from odmactl.core.errors import ConfigError
-from odmactl.sim.batch import Requests
+from odmactl.sim.batch import Batch, Requests
 from odmactl.sim.collector import paused_collector
 from odmactl.sim.engine import Replay
-from odmactl.sim.router import cluster_manager
+from odmactl.sim.router import ROUTERS, cluster_manager
 from odmactl.sim.schedulers.base import Scheduler
 
-ROUTERS = ("round-robin", "least-outstanding", "least-kv", "cluster-manager")
-DEFAULT_ROUTER = "least-kv"  # capacity's: the load-aware rule that needed the fewest devices over the router table in docs/capacity.md
-ROUND_ROBIN, LEAST_OUTSTANDING, LEAST_KV, CLUSTER_MANAGER = 0, 1, 2, 3  # ROUTERS' positions
+ROUND_ROBIN, LEAST_OUTSTANDING, LEAST_KV, CLUSTER_MANAGER, ROUND_ROBIN_READY = 0, 1, 2, 3, 4  # ROUTERS' positions
 
 
 def outstanding(engine: Replay) -> cython.longlong:
@@ -91,11 +98,34 @@ def pick(rule: cython.longlong, j: cython.longlong, engines: list, pending: cyth
     return best
 
 
+def ready_in_turn(engines: list, pending: cython.longlong[::1], turn: cython.longlong, i: cython.longlong) -> cython.longlong:
+    """`round-robin-ready`'s engine for request i: the first from engine `turn` on that has no
+    request waiting to start (no prompt routed to it still pending) and room in its pool, beside
+    what it holds, for the reservation the request would take there (`reservation_tokens`, with the
+    prediction its scheduler passes a reserve: odma's boundaries are each engine's own); -1 where
+    none has."""
+    n: cython.longlong = len(engines)
+    p: cython.longlong
+    e: cython.longlong
+    engine: Replay
+    b: Batch
+    for p in range(n):
+        e = turn + p if turn + p < n else turn + p - n
+        if pending[e]:
+            continue
+        engine = engines[e]
+        b = engine.batch
+        need = engine.alloc.reservation_tokens(b.prompt[i], engine.sched.left(i), None if b.unc is None else b.unc[i])
+        if engine.alloc.pool_bytes - engine.reserved_bytes() >= need * engine.alloc.bytes_per_token:
+            return e
+    return -1
+
+
 class Cluster:
     """`replicas` engines made by `make_engine()` (a Replay of `workload`, not yet run), behind
     `router` (one of ROUTERS). Invariants while running: owner[i] is the engine request i was
     routed to, -1 for the requests not yet routed (all after the last routed one); pending[e] is
-    the sum of prompt_tokens x bytes_per_token over unstarted[e].
+    the sum of prompt_tokens x bytes_per_token over unstarted[e]; 0 <= turn < R.
 
     An engine with no request in it (`outstanding` 0) is not resumed at an arrival it was not
     sent: all it would do is skip the other engines' requests and move its clock to the next
@@ -117,6 +147,7 @@ class Cluster:
         self.arrival_ps = array("q", workload.arrival_ps.tolist())
         self.pending = array("q", [0]) * replicas  # per engine: the KV bytes of the prompts routed to it, not started
         self.unstarted = [deque() for _ in range(replicas)]  # those requests, in routing order
+        self.turn = 0  # round-robin-ready: the engine its next search starts from (the one after the last it chose)
 
     def _settle(self) -> None:
         """Take the requests whose prefill began off each engine's pending demand (from the front:
@@ -143,7 +174,7 @@ class Cluster:
 
     def _route(self) -> list:
         """`run` (its docstring)."""
-        demand: cython.bint = self.rule in (LEAST_KV, CLUSTER_MANAGER)
+        demand: cython.bint = self.rule in (LEAST_KV, CLUSTER_MANAGER, ROUND_ROBIN_READY)
         arrival: cython.longlong[::1] = self.arrival_ps
         owner: cython.longlong[::1] = self.owner
         pending: cython.longlong[::1] = self.pending
@@ -165,7 +196,14 @@ class Cluster:
         for j in range(n):
             if demand:
                 self._settle()
-            k = pick(self.rule, j, self.engines, self.pending)
+            if self.rule == ROUND_ROBIN_READY:
+                k = ready_in_turn(self.engines, self.pending, self.turn, j)
+                if k >= 0:
+                    self.turn = k + 1 if k + 1 < len(self.engines) else 0
+                else:  # no engine has room now: the one least in demand, where it queues for the least
+                    k = pick(LEAST_KV, j, self.engines, self.pending)
+            else:
+                k = pick(self.rule, j, self.engines, self.pending)
             owner[j] = k
             if demand:
                 self.unstarted[k].append(j)

@@ -1,6 +1,6 @@
 """Routing rules for replicas replayed together: which engine a request goes to.
 
-`cluster_manager` is ODMA's (seeds/001 §3.5: the Cluster Manager "assigns incoming batches to
+`ROUTERS` names the rules, `DEFAULT_ROUTER` is capacity's; `cluster_manager` is ODMA's (seeds/001 §3.5: the Cluster Manager "assigns incoming batches to
 devices by jointly considering compute load and memory pressure", tracking "device-local free
 capacity and bucket occupancy"). sim/cluster.py replays the replicas together on one clock and
 applies it as the `cluster-manager` router (`--router cluster-manager`).
@@ -9,6 +9,12 @@ applies it as the `cluster-manager` router (`--router cluster-manager`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+# the routers sim/cluster.py applies (its docstring says each rule), in the order of its rule numbers
+ROUTERS = ("round-robin", "least-outstanding", "least-kv", "cluster-manager", "round-robin-ready")
+# capacity's: the load-aware rule that needed the fewest devices over the router tables of
+# docs/capacity.md ("How much the router moves the answer")
+DEFAULT_ROUTER = "least-kv"
 
 
 def cluster_manager(free_bytes_for_tag: Sequence[int], load: Sequence[int]) -> int:
