@@ -108,3 +108,37 @@ def test_workload_exercises_failures_and_migrations() -> None:
             assert s.migrations == 0 and s.failed_extends > 0 and s.policy_counters["escalations"] > 0
         if policy == "odma":
             assert s.policy_counters["routed_large"] > 0 and s.policy_counters["boundary_updates"] > 0
+
+
+class Asking(Driver):
+    """Asks `room_for` before every new reservation and holds it to what `reserve` then does (the
+    round-robin-ready router's question, sim/cluster.py: asking must not change the answer)."""
+
+    def __init__(self, alloc) -> None:
+        super().__init__(alloc)
+        self.asked = {True: 0, False: 0}
+
+    def step(self, kind: int, x: int, y: int, u: float) -> None:
+        if kind <= 3 or not self.live:
+            prompt, predicted = x % self.alloc.max_tokens + 1, (y if kind != 3 else None)
+            room = self.alloc.room_for(prompt, predicted, u)
+            before = len(self.live)
+            super().step(kind, x, y, u)
+            assert room == (len(self.live) > before), (prompt, predicted, u, room)
+            self.asked[room] += 1
+        else:
+            super().step(kind, x, y, u)
+
+
+@pytest.mark.parametrize("policy, overrides", [
+    ("static", {}), ("static", {"static_slot": "prompt_plus_max_new", "max_new_tokens": 120}),
+    ("s3", {}), ("odma", {}), ("odma", {"large_spill": True}), ("paged", {}), ("unified", {})])
+def test_room_for_answers_what_reserve_does(policy: str, overrides: dict) -> None:
+    import random
+
+    rng = random.Random(11)
+    alloc = make_allocator(policy, POOL_BYTES, 8, {**CONFIG, **overrides})
+    driver = Asking(alloc)
+    for _ in range(4000):
+        driver.step(rng.randrange(10), rng.randrange(10_001), rng.randrange(401), rng.uniform(0, 1.5))
+    assert driver.asked[True] > 100 and driver.asked[False] > 100, driver.asked  # both answers were tested

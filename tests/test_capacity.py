@@ -122,6 +122,7 @@ def test_the_console_table_and_the_plot(cli, small, tmp_path):
     (["--slo", "ttft_p99=1us"], ("no policy meets the SLO", "ttft_p99 =", "even at")),
     (["--slo", SLO, "--router", "random"], ("--router expects one of round-robin, least-outstanding",)),
     (["--slo", SLO, "--router", "round-robin-redy"], ("round-robin-ready", "did you mean 'round-robin-ready'")),
+    (["--slo", SLO, "--router", "least-kv,round-robin"], ("it takes one router: run capacity once per router",)),
     (["--slo", SLO, "--engine", "vllm-v3"], ("--engine must be one of vllm-v0, vllm-v1",)),
     (["--slo", SLO, "--arrivals", "bursty"], ("--arrivals expects one of trace, poisson, gamma:CV",)),
     (["--slo", SLO, "--arrivals", "gamma:0"], ("--arrivals gamma:CV", "coefficient of variation")),
@@ -397,7 +398,7 @@ def test_the_headline_says_why_engines_times_rate_is_not_the_target(replicas, ra
      "300 of 300 requests are rejected at any rate (300 with a prompt at or past max_model_len); a rate is reported "
      "only when at most 10% are"),
     ("297 of 300 rejected", ["--max-model-len", "PICK"], "requests are rejected at any rate"),
-    ("a two-request trace", ["--limit", "2"], "only 2 of 2 requests complete; a rate is reported only from at least 50"),
+    ("a two-request trace", ["--limit", "2"], "all 2 requests complete; a rate is reported only from at least 50"),
 ])
 def test_no_rate_from_too_few_served_requests(cli, conv_sample_head, case, args, said):
     """Issue 40: an all-rejected trace reported 3,731,138 req/s per engine, a two-request one 243,031;
@@ -518,3 +519,29 @@ def test_memory_binds_where_static_at_max_model_len_serves_less_than_the_best():
     assert memory_binding(table, 0.02) == {1: True, 2: True, 4: False}
     assert rates_differ(table, 0.02) == {1: True, 2: True, 4: True}
     assert memory_binding(rows(1, static=None, paged=0.3), 0.02) == {1: True}  # static has no rate at all
+
+
+@pytest.mark.parametrize("guess_scale, holding, want, tried", [
+    # the guess holds and one fewer fails: the guess, in two replays
+    (1 / 12, lambda r: r >= 12, 12, [12, 11]),
+    # one engine never meets it: up by doubling from one, then bisection between 8 and 16, which
+    # must not stop at 15 failing (a tiny trace's overload test; docs/capacity.md) when 9 holds
+    (None, lambda r: r >= 9 and r != 15, 9, [1, 2, 4, 8, 16, 12, 10, 9]),
+    # monotone, the guess low: doubling, then bisection
+    (1 / 5, lambda r: r >= 11, 11, [5, 6, 8, 12, 10, 11]),
+])
+def test_the_replica_search_bisects_between_a_failing_and_a_holding_count(monkeypatch, guess_scale, holding, want, tried):
+    from odmactl.capacity import search
+
+    calls = []
+
+    def fake_served(ctx, policy, table, scale, replicas, router):
+        calls.append(replicas)
+        return {"holds": holding(replicas)}
+
+    monkeypatch.setattr(search, "served", fake_served)
+    monkeypatch.setattr(search, "failures", lambda metrics, policy, target: [] if metrics["holds"] else [("x", 1, 0)])
+    ctx = type("Ctx", (), {"workload": type("W", (), {"arrival_ps": np.zeros(1000)})()})()
+    target = search.CapacityTarget(Slo.parse("ttft_p99=2s"), 1.0)
+    found = search.replicas_for(ctx, "paged", {}, target, 1.0, guess_scale or 1.0)
+    assert found["replicas"] == want and calls == tried

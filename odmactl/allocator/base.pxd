@@ -38,5 +38,6 @@ cdef class AllocatorBase:
     cpdef block_limit(self, tokens, sequences)
     cpdef tag_of(self, prompt_tokens, predicted_output_tokens, uncertainty)
     cpdef reservation_tokens(self, prompt_tokens, predicted_output_tokens, uncertainty)
+    cpdef room_for(self, prompt_tokens, predicted_output_tokens, uncertainty)
     cpdef overflow_waits(self, allocation, total_tokens)
     cpdef room_version(self, tag)

@@ -280,6 +280,8 @@ class Allocator(Protocol):
     def reservation_tokens(self, prompt_tokens: int, predicted_output_tokens: float | None,
                            uncertainty: float | None) -> int: ...
 
+    def room_for(self, prompt_tokens: int, predicted_output_tokens: float | None, uncertainty: float | None) -> bool: ...
+
     def overflow_waits(self, allocation: Allocation, total_tokens: int) -> bool: ...
 
     def room_version(self, tag: object) -> object: ...
@@ -483,11 +485,17 @@ class AllocatorBase:
 
     def reservation_tokens(self, prompt_tokens: int, predicted_output_tokens: float | None,
                            uncertainty: float | None) -> int:
-        """The KV tokens `reserve` takes for a new request of `prompt_tokens` now (a router's check
-        for room, sim/cluster.py): by default its prompt, which a policy that grows by blocks takes
-        in whole blocks (less than one block more, left out). A policy that reserves ahead
-        (static, s3, odma) overrides it, and its `reserve` takes what this says."""
+        """The KV tokens `reserve` takes for a new request of `prompt_tokens` now: by default its
+        prompt. Every policy overrides it (its prompt in whole blocks or pages; static's slot; s3's
+        and odma's blocks), and its `reserve` takes what this says."""
         return prompt_tokens
+
+    def room_for(self, prompt_tokens: int, predicted_output_tokens: float | None, uncertainty: float | None) -> bool:
+        """Whether a new request's reservation would find room now (`reserve` would succeed; a
+        router's question, sim/cluster.py), taking nothing: by default its `reservation_tokens`
+        against the bytes not reserved. A policy with regions or contiguous blocks overrides it."""
+        return self.reservation_tokens(prompt_tokens, predicted_output_tokens, uncertainty) * self.bytes_per_token \
+            <= self.pool_bytes - self.reserved_bytes
 
     def overflow_waits(self, allocation: Allocation, total_tokens: int) -> bool:
         """A refused extend preempts."""

@@ -28,6 +28,12 @@ class ContiguousAllocator(AllocatorBase):
         self._realized: array | None = None  # see _consume_realized
         self._realized_batch = 0
 
+    def room_for(self, prompt_tokens: int, predicted_output_tokens, uncertainty) -> bool:
+        """One contiguous free piece of the main region holds the request's block (static's and
+        s3's `reserve` place it there; odma overrides this with its regions)."""
+        return self._main.can_take(self.reservation_tokens(prompt_tokens, predicted_output_tokens, uncertainty)
+                                   * self.bytes_per_token)
+
     def _place(self, region: str, request_id: str, capacity_tokens: int, used_tokens: int,
                bucket: int | str | None) -> Allocation | None:
         nbytes = capacity_tokens * self.bytes_per_token

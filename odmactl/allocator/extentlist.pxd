@@ -9,6 +9,7 @@ cdef class ExtentList(Int64Buffer):
     cdef ExtentList _pieces
     cpdef long long take(self, long long nbytes) except? -2
     cpdef long long take_first(self, long long nbytes) except? -2
+    cpdef bint holds(self, long long nbytes) except *
     cdef long long _take_fit(self, long long nbytes, bint first) except? -2
     cdef long long _fit(self, long long nbytes, bint first) except? -1
     cpdef long long take_largest_first(self, long long nbytes) except? -2

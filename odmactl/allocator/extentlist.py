@@ -64,6 +64,10 @@ class ExtentList(Int64Buffer):
         self._take_front(j >> 1, nbytes)
         return start
 
+    def holds(self, nbytes: cython.longlong) -> cython.bint:
+        """Whether an extent of at least `nbytes` is free (`take` would succeed; nothing is taken)."""
+        return self._fit(nbytes, True) != 0
+
     @cython.boundscheck(False)  # its indexes stay within [0, size)
     @cython.wraparound(False)
     def _fit(self, nbytes: cython.longlong, first: cython.bint) -> cython.longlong:

@@ -9,4 +9,5 @@ cdef class FreeExtents:
     # the operations, C calls from compiled callers; the helper, a C call only
     cpdef take(self, nbytes)
     cpdef give(self, start, nbytes)
+    cpdef bint can_take(self, nbytes) except *
     cdef _reset(self)

@@ -98,6 +98,22 @@ class FreeExtents:
 
     # -- queries -------------------------------------------------------------------------------
 
+    def can_take(self, nbytes: int) -> bool:
+        """Whether `take(nbytes)` would succeed now, taking nothing and consolidating nothing (a
+        router's question, sim/cluster.py): the same three places, in `take`'s order, the last
+        read from the merged view `extents()` instead of merging the lists."""
+        if nbytes > self.free_bytes:
+            return False
+        if self._bins.get(nbytes):
+            return True
+        if self._extents.holds(nbytes):
+            return True
+        if self.binned_bytes:
+            for _, n in self.extents():
+                if n >= nbytes:
+                    return True
+        return False
+
     def extents(self) -> list[tuple[int, int]]:
         """Free (start, nbytes) in address order, touching pieces merged (a read-only view)."""
         pieces = sorted([*self._extents.tolist(), *((s, n) for n, starts in self._bins.items() for s in starts)])

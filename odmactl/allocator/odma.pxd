@@ -21,6 +21,7 @@ cdef class OdmaAllocator(ContiguousAllocator):
     @cython.locals(capacity=cython.longlong)
     cdef long long _block_tokens(self, long long bucket, long long slot_tokens) except? -1
     cpdef reservation_tokens(self, prompt_tokens, predicted_output_tokens, uncertainty)
+    cpdef room_for(self, prompt_tokens, predicted_output_tokens, uncertainty)
     cpdef tag_of(self, prompt_tokens, predicted_output_tokens, uncertainty)
     cpdef overflow_waits(self, allocation, total_tokens)
     cpdef room_version(self, tag)

@@ -327,8 +327,23 @@ class OdmaAllocator(ContiguousAllocator):
         large pool is too small to ever hold it."""
         return "main" if slot_tokens * self.bytes_per_token > self._large.size_bytes else LARGE
 
+    def room_for(self, prompt_tokens: int, predicted_output_tokens, uncertainty) -> bool:
+        """Whether `reserve` would place the request's block now: the regions it tries, in its
+        order (tests/test_allocator_api.py holds the two to agreeing), taking nothing."""
+        slot = large_slot_tokens(prompt_tokens, self.max_new_tokens, self.max_tokens)
+        bucket = self._route(prompt_tokens, predicted_output_tokens, uncertainty)
+        if bucket >= 0:
+            return self._main.can_take(self._block_tokens(bucket, slot) * self.bytes_per_token)
+        region = self._large_home(slot)
+        nbytes = slot * self.bytes_per_token
+        return self.regions[region].can_take(nbytes) or (region == LARGE and self.large_spill
+                                                         and self._main.can_take(nbytes))
+
     def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
                 uncertainty: float | None = None) -> Allocation | None:
+        """The block `_route` picks, in the region it belongs to (a large block in the main pool
+        where the large pool could never hold it, or, with `large_spill`, where the large pool is
+        full); `room_for` asks the same without placing."""
         if request_id in self._live or not 1 <= prompt_tokens <= self.max_tokens:
             self._admit(request_id, prompt_tokens)
         slot = large_slot_tokens(prompt_tokens, self.max_new_tokens, self.max_tokens)

@@ -12,6 +12,11 @@ from odmactl.core.errors import ConfigError
 from odmactl.core.limits import MAX_TOKENS
 
 
+def prompt_blocks(prompt_tokens: int, block_size_tokens: int) -> int:
+    """The blocks a new request's reservation takes: its prompt's."""
+    return -(-prompt_tokens // block_size_tokens)
+
+
 @dataclass(frozen=True)
 class PagedSettings(PolicySettings):
     """The block in tokens (vLLM's --block-size); eLLM's chunks and unified's pages read it too."""
@@ -75,7 +80,7 @@ class PagedAllocator(AllocatorBase):
     def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
                 uncertainty: float | None = None) -> Allocation | None:
         self._admit(request_id, prompt_tokens)
-        n = -(-prompt_tokens // self.block_size_tokens)
+        n = prompt_blocks(prompt_tokens, self.block_size_tokens)
         if n > len(self._free) - self._head + self.cached_free_blocks:
             self.failed_reserves += 1
             return None
@@ -83,6 +88,13 @@ class PagedAllocator(AllocatorBase):
         a = Allocation(request_id, blocks[0] * self.block_bytes, n * self.block_bytes, n * self.block_size_tokens,
                        prompt_tokens, None, "main", blocks)
         return self._admitted(a)
+
+    def reservation_tokens(self, prompt_tokens: int, predicted_output_tokens, uncertainty) -> int:
+        return prompt_blocks(prompt_tokens, self.block_size_tokens) * self.block_size_tokens
+
+    def room_for(self, prompt_tokens: int, predicted_output_tokens, uncertainty) -> bool:
+        """As many free blocks (cached ones counted: they are evicted for it) as `reserve` takes."""
+        return prompt_blocks(prompt_tokens, self.block_size_tokens) <= self.free_blocks
 
     def extend(self, allocation: Allocation, total_tokens: int) -> bool:
         self._growth(allocation, total_tokens)

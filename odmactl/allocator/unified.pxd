@@ -7,6 +7,9 @@ from odmactl.allocator.base cimport Allocation, AllocatorBase
 from odmactl.allocator.extentlist cimport ExtentList
 from odmactl.allocator.pageruns cimport PageRuns
 
+cpdef long long prompt_pages(long long prompt_tokens, long long page_tokens) except? -1
+
+
 cdef class UnifiedAllocator(AllocatorBase):
     cdef public long long page_tokens, page_bytes, num_pages, tail_bytes, max_pages, adapter_pages, hot_limit
     cdef public long long free_pages, runs_released, scattered, evictions, evicted_pages, adapter_loads, adapter_hits
@@ -17,6 +20,8 @@ cdef class UnifiedAllocator(AllocatorBase):
     cdef public PageRuns _runs
     cdef public ExtentList _free
     cpdef reserve(self, request_id, prompt_tokens, predicted_output_tokens=*, uncertainty=*)
+    cpdef reservation_tokens(self, prompt_tokens, predicted_output_tokens, uncertainty)
+    cpdef room_for(self, prompt_tokens, predicted_output_tokens, uncertainty)
     cpdef extend(self, allocation, total_tokens)
     cpdef release(self, allocation, final_tokens=*)
     cpdef void _evict_lru(self) except *

@@ -33,6 +33,11 @@ MAX_ADAPTER_RANK = 4_096  # LoRA ranks are 8-64 in S-LoRA's and ADR-006's exampl
 MAX_ADAPTER_BYTES = 1 << 50
 
 
+def prompt_pages(prompt_tokens: int, page_tokens: int) -> int:
+    """The pages a new request's reservation takes: its prompt and its first token's."""
+    return -(-(prompt_tokens + 1) // page_tokens)
+
+
 @dataclass(frozen=True)
 class UnifiedSettings(PolicySettings):
     """Page ranges by best or first fit, growth by a share of the pages held, eviction between the
@@ -231,7 +236,7 @@ class UnifiedAllocator(AllocatorBase):
     def reserve(self, request_id: str, prompt_tokens: int, predicted_output_tokens: int | None = None,
                 uncertainty: float | None = None) -> Allocation | None:
         self._admit(request_id, prompt_tokens)
-        pages = -(-(prompt_tokens + 1) // self.page_tokens)  # the prompt and its first token
+        pages = prompt_pages(prompt_tokens, self.page_tokens)
         h = self._runs.new()
         if not self._take(pages, False, h):
             self._runs.discard(h)
@@ -244,6 +249,13 @@ class UnifiedAllocator(AllocatorBase):
         self._admitted(a)
         self._after_allocation()
         return a
+
+    def reservation_tokens(self, prompt_tokens: int, predicted_output_tokens, uncertainty) -> int:
+        return prompt_pages(prompt_tokens, self.page_tokens) * self.page_tokens
+
+    def room_for(self, prompt_tokens: int, predicted_output_tokens, uncertainty) -> bool:
+        """As many pages free, or freed by evicting the unpinned adapters, as `reserve` takes."""
+        return prompt_pages(prompt_tokens, self.page_tokens) <= self.free_pages + len(self._lru) * self.adapter_pages
 
     @cython.locals(held=cython.longlong, need=cython.longlong, extra=cython.longlong, a=Allocation,
                    total=cython.longlong, step=cython.longlong)

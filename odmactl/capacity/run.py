@@ -61,7 +61,8 @@ class CapacitySpec(ServingSpec):
         check_whole(self.workers, 1, MAX_WORKERS, "--workers")
         check_whole(self.max_replicas, 1, 4096, "--max-replicas")
         if self.router not in ROUTERS:
-            near = did_you_mean(str(self.router), ROUTERS)
+            near = "it takes one router: run capacity once per router" if "," in str(self.router) else \
+                did_you_mean(str(self.router), ROUTERS)
             raise ConfigError(f"--router expects one of {', '.join(ROUTERS)}, got {self.router!r}"
                               + (f"; {near}" if near else ""))
         parse_arrivals(self.arrivals)

@@ -155,7 +155,8 @@ def too_few_served(metrics: dict) -> str | None:
         return (f"{rejected:,} of {n:,} requests are rejected at any rate ({why}); a rate is reported only when at "
                 f"most {MAX_REJECTED_SHARE:.0%} are: a larger --max-model-len or KV pool serves them")
     if done < MIN_COMPLETED:
-        return (f"only {done:,} of {n:,} requests complete; a rate is reported only from at least {MIN_COMPLETED} "
+        served = f"all {n:,} requests complete" if done == n else f"only {done:,} of {n:,} requests complete"
+        return (f"{served}; a rate is reported only from at least {MIN_COMPLETED} "
                 "completed requests (a p99 over fewer describes a handful): replay a longer trace")
     return None
 
@@ -231,8 +232,11 @@ def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: Capacity
 def replicas_for(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, target_scale: float,
                  per_replica_scale: float) -> dict:
     """The fewest replicas (behind the target's router) that serve the trace at `target_scale` within the SLO,
-    found by replaying from the division's guess, then bisecting: up by doubling steps from the
-    guess while the SLO fails, then between the last count that failed and the first that held;
+    found by replaying from the division's guess, then bisecting: where the guess holds, one
+    fewer is tried first (the guess is usually the answer); where it fails, up by doubling steps
+    while the SLO fails; then by bisection between the last count that failed and the first that
+    held (never a shortcut there: where one engine more can break the SLO, a tiny trace's
+    overload test at 15 engines, say, a first count found below would be missed);
     {"replicas": None} past `max_replicas`. Where one engine more never breaks the SLO this is the
     count a search one engine at a time finds, in a logarithmic number of replays. Never more
     engines than requests (one more would be sent nothing)."""
@@ -246,6 +250,10 @@ def replicas_for(ctx: ReplayContext, policy: str, table: dict, target: CapacityT
 
     if holds(guess):
         low, high = 0, guess  # low fails (no engine serves nothing), high holds
+        if high > 1:  # the guess is usually the answer: one replay says so
+            if not holds(high - 1):
+                return {"replicas": high, "metrics": runs[high]}
+            high -= 1
     else:
         low, step = guess, 1
         while True:
@@ -256,14 +264,12 @@ def replicas_for(ctx: ReplayContext, policy: str, table: dict, target: CapacityT
                 high = candidate
                 break
             low, step = candidate, 2 * step
-    if low < high - 1 and holds(high - 1):  # the guess, or the first count found, is usually close
-        high -= 1
-        while high - low > 1:
-            middle = (low + high) // 2
-            if holds(middle):
-                high = middle
-            else:
-                low = middle
+    while high - low > 1:  # low fails, high holds
+        middle = (low + high) // 2
+        if holds(middle):
+            high = middle
+        else:
+            low = middle
     return {"replicas": high, "metrics": runs[high]}
 
 

@@ -22,7 +22,7 @@ from odmactl.cli.inputs import (
     parse_kv_pool,
     parse_policies,
 )
-from odmactl.sim.router import DEFAULT_ROUTER, ROUTERS
+from odmactl.sim.router import DEFAULT_ROUTER, ROUTER_SUMMARIES
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -53,8 +53,9 @@ def capacity(
                                                "bursts kept), poisson (its requests at exponential gaps of the same "
                                                "mean rate, seeded) or gamma:CV (gamma gaps, coefficient of variation CV)")] = "trace",
     seed: Annotated[int, typer.Option(help="seed of the generated arrivals (--arrivals poisson or gamma:CV)")] = 0,
-    router: Annotated[str, typer.Option(help="how the engines for the target share its requests: one of "
-                                             f"{', '.join(ROUTERS)} (cluster-manager is ODMA's; docs/capacity.md)")] = DEFAULT_ROUTER,
+    router: Annotated[str, typer.Option(help="how the engines for the target share its requests, one router a run: "
+                                             + "; ".join(f"{name} ({what})" for name, what in ROUTER_SUMMARIES.items())
+                                             + " (docs/capacity.md compares them)")] = DEFAULT_ROUTER,
     executor: Annotated[str, typer.Option(help="process (local workers) or ray (a Ray cluster; the ray extra)")] = "process",
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's longest)")] = None,
     max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default: the engine's on the device: 256; 1,024 under vllm-v1 on a device of 70 GiB or more but an A100)")] = None,

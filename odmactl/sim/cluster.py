@@ -17,9 +17,10 @@ between their steps does. The router's rules (`ROUTERS`):
   odmactl's ODMA carves every bucket's blocks from one main pool, so the free memory of the pool is
   that of every bucket, and the rule reads the pool's for every policy;
 - `round-robin-ready`: round-robin over the engines ready to start the request: nothing routed
-  to it still waiting to start, and room in its pool for the reservation the request would take
-  there (the allocator's `reservation_tokens`: static's slot, s3's and odma's blocks, the prompt
-  for policies that grow by blocks); where none is ready, `least-kv`'s choice. It reads no
+  to it still waiting to start, and room for the reservation the request would take there (the
+  allocator's `room_for`: static's slot or s3's block in one free piece, odma's block in the
+  region it goes to, the prompt's blocks or pages for paged, ellm and unified); where none is ready,
+  `least-kv`'s choice. It reads no
   policy's reservations as load, so until memory or a queue tells engines apart it routes as
   round-robin does and policies that hold the same requests are routed alike (`least-kv` reads
   odma's insurance blocks and static's slots as demand); and it passes over an engine that would
@@ -100,10 +101,10 @@ def pick(rule: cython.longlong, j: cython.longlong, engines: list, pending: cyth
 
 def ready_in_turn(engines: list, pending: cython.longlong[::1], turn: cython.longlong, i: cython.longlong) -> cython.longlong:
     """`round-robin-ready`'s engine for request i: the first from engine `turn` on that has no
-    request waiting to start (no prompt routed to it still pending) and room in its pool, beside
-    what it holds, for the reservation the request would take there (`reservation_tokens`, with the
-    prediction its scheduler passes a reserve: odma's boundaries are each engine's own); -1 where
-    none has."""
+    request waiting to start (no prompt routed to it still pending) and room for the reservation
+    the request would take there (the allocator's `room_for`, with the prediction its scheduler
+    passes a reserve: the region and the contiguous piece its block needs, odma's boundaries each
+    engine's own); -1 where none has."""
     n: cython.longlong = len(engines)
     p: cython.longlong
     e: cython.longlong
@@ -115,8 +116,7 @@ def ready_in_turn(engines: list, pending: cython.longlong[::1], turn: cython.lon
             continue
         engine = engines[e]
         b = engine.batch
-        need = engine.alloc.reservation_tokens(b.prompt[i], engine.sched.left(i), None if b.unc is None else b.unc[i])
-        if engine.alloc.pool_bytes - engine.reserved_bytes() >= need * engine.alloc.bytes_per_token:
+        if engine.alloc.room_for(b.prompt[i], engine.sched.left(i), None if b.unc is None else b.unc[i]):
             return e
     return -1
 
@@ -200,7 +200,7 @@ class Cluster:
                 k = ready_in_turn(self.engines, self.pending, self.turn, j)
                 if k >= 0:
                     self.turn = k + 1 if k + 1 < len(self.engines) else 0
-                else:  # no engine has room now: the one least in demand, where it queues for the least
+                else:  # no engine is ready: the one least in demand, where it queues for the least
                     k = pick(LEAST_KV, j, self.engines, self.pending)
             else:
                 k = pick(self.rule, j, self.engines, self.pending)

@@ -10,8 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# the routers sim/cluster.py applies (its docstring says each rule), in the order of its rule numbers
-ROUTERS = ("round-robin", "least-outstanding", "least-kv", "cluster-manager", "round-robin-ready")
+# the routers sim/cluster.py applies (its docstring says each rule), in the order of its rule
+# numbers, each with the line `capacity --help` gives it
+ROUTER_SUMMARIES = {
+    "round-robin": "request i to engine i mod R",
+    "least-outstanding": "the fewest requests",
+    "least-kv": "the least KV in demand",
+    "cluster-manager": "ODMA's: the most KV free, then the least load",
+    "round-robin-ready": "round-robin over the engines that can start the request now",
+}
+ROUTERS = tuple(ROUTER_SUMMARIES)
 # capacity's: the load-aware rule that needed the fewest devices over the router tables of
 # docs/capacity.md ("How much the router moves the answer")
 DEFAULT_ROUTER = "least-kv"
