@@ -122,15 +122,16 @@ class PrefixCache:
         """The pool blocks of live request i's hit units, in token order: they lead its KV, and its
         own allocation holds the rest (the on-device probe reads them all)."""
         out = array("q")
-        k = self.unit_blocks
         for key in self.keys[i][:self.held[i][0]]:
             u = self.units[key]
-            if u.owner is None:
-                out.extend(u.blocks)
-            else:
-                start = u.position * k
-                out.extend(self.batch.allocs[u.owner].block_ids[start:start + k])
+            out.extend(u.blocks if u.owner is None else self._unit_of(self.batch.allocs[u.owner].block_ids, u.position))
         return out
+
+    def _unit_of(self, blocks: array, position: int) -> array:
+        """The pool blocks of the unit at `position` of an owner's own blocks (unit p holds blocks
+        p * unit_blocks onwards, the module docstring)."""
+        k = self.unit_blocks
+        return blocks[position * k:position * k + k]
 
     def evictable_hit_blocks(self, i: int) -> int:
         """Of request i's last lookup, the blocks of free units it would take (they stop being free)."""
@@ -179,8 +180,7 @@ class PrefixCache:
             units = self.units
             for key in reversed(owned):
                 u = units[key]
-                start = u.position * k
-                u.blocks = blocks[start:start + k]
+                u.blocks = self._unit_of(blocks, u.position)
                 u.owner = None
                 if u.refs:
                     self.shared_blocks += k
@@ -193,7 +193,7 @@ class PrefixCache:
                 keep = array("q")
                 for position in range(-(-len(blocks) // k)):
                     if position not in taken:
-                        keep.extend(blocks[position * k:position * k + k])
+                        keep.extend(self._unit_of(blocks, position))
             moved = len(blocks) - len(keep)
             allocation.block_ids = keep
             allocation.nbytes -= moved * pool.block_bytes

@@ -1,9 +1,10 @@
 """Routing rules for replicas replayed together: which engine a request goes to.
 
-`ROUTERS` names the rules, `DEFAULT_ROUTER` is capacity's; `cluster_manager` is ODMA's (seeds/001 §3.5: the Cluster Manager "assigns incoming batches to
-devices by jointly considering compute load and memory pressure", tracking "device-local free
-capacity and bucket occupancy"). sim/cluster.py replays the replicas together on one clock and
-applies it as the `cluster-manager` router (`--router cluster-manager`).
+`ROUTERS` names the rules and `DEFAULT_ROUTER` is capacity's. `cluster_manager` is ODMA's
+(seeds/001 §3.5: the Cluster Manager "assigns incoming batches to devices by jointly considering
+compute load and memory pressure", tracking "device-local free capacity and bucket occupancy").
+sim/cluster.py replays the replicas together on one clock and applies the rules
+(`--router cluster-manager` for ODMA's).
 """
 
 from __future__ import annotations
