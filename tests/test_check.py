@@ -53,8 +53,11 @@ def test_violation_exits_1_with_a_failure_per_violated_threshold(cli, trace, tmp
     doc = json.loads(r.out)
     assert doc["passed"] is False
     # the failed gate is said on stderr too, naming the threshold, the value and what was expected
-    assert r.err.startswith("error: check failed: 1 of ") and "min_utilization: kv_utilization 6" in r.err
-    assert "expected >= 99.0%" in r.err and r.err.count("\n") == 1
+    # (after the line saying what was written: the verdict is the last line)
+    written, failed_line = r.err.splitlines()
+    assert written == f"wrote {junit}"
+    assert failed_line.startswith("error: check failed: 1 of ") and "min_utilization: kv_utilization 6" in failed_line
+    assert "expected >= 99.0%" in failed_line
     by_name = {v["name"]: v for v in doc["verdicts"]}
     assert by_name["min_utilization"]["passed"] is False and by_name["min_utilization"]["value"] < 0.99
     assert by_name["max_rejection_rate"]["passed"] is True
@@ -113,3 +116,44 @@ def test_errors_exit_1_without_output(cli, trace, tmp_path):
     r = _run(cli, trace, tmp_path / "missing.toml", "--min-utilization", "0.5")
     assert r.code == 1 and "no such file" in r.err
     assert not junit.exists()
+
+
+def test_latency_thresholds_from_slo_and_config(cli, trace, tmp_path):
+    """`--slo` (capacity's syntax) sets [thresholds]' max_<metric>_s keys; each limit is a verdict
+    with its unit, a flag overrides the config's key, and a config's bad limit names file and key."""
+    config = _config(tmp_path / "c.toml", "[thresholds]\nmax_ttft_p99_s = 1e-9\n")
+    r = _run(cli, trace, config, "--json")
+    assert r.code == 1
+    doc = json.loads(r.out)
+    (v,) = doc["verdicts"]
+    assert (v["name"], v["metric"], v["passed"]) == ("max_ttft_p99_s", "ttft_p99", False)
+    assert v["value"] == doc["metrics"]["odma"]["ttft_p99"] > 1e-9
+    assert "max_ttft_p99_s: ttft_p99 " in r.err and "expected <= 0.000 s" in r.err
+    # the flag replaces the config's limit and adds TPOT's, written in ms
+    junit = tmp_path / "j.xml"
+    r = _run(cli, trace, config, "--slo", "ttft_p99=3600s,tpot_p99=1ms", "--junit", junit)
+    assert r.code == 1
+    failed = [c for c in ET.parse(junit).getroot().iter("testcase") if c.find("failure") is not None]
+    assert [c.get("name") for c in failed] == ["max_tpot_p99_s"]
+    assert "violates <= 1.0 ms" in failed[0].find("failure").get("message")
+    assert "<= 3,600.000 s" in r.out and "pass" in r.out
+    r = _run(cli, trace, config, "--slo", "ttft_p99=3600s,tpot_p99=10s")
+    assert r.code == 0, r.err
+    # mistakes: the flag's, as capacity gives them; the config's, naming the file and the key
+    for slo, words in [("ttft_p98=2s", "did you mean 'ttft_p99'"), ("ttft_p99=2", "ttft_p99=2s"),
+                       ("ttft_p99=0s", "time > 0"), ("ttft_p99", "METRIC=TIME")]:
+        r = _run(cli, trace, config, "--slo", slo)
+        assert r.code == 1 and words in r.err and "Traceback" not in r.err, (slo, r.err)
+    for table, words in [("max_ttft_p99_s = 0", "> 0"), ("max_tpot_p99_s = '100ms'", "expected a number"),
+                         ("max_ttft_p99_s = inf", "finite")]:
+        bad = _config(tmp_path / "bad.toml", f"[thresholds]\n{table}\n")
+        r = _run(cli, trace, bad)
+        assert r.code == 1 and str(bad) in r.err and "thresholds.max_t" in r.err and words in r.err, (table, r.err)
+
+
+def test_a_latency_no_request_had_meets_its_bound():
+    """TPOT where every reply is one token is None: it breaks no limit (capacity's SLO reads it so)."""
+    doc = {"results": {"odma": {"metrics": {"ttft_p99": 0.5, "tpot_p99": None, "tpot_p50": 0.09}}}}
+    verdicts = evaluate(doc, "odma", Thresholds(max_ttft_p99_s=0.4, max_tpot_p99_s=0.1, max_tpot_p50_s=0.08))
+    assert [(v.name, v.passed, v.value_text) for v in verdicts] == [
+        ("max_ttft_p99_s", False, "0.500 s"), ("max_tpot_p50_s", False, "90.0 ms"), ("max_tpot_p99_s", True, "n/a")]

@@ -283,3 +283,23 @@ def test_a_path_too_long_for_the_system_is_a_message_before_the_work(tmp_path, c
             "--policy", "paged", "--out", deep / "r.json")
     assert r.code == 1 and "bytes this system takes for a path" in r.err and "internal error" not in r.err, r.err
     assert os.listdir(".") == []
+
+
+def test_dash_is_refused_and_what_was_written_is_said_on_stderr(tmp_path, cli, conv_sample_head, monkeypatch):
+    """`-o -` would be a file named "-": refused before the work, naming it. What a command writes is
+    said on stderr, so that --json keeps stdout pure JSON; the console report has no trailing spaces."""
+    monkeypatch.chdir(tmp_path)
+    trace = conv_sample_head(60)
+    replay = ("replay", trace, "--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B", "--predictor",
+              "oracle", "--policy", "static")
+    r = cli(*replay, "-o", "-")
+    assert r.code == 1 and r.err.startswith("error: -: is not standard output here") and r.out == ""
+    assert not (tmp_path / "-").exists()
+    r = cli("ingest", trace, "--out", "-")
+    assert r.code == 1 and "is not standard output" in r.err and not (tmp_path / "-").exists()
+    r = cli(*replay, "-o", "r.json", "--metrics-out", "m.prom", "--json")
+    assert r.code == 0 and json.loads(r.out)["results"]["static"]
+    assert r.err == "wrote r.json, m.prom\n" and (tmp_path / "r.json").exists()
+    r = cli(*replay)
+    assert r.code == 0 and r.err == "" and "static" in r.out
+    assert not [line for line in r.out.splitlines() if line.endswith(" ")]

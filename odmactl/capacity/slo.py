@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from odmactl.core.errors import ConfigError, did_you_mean
 from odmactl.core.units import QuantityError, format_seconds, parse_quantity
+from odmactl.sim.metrics import LATENCY_METRICS
 
-METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")  # the replay's latency metrics, in seconds
+METRICS = LATENCY_METRICS  # the replay's latency metrics, in seconds
 
 
 @dataclass(frozen=True)

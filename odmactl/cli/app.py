@@ -3,6 +3,9 @@ and how a message is printed."""
 
 from __future__ import annotations
 
+import errno
+import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated
@@ -24,7 +27,36 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode=None,  # help texts name TOML tables ([allocator]): shown as written, never as markup
 )
-out = Console()
+
+
+class _TrimmedStdout:
+    """Standard output (whatever `sys.stdout` is at the time of each write) without the spaces
+    before a line's end: rich pads table rows and wrapped lines to the console's width, which a
+    reader of piped output (diff, grep, a CI log) sees as trailing spaces."""
+
+    _TRAILING = re.compile(r" +(?=\n)")
+
+    def write(self, text: str) -> int:
+        sys.stdout.write(self._TRAILING.sub("", text))
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+    def isatty(self) -> bool:  # stdout is None when closed at the start (`odmactl ... >&-`): main.py says so
+        return sys.stdout is not None and sys.stdout.isatty()
+
+    def fileno(self) -> int:
+        if sys.stdout is None:
+            raise OSError(errno.EBADF, "standard output is closed")
+        return sys.stdout.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(sys.stdout, "encoding", None) or "utf-8"
+
+
+out = Console(file=_TrimmedStdout())
 err = Console(stderr=True)
 
 
@@ -103,3 +135,10 @@ def printable(text: str) -> str:
 def print_error(message: str, label: str = "error") -> None:
     """One message on stderr, on one line, printed as written (never read as markup)."""
     err.print(Text.assemble((f"{label}: ", "bold red"), printable(message)), highlight=False, soft_wrap=True)
+
+
+def print_written(paths: list) -> None:
+    """What a command wrote besides its report, on stderr (stdout stays the report, or pure JSON
+    with --json): "wrote R.json, P.png"; nothing when it wrote nothing."""
+    if paths:
+        err.print(Text(printable(f"wrote {', '.join(str(p) for p in paths)}")), highlight=False, soft_wrap=True)

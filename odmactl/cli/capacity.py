@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.allocator import ALLOCATORS
-from odmactl.cli.app import app, out, progress_for
+from odmactl.cli.app import app, out, print_written, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     KvDtypeOption,
@@ -127,3 +127,4 @@ def capacity(
         print(to_json(doc))
     else:
         render_capacity(out, doc)
+    print_written([path for path, _ in outputs])

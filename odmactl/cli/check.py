@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from odmactl.cli.app import app, out, print_error, progress_for
+from odmactl.cli.app import app, out, print_written, print_error, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     KvDtypeOption,
@@ -37,6 +37,9 @@ def check(
     max_rejection_rate: Annotated[Optional[float], typer.Option(help="fail when rejections / requests is above this")] = None,
     min_tps_gain: Annotated[Optional[float], typer.Option(help="fail when tps / baseline tps - 1 is below this (0.2 = +20%)")] = None,
     baseline: Annotated[Optional[str], typer.Option(help="policy min_tps_gain compares with (default static)")] = None,
+    slo: Annotated[Optional[str], typer.Option(help="fail when a latency passes its limit, written as capacity's --slo: "
+                                                    "e.g. ttft_p99=2s,tpot_p99=100ms (ttft_p50, ttft_p99, tpot_p50, "
+                                                    "tpot_p99; [thresholds] max_ttft_p99_s and the like)")] = None,
     rate: Annotated[Optional[float], typer.Option(help="rescale arrivals to this many requests/s")] = None,
     offline: Annotated[bool, typer.Option(help="every request arrives at t=0")] = False,
     skip: Annotated[int, typer.Option(help="leave out the first N requests (e.g. the part plan searched on)")] = 0,
@@ -62,6 +65,7 @@ def check(
     import time
 
     from odmactl.capacity.search import sustainable_scale
+    from odmactl.capacity.slo import Slo
     from odmactl.core.atomic import write_outputs
     from odmactl.gate.check import prepare_check, run_check
     from odmactl.render.console_replay import render_check
@@ -69,6 +73,7 @@ def check(
     from odmactl.render.junit import junit_xml
     from odmactl.render.markdown import check_markdown
     from odmactl.render.warnings import replay_warnings
+    from odmactl.run.config import LATENCY_THRESHOLDS
     from odmactl.run.spec import LoadOptions, ReplaySpec
     from odmactl.trace.schema import read_trace
 
@@ -76,6 +81,9 @@ def check(
     flags = {"min_utilization": min_utilization, "max_migration_rate": max_migration_rate,
              "max_overflow_rate": max_overflow_rate, "max_rejection_rate": max_rejection_rate,
              "min_tps_gain": min_tps_gain, "baseline": baseline}
+    if slo is not None:  # each limit to its [thresholds] key (ttft_p99 -> max_ttft_p99_s)
+        key_of = {metric: key for key, metric in LATENCY_THRESHOLDS.items()}
+        flags.update({key_of[metric]: limit for metric, limit in Slo.parse(slo).limits_s})
     setup = prepare_check(config, policy, flags)
     check_policy_names(setup.policies)
     check_outputs([metrics_out, junit, markdown_path, out_path], force, input_paths(trace_path, config, predictor, device, model))
@@ -111,6 +119,7 @@ def check(
         print(to_json(outcome.document(policy, config)))
     else:
         render_check(out, doc, policy, outcome.verdicts, outcome.passed)
+    print_written([path for path, _ in outputs])
     if not outcome.passed:  # the failed gate on stderr too, where CI logs and `2>` look for it
         failed = [v for v in outcome.verdicts if not v.passed]
         print_error(f"check failed: {len(failed)} of {len(outcome.verdicts)} thresholds violated: "

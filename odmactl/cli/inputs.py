@@ -133,9 +133,14 @@ def _collision(output: Path, source: Path) -> str | None:
 def check_outputs(outputs: list[Path | None], force: bool, inputs: list[Path | None] = (), *,
                   directory_owned: Callable[[Path], str | None] | None = None) -> None:
     """Every output can be written (and replaced only with --force), before any expensive work; no
-    output is, contains or lies inside an input (not even with --force), or is another output.
+    output is, contains or lies inside an input (not even with --force), or is another output, or
+    is `-` (read as stdout by many tools; it would be a file of that name).
     With `directory_owned` the outputs are directories, which --force replaces only where it
     returns None (core/atomic.py, check_writable_dir)."""
+    for p in outputs:
+        if p is not None and str(p) == "-":  # many tools read it as stdout; here it would be a file named "-"
+            raise OutputError("is not standard output here: odmactl writes its outputs as files", file=p,
+                              hint="name a file; --json, where a command has it, prints the result on standard output")
     named = [absolute(p) for p in outputs if p is not None]
     sources = [absolute(p) for p in inputs if p is not None]  # compared as given and resolved (links followed)
     for path in named:

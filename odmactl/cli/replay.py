@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.allocator import ALLOCATORS
-from odmactl.cli.app import app, out, progress_for
+from odmactl.cli.app import app, out, print_written, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     KvDtypeOption,
@@ -123,3 +123,4 @@ def replay(
         print(text)
     else:
         render_replay(out, doc)
+    print_written([path for path, _ in outputs])

@@ -12,6 +12,10 @@ their rules, so that every command reading a config checks the table the same wa
     max_rejection_rate  rejections / requests <= value
     min_tps_gain        tps / tps of `baseline` - 1 >= value (the baseline is replayed on the same trace)
     baseline            the policy min_tps_gain compares with (default static)
+    max_ttft_p99_s      ttft_p99 <= value, in seconds; likewise max_ttft_p50_s, max_tpot_p50_s and
+                        max_tpot_p99_s (`check --slo ttft_p99=2s,tpot_p99=100ms` sets them, written
+                        as capacity's --slo is). A latency no request had (TPOT where every reply
+                        is one token) meets its bound, as capacity's SLO reads it (capacity/slo.py)
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from odmactl.render.metrics import METRICS
-from odmactl.run.config import THRESHOLD_KEYS, Thresholds
+from odmactl.run.config import LATENCY_THRESHOLDS, THRESHOLD_KEYS, Thresholds
 
 __all__ = ["THRESHOLD_KEYS", "THRESHOLD_METRIC", "Thresholds", "Verdict", "evaluate", "policies_needed",
            "rejection_rate"]
@@ -28,7 +32,7 @@ __all__ = ["THRESHOLD_KEYS", "THRESHOLD_METRIC", "Thresholds", "Verdict", "evalu
 # the metric (render/metrics.py) each threshold bounds
 THRESHOLD_METRIC = {"min_utilization": "kv_utilization", "max_migration_rate": "migration_rate",
                     "max_overflow_rate": "overflow_rate", "max_rejection_rate": "rejection_rate",
-                    "min_tps_gain": "tps_gain"}
+                    "min_tps_gain": "tps_gain", **LATENCY_THRESHOLDS}
 
 
 @dataclass(frozen=True)
@@ -39,16 +43,17 @@ class Verdict:
     metric: str
     comparison: str  # ">=" or "<="
     threshold: float
-    value: float
+    value: float | None  # None: a latency no request had (it meets its bound)
     passed: bool
 
     @property
     def threshold_text(self) -> str:
-        return METRICS[THRESHOLD_METRIC[self.name]].text(self.threshold)
+        """The bound with its unit (a share's % included: "0.500%", "2.000 s", "100.0 ms")."""
+        return METRICS[THRESHOLD_METRIC[self.name]].in_words(self.threshold)
 
     @property
     def value_text(self) -> str:
-        return METRICS[THRESHOLD_METRIC[self.name]].text(self.value)
+        return METRICS[THRESHOLD_METRIC[self.name]].in_words(self.value)
 
     @property
     def text(self) -> str:
@@ -93,4 +98,9 @@ def evaluate(doc: dict, policy: str, thresholds: Thresholds) -> list[Verdict]:
         v = m["tps"] / base - 1.0 if base > 0 else math.inf
         out.append(Verdict("min_tps_gain", f"tps gain over {thresholds.baseline}", ">=", thresholds.min_tps_gain, v,
                            v >= thresholds.min_tps_gain - TOLERANCE))
+    for name, metric in LATENCY_THRESHOLDS.items():
+        bound = getattr(thresholds, name)
+        if bound is not None:
+            v = m[metric]
+            out.append(Verdict(name, metric, "<=", bound, v, v is None or v <= bound + TOLERANCE))
     return out

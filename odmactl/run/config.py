@@ -27,6 +27,7 @@ from odmactl.core.tomltable import TomlTable, load_toml
 from odmactl.hw.profiles import kv_dtype_problem
 from odmactl.predict.source import PREDICTOR_CHOICES
 from odmactl.run.serving import Serving
+from odmactl.sim.metrics import LATENCY_METRICS
 from odmactl.sim.settings import SchedulerSettings
 
 CONFIG_TABLES = ("allocator", "scheduler", "thresholds")
@@ -36,16 +37,19 @@ RECORD_TABLES = ("plan", "engine")  # what plan records and restates; "meta" is 
 PLAN_RECORD = {"device": str, "model": str, "kv_dtype": str, "tp": int, "kv_pool_bytes": int, "kv_pool_tokens": int,
                "predictor": str}
 RUN_ONLY = ("fast_forward", "series_points")  # SchedulerSettings a command sets, never a config file
+# check's latency bounds: a key per latency metric, max_<metric>_s (seconds), the metric it bounds
+LATENCY_THRESHOLDS = {f"max_{metric}_s": metric for metric in LATENCY_METRICS}
 THRESHOLD_KEYS = ("min_utilization", "max_migration_rate", "max_overflow_rate", "max_rejection_rate", "min_tps_gain",
-                  "baseline")
+                  "baseline", *LATENCY_THRESHOLDS)
 
 
 @dataclass(frozen=True)
 class Thresholds:
     """check's gate (gate/thresholds.py): bounds a replay must meet; None leaves that bound
-    unchecked. Invariant: rates and utilization in [0, 1], min_tps_gain > -1, baseline a
-    registered policy. Here, below gate/, so that every command reading a config checks its
-    [thresholds] with these rules (`config_tables`)."""
+    unchecked. Invariant: rates and utilization in [0, 1], min_tps_gain > -1, latency limits (the
+    `LATENCY_THRESHOLDS`, in seconds: `check --slo` sets them as capacity's --slo is written)
+    finite and > 0, baseline a registered policy. Here, below gate/, so that every command reading
+    a config checks its [thresholds] with these rules (`config_tables`)."""
 
     min_utilization: float | None = None
     max_migration_rate: float | None = None
@@ -53,6 +57,10 @@ class Thresholds:
     max_rejection_rate: float | None = None
     min_tps_gain: float | None = None
     baseline: str = "static"
+    max_ttft_p50_s: float | None = None
+    max_ttft_p99_s: float | None = None
+    max_tpot_p50_s: float | None = None
+    max_tpot_p99_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("min_utilization", "max_migration_rate", "max_overflow_rate", "max_rejection_rate"):
@@ -62,6 +70,10 @@ class Thresholds:
         if self.min_tps_gain is not None and not (math.isfinite(self.min_tps_gain) and self.min_tps_gain > -1.0):
             raise ConfigError(f"min_tps_gain must be > -1 (a fraction: 0.2 is +20%), got {self.min_tps_gain}",
                               key="min_tps_gain")
+        for name in LATENCY_THRESHOLDS:
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0.0):
+                raise ConfigError(f"{name} must be a time in seconds > 0, got {value}", key=name)
         problem = unknown_policy(self.baseline)
         if problem is not None:
             raise ConfigError(problem, key="baseline")

@@ -97,6 +97,11 @@ def kv_runs_per_request(alloc, tl: Timeline, ok: np.ndarray) -> float:
     return float(np.mean(tl.reserved_tokens[ok] // alloc.read_block_tokens))
 
 
+# the latency metrics a replay reports (`replay_result`), in seconds: capacity's SLO limits them
+# (capacity/slo.py) and check's gate bounds them (run/config.py Thresholds)
+LATENCY_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")
+
+
 def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
                   boundaries: list[tuple[float, list[int]]]) -> ReplayResult:
     """The metrics, from the per-request timeline and the loop's counters, and the time series."""
