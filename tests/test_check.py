@@ -5,8 +5,13 @@ and clear errors."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
+import polars as pl
 import pytest
 
 from odmactl.core.errors import ConfigError
@@ -53,9 +58,10 @@ def test_violation_exits_1_with_a_failure_per_violated_threshold(cli, trace, tmp
     doc = json.loads(r.out)
     assert doc["passed"] is False
     # the failed gate is said on stderr too, naming the threshold, the value and what was expected
-    # (after the line saying what was written: the verdict is the last line)
-    written, failed_line = r.err.splitlines()
-    assert written == f"wrote {junit}"
+    # (after the warnings the console would show and the line saying what was written: the verdict
+    # is the last line)
+    *warnings, written, failed_line = r.err.splitlines()
+    assert written == f"wrote {junit}" and all(w.startswith("warning: ") for w in warnings)
     assert failed_line.startswith("error: check failed: 1 of ") and "min_utilization: kv_utilization 6" in failed_line
     assert "expected >= 99.0%" in failed_line
     by_name = {v["name"]: v for v in doc["verdicts"]}
@@ -153,7 +159,79 @@ def test_latency_thresholds_from_slo_and_config(cli, trace, tmp_path):
 
 def test_a_latency_no_request_had_meets_its_bound():
     """TPOT where every reply is one token is None: it breaks no limit (capacity's SLO reads it so)."""
-    doc = {"results": {"odma": {"metrics": {"ttft_p99": 0.5, "tpot_p99": None, "tpot_p50": 0.09}}}}
+    doc = {"results": {"odma": {"metrics": {"ttft_p99": 0.5, "tpot_p99": None, "tpot_p50": 0.09, "completed": 10}}}}
     verdicts = evaluate(doc, "odma", Thresholds(max_ttft_p99_s=0.4, max_tpot_p99_s=0.1, max_tpot_p50_s=0.08))
     assert [(v.name, v.passed, v.value_text) for v in verdicts] == [
         ("max_ttft_p99_s", False, "0.500 s"), ("max_tpot_p50_s", False, "90.0 ms"), ("max_tpot_p99_s", True, "n/a")]
+
+
+def test_the_report_says_what_a_latency_was_judged_on(cli, trace, tmp_path):
+    """The scope line names the requests, their arrival rate and the one engine; a latency judged
+    from fewer than 50 completed requests is warned about (console, markdown, JUnit, and stderr with
+    --json); the markdown lists every metric a threshold judged."""
+    config = _config(tmp_path / "c.toml")
+    summary, junit = tmp_path / "s.md", tmp_path / "j.xml"
+    r = _run(cli, trace, config, "--limit", "20", "--rate", "0.5", "--slo", "tpot_p50=10s",
+             "--markdown", summary, "--junit", junit)
+    assert r.code == 0, r.err
+    assert "20 requests (rescaled to 0.5 req/s) on one engine" in " ".join(r.out.split())
+    few = "tpot_p50 judged from 20 completed requests"
+    assert few in " ".join(r.out.split())
+    text = summary.read_text()
+    assert few in text and "| TPOT p50 (ms) |" in text and "| TPOT p99 (ms) |" in text
+    assert few in ET.parse(junit).getroot().find("testsuite").find("system-err").text
+    r = _run(cli, trace, config, "--limit", "20", "--slo", "tpot_p50=10s", "--json")
+    assert r.code == 0 and json.loads(r.out)["passed"] and few in r.err and r.err.startswith("warning: ")
+    r = _run(cli, trace, config, "--slo", "tpot_p50=10s")  # 300 completed: no warning
+    assert r.code == 0 and "judged from" not in r.out
+    assert "300 requests (trace timestamps, " in " ".join(r.out.split())
+
+
+def test_a_gain_that_rounds_to_zero_has_no_minus_sign():
+    from odmactl.render.metrics import METRICS
+
+    assert METRICS["tps_gain"].text(-0.0004) == "+0.0%" and METRICS["tps_gain"].text(-0.004) == "-0.4%"
+    assert METRICS["kv_utilization"].text(-1e-9) == "0.0%" and METRICS["tps"].text(-0.01) == "0.0"
+
+
+def test_latency_bounds_red_team_cases(cli, tmp_path, conv_sample_head):
+    """From a red team: a latency bound fails where no request completed (n/a is no pass there); a
+    repeated --slo is one SLO (a metric in two is refused, not the earlier dropped); a value its
+    format would write as the bound is written to ten digits; a huge limit or integer is a
+    message; a stderr that cannot be written does not fail a passing check."""
+    trace = conv_sample_head(300)
+    config = _config(tmp_path / "c.toml")
+    huge = tmp_path / "huge.parquet"
+    frame = pl.read_parquet(trace).head(20).with_columns(pl.lit(100_000).alias("prompt_tokens"))
+    frame.write_parquet(huge)
+    r = _run(cli, huge, config, "--slo", "ttft_p99=1s,tpot_p99=10ms", "--json")
+    assert r.code == 1
+    doc = json.loads(r.out)
+    assert doc["metrics"]["odma"]["completed"] == 0 and [v["passed"] for v in doc["verdicts"]] == [False, False]
+    r = _run(cli, trace, config, "--slo", "ttft_p99=3600s", "--slo", "ttft_p99=1ms")
+    assert r.code == 1 and "--slo names ttft_p99 twice" in r.err
+    r = _run(cli, trace, config, "--slo", "ttft_p99=3600s", "--slo", "tpot_p99=1ms", "--json")
+    assert [(v["name"], v["passed"]) for v in json.loads(r.out)["verdicts"]] == [("max_ttft_p99_s", True),
+                                                                              ("max_tpot_p99_s", False)]
+    ttft = json.loads(r.out)["metrics"]["odma"]["ttft_p99"]
+    r = _run(cli, trace, config, "--slo", f"ttft_p99={ttft - 0.0004}s")  # both 287.101 s to the format's 3 decimals
+    value, bound = re.search(r"ttft_p99 ([\d,.]+) s, expected <= ([\d,.]+) s", r.err).groups()
+    assert r.code == 1 and value != bound and float(value.replace(",", "")) == pytest.approx(ttft, abs=1e-6)
+    for slo in ("ttft_p99=1e300s", "ttft_p99=2e9s"):
+        r = _run(cli, trace, config, "--slo", slo)
+        assert r.code == 1 and "at most 1,000,000,000 s" in r.err, r.err
+    bad = _config(tmp_path / "bad.toml", "[thresholds]\nmax_ttft_p99_s = 1" + "0" * 400 + "\n")
+    r = _run(cli, trace, bad)
+    assert r.code == 1 and "thresholds.max_ttft_p99_s" in r.err and "about 401 digits" in r.err and "internal" not in r.err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_stderr_that_cannot_be_written_does_not_fail_a_passing_check(conv_sample_head, tmp_path):
+    trace = conv_sample_head(300)
+    config = _config(tmp_path / "c.toml")
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "odmactl", "check", str(trace), "--config", str(config),
+                                 "--device", DEVICE, "--model", MODEL, "--predictor", "oracle", "--slo",
+                                 "ttft_p99=3600s", "--out", str(tmp_path / "r.json"), "--json"],
+                                stdout=subprocess.PIPE, stderr=full, text=True, timeout=300)
+    assert result.returncode == 0 and json.loads(result.stdout)["passed"] and (tmp_path / "r.json").exists()

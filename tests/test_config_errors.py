@@ -224,3 +224,20 @@ def test_a_configs_kv_dtype_is_checked_as_a_precision(cli, trace, tmp_path):
     config.write_text('[plan]\nkv_dtype = "fp7"\n')
     r = cli("check", trace, "--config", config, "--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B")
     assert r.code == 1 and "key 'plan.kv_dtype': 'fp7' is not a KV precision" in r.err and "did you mean 'fp8'" in r.err
+
+
+def test_an_integer_past_what_python_or_a_float_holds_is_a_message(tmp_path):
+    """A red team's case: 400 digits where a float is due (OverflowError), 6,000 anywhere (Python's
+    4,300-digit limit on int(), raised inside tomllib) were internal errors."""
+    from odmactl.core.tomltable import load_toml
+    from odmactl.run.config import read_config
+
+    big = tmp_path / "big.toml"
+    big.write_text("[thresholds]\nmax_migration_rate = 1" + "0" * 400 + "\n")
+    with pytest.raises(ConfigError, match="a float can hold.*about 401 digits") as info:
+        read_config(big)
+    assert info.value.key == "thresholds.max_migration_rate"
+    big.write_text("[thresholds]\nmax_migration_rate = 1" + "0" * 6000 + "\n")
+    with pytest.raises(ConfigError, match="an integer of more than 4,300 digits") as info:
+        load_toml(big)
+    assert info.value.file == str(big)

@@ -299,7 +299,24 @@ def test_dash_is_refused_and_what_was_written_is_said_on_stderr(tmp_path, cli, c
     assert r.code == 1 and "is not standard output" in r.err and not (tmp_path / "-").exists()
     r = cli(*replay, "-o", "r.json", "--metrics-out", "m.prom", "--json")
     assert r.code == 0 and json.loads(r.out)["results"]["static"]
-    assert r.err == "wrote r.json, m.prom\n" and (tmp_path / "r.json").exists()
+    assert r.err.splitlines()[-1] == "wrote r.json, m.prom" and (tmp_path / "r.json").exists()
+    r = cli(*replay, "--json")  # the console's warnings go to stderr, the JSON alone to stdout
+    assert r.code == 0 and json.loads(r.out)["results"]["static"]["queue"]["overloaded"]
+    assert r.err.startswith("warning: overloaded: ")
     r = cli(*replay)
     assert r.code == 0 and r.err == "" and "static" in r.out
     assert not [line for line in r.out.splitlines() if line.endswith(" ")]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_failed_standard_output_names_the_outputs_already_written(tmp_path, conv_sample_head):
+    """The outputs are put in place before the report is printed: when stdout then fails, the
+    message says which are there (a red team's case: a rerun needed --force and nothing said why)."""
+    out = tmp_path / "r.json"
+    with open("/dev/full", "w") as full:
+        result = _odmactl("replay", str(conv_sample_head(60)), "--device", "mlu370-x4", "--model",
+                          "DeepSeek-R1-Distill-Qwen-7B", "--predictor", "oracle", "--policy", "static", "--out", str(out),
+                          stdout=full)
+    assert result.returncode == 1 and out.exists()
+    assert result.stderr.strip() == ("error: could not write standard output: No space left on device; written before "
+                                     f"it, each complete: {out}")

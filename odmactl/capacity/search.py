@@ -37,14 +37,13 @@ import numpy as np
 from odmactl.allocator import ALLOCATORS
 from odmactl.capacity.slo import Slo
 from odmactl.run.replay import ReplayContext, replay_policy, replayed_together
-from odmactl.sim.metrics import p50_p99
+from odmactl.sim.metrics import MIN_COMPLETED, p50_p99
 from odmactl.sim.workload import CLOCK_LIMIT_PS, PS
 
 MAX_SCALE_STEPS = 20  # doubling or halving from the trace's own rate: scales 2**-20 .. 2**20
-# a rate is reported only from enough served requests: a p99 over fewer than MIN_COMPLETED is a
-# statement about a handful (a two-request trace "sustained" 243,031 req/s), and a rate whose
-# requests were mostly rejected describes the few it served, not the traffic (`too_few_served`)
-MIN_COMPLETED = 50
+# a rate is reported only from enough served requests: at least MIN_COMPLETED (sim/metrics.py),
+# and a rate whose requests were mostly rejected describes the few it served, not the traffic
+# (`too_few_served`)
 MAX_REJECTED_SHARE = 0.10
 MONOTONE_FACTORS = (0.5, 0.25)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from odmactl.core.errors import ConfigError, did_you_mean
 from odmactl.core.units import QuantityError, format_seconds, parse_quantity
-from odmactl.sim.metrics import LATENCY_METRICS
+from odmactl.sim.metrics import LATENCY_LIMIT_MAX_S, LATENCY_METRICS
 
 METRICS = LATENCY_METRICS  # the replay's latency metrics, in seconds
 
@@ -15,7 +15,7 @@ METRICS = LATENCY_METRICS  # the replay's latency metrics, in seconds
 @dataclass(frozen=True)
 class Slo:
     """Upper limits in seconds on latency metrics of a replay. Invariant: at least one limit, each
-    metric one of METRICS, each limit finite and > 0."""
+    metric one of METRICS, each limit in (0, LATENCY_LIMIT_MAX_S]."""
 
     limits_s: tuple[tuple[str, float], ...]
 
@@ -41,12 +41,20 @@ class Slo:
                 guess = exc.suggested(space="")
                 raise ConfigError(f"--slo {metric}: {exc.problem}"
                                   + (f"; did you mean {metric}={guess}?" if guess else "")) from None
-            if not (math.isfinite(seconds) and seconds > 0):
-                raise ConfigError(f"--slo {metric} must be a time > 0, got '{value.strip()}'")
+            if not (math.isfinite(seconds) and 0 < seconds <= LATENCY_LIMIT_MAX_S):
+                raise ConfigError(f"--slo {metric} must be a time > 0 and at most {LATENCY_LIMIT_MAX_S:,.0f} s, "
+                                  f"got '{value.strip()}'")
             limits[metric] = seconds
         if not limits:
             raise ConfigError("--slo names no limit", hint="e.g. --slo ttft_p99=2s,tpot_p99=100ms")
         return cls(tuple(limits.items()))
+
+    @classmethod
+    def from_flags(cls, values: list[str]) -> Slo:
+        """Every --slo a command line gives, as one: `--slo ttft_p99=2s --slo tpot_p99=100ms` is
+        `--slo ttft_p99=2s,tpot_p99=100ms`, and a metric named in two is refused as in one (a
+        repeated flag would otherwise drop the earlier limits)."""
+        return cls.parse(",".join(values))
 
     def failures(self, metrics: dict) -> list[tuple[str, float, float]]:
         """(metric, value, limit) for every limit `metrics` exceeds. A latency no request had (None:

@@ -137,8 +137,19 @@ def print_error(message: str, label: str = "error") -> None:
     err.print(Text.assemble((f"{label}: ", "bold red"), printable(message)), highlight=False, soft_wrap=True)
 
 
+def print_note(message: str, label: str | None = None) -> None:
+    """A line on stderr that informs and decides nothing (what was written, a warning beside --json's
+    JSON): one that cannot be written (`2>/dev/full`) is dropped, so it cannot turn a passed check
+    or a finished run into a failure."""
+    try:
+        text = Text.assemble((f"{label}: ", "bold yellow"), printable(message)) if label else Text(printable(message))
+        err.print(text, highlight=False, soft_wrap=True)
+    except OSError:
+        pass
+
+
 def print_written(paths: list) -> None:
     """What a command wrote besides its report, on stderr (stdout stays the report, or pure JSON
     with --json): "wrote R.json, P.png"; nothing when it wrote nothing."""
     if paths:
-        err.print(Text(printable(f"wrote {', '.join(str(p) for p in paths)}")), highlight=False, soft_wrap=True)
+        print_note(f"wrote {', '.join(str(p) for p in paths)}")

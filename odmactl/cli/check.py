@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from odmactl.cli.app import app, out, print_written, print_error, progress_for
+from odmactl.cli.app import app, out, print_error, print_note, print_written, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     KvDtypeOption,
@@ -37,7 +37,7 @@ def check(
     max_rejection_rate: Annotated[Optional[float], typer.Option(help="fail when rejections / requests is above this")] = None,
     min_tps_gain: Annotated[Optional[float], typer.Option(help="fail when tps / baseline tps - 1 is below this (0.2 = +20%)")] = None,
     baseline: Annotated[Optional[str], typer.Option(help="policy min_tps_gain compares with (default static)")] = None,
-    slo: Annotated[Optional[str], typer.Option(help="fail when a latency passes its limit, written as capacity's --slo: "
+    slo: Annotated[Optional[list[str]], typer.Option(help="fail when a latency passes its limit, written as capacity's --slo: "
                                                     "e.g. ttft_p99=2s,tpot_p99=100ms (ttft_p50, ttft_p99, tpot_p50, "
                                                     "tpot_p99; [thresholds] max_ttft_p99_s and the like)")] = None,
     rate: Annotated[Optional[float], typer.Option(help="rescale arrivals to this many requests/s")] = None,
@@ -72,7 +72,7 @@ def check(
     from odmactl.render.json import to_json
     from odmactl.render.junit import junit_xml
     from odmactl.render.markdown import check_markdown
-    from odmactl.render.warnings import replay_warnings
+    from odmactl.render.warnings import check_warnings
     from odmactl.run.config import LATENCY_THRESHOLDS
     from odmactl.run.spec import LoadOptions, ReplaySpec
     from odmactl.trace.schema import read_trace
@@ -81,9 +81,9 @@ def check(
     flags = {"min_utilization": min_utilization, "max_migration_rate": max_migration_rate,
              "max_overflow_rate": max_overflow_rate, "max_rejection_rate": max_rejection_rate,
              "min_tps_gain": min_tps_gain, "baseline": baseline}
-    if slo is not None:  # each limit to its [thresholds] key (ttft_p99 -> max_ttft_p99_s)
+    if slo:  # each limit to its [thresholds] key (ttft_p99 -> max_ttft_p99_s)
         key_of = {metric: key for key, metric in LATENCY_THRESHOLDS.items()}
-        flags.update({key_of[metric]: limit for metric, limit in Slo.parse(slo).limits_s})
+        flags.update({key_of[metric]: limit for metric, limit in Slo.from_flags(slo).limits_s})
     setup = prepare_check(config, policy, flags)
     check_policy_names(setup.policies)
     check_outputs([metrics_out, junit, markdown_path, out_path], force, input_paths(trace_path, config, predictor, device, model))
@@ -110,13 +110,15 @@ def check(
     if junit is not None:
         outputs.append((junit, lambda tmp: tmp.write_text(
             junit_xml(outcome.verdicts, f"{trace_path.name} / {config.name} / {policy}", outcome.seconds,
-                      replay_warnings(doc)), encoding="utf-8")))
+                      check_warnings(doc, policy, outcome.verdicts)), encoding="utf-8")))
     if markdown_path is not None:
         outputs.append((markdown_path, lambda tmp: tmp.write_text(check_markdown(outcome.verdicts, doc, policy, config),
                                                                   encoding="utf-8")))
     write_outputs(outputs, force=force)
-    if json_out:
+    if json_out:  # stdout is the JSON alone; the warnings the console would show go to stderr
         print(to_json(outcome.document(policy, config)))
+        for line in check_warnings(doc, policy, outcome.verdicts):
+            print_note(line, label="warning")
     else:
         render_check(out, doc, policy, outcome.verdicts, outcome.passed)
     print_written([path for path, _ in outputs])

@@ -140,7 +140,8 @@ def check_outputs(outputs: list[Path | None], force: bool, inputs: list[Path | N
     for p in outputs:
         if p is not None and str(p) == "-":  # many tools read it as stdout; here it would be a file named "-"
             raise OutputError("is not standard output here: odmactl writes its outputs as files", file=p,
-                              hint="name a file; --json, where a command has it, prints the result on standard output")
+                              hint="name a file (one called '-' by its full path, as ./- reads as -); --json, where a "
+                                   "command has it, prints the result on standard output")
     named = [absolute(p) for p in outputs if p is not None]
     sources = [absolute(p) for p in inputs if p is not None]  # compared as given and resolved (links followed)
     for path in named:

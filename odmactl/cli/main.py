@@ -122,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         _detach_stdout(stdout)
         if exc.errno == errno.EPIPE:  # `odmactl ... | head`: the reader has what it wanted
             return 141
-        print_error(f"could not write standard output: {exc}")
+        done = completed()  # the outputs are put in place before the report is printed
+        print_error(f"could not write standard output: {exc}"
+                    + (f"; written before it, each complete: {', '.join(str(p) for p in done)}" if done else ""))
         return 1
     finally:
         sys.stdout = stdout

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.allocator import ALLOCATORS
-from odmactl.cli.app import app, out, print_written, progress_for
+from odmactl.cli.app import app, out, print_note, print_written, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     KvDtypeOption,
@@ -69,6 +69,7 @@ def replay(
     from odmactl.render.console_replay import render_replay
     from odmactl.render.json import to_json
     from odmactl.render.plots import write_replay_plot
+    from odmactl.render.warnings import replay_warnings
     from odmactl.run.spec import LoadOptions, ReplaySpec
     from odmactl.trace.schema import read_trace
 
@@ -119,8 +120,10 @@ def replay(
     if plot is not None:
         outputs.append((plot, lambda tmp: write_replay_plot(doc, tmp)))
     write_outputs(outputs, force=force)
-    if json_out:
+    if json_out:  # stdout is the JSON alone; the warnings the console would show go to stderr
         print(text)
+        for line in replay_warnings(doc):
+            print_note(line, label="warning")
     else:
         render_replay(out, doc)
     print_written([path for path, _ in outputs])

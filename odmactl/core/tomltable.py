@@ -41,6 +41,9 @@ def load_toml(path: Path, error: type[OdmaError] = ConfigError) -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise error(f"not valid TOML ({exc})", file=path) from None
+    except ValueError as exc:  # an integer past Python's 4,300 digits: tomllib's int() raises this
+        raise error("not valid TOML: an integer of more than 4,300 digits" if "digits" in str(exc)
+                    else f"not valid TOML ({exc})", file=path) from None
 
 
 def unknown_key(name: str, known) -> str:
@@ -191,7 +194,13 @@ class TomlTable:
                 raise self.error(name, f"expected {_expected(annotation)}, got {_describe(value)}")
             if not _finite(value):
                 raise self.error(name, f"expected a finite number, got {value!r}")
-            values[name] = (convert or {}).get(name, lambda v: v)(_as_declared(value, annotation))
+            try:
+                declared = _as_declared(value, annotation)
+            except OverflowError:  # an integer past a float's range where the field is a float
+                digits = f"about {int(value.bit_length() * math.log10(2)) + 1:,}" if isinstance(value, int) else "many"
+                raise self.error(name, "expected a number a float can hold (at most about 1.8e308), got an integer "
+                                       f"of {digits} digits") from None  # (str() of one past 4,300 digits raises)
+            values[name] = (convert or {}).get(name, lambda v: v)(declared)
         self.used.update(values)
         try:
             return cls(**values)

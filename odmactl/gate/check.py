@@ -52,7 +52,7 @@ def prepare_check(config: Path, policy: str, flags: dict) -> CheckSetup:
     thresholds = Thresholds.merged(tables["thresholds"], flags, config)
     if thresholds.empty:
         raise OdmaError("nothing to check: give a threshold flag or a [thresholds] table in the config",
-                        hint="e.g. --min-utilization 0.6 --max-migration-rate 0.005")
+                        hint="e.g. --min-utilization 0.6 --max-migration-rate 0.005, or --slo ttft_p99=2s")
     return CheckSetup(tables, thresholds, policies_needed(policy, thresholds))
 
 

@@ -15,7 +15,8 @@ their rules, so that every command reading a config checks the table the same wa
     max_ttft_p99_s      ttft_p99 <= value, in seconds; likewise max_ttft_p50_s, max_tpot_p50_s and
                         max_tpot_p99_s (`check --slo ttft_p99=2s,tpot_p99=100ms` sets them, written
                         as capacity's --slo is). A latency no request had (TPOT where every reply
-                        is one token) meets its bound, as capacity's SLO reads it (capacity/slo.py)
+                        is one token) meets its bound, as capacity's SLO reads it (capacity/slo.py); where no request
+                        completed, every latency bound fails
 """
 
 from __future__ import annotations
@@ -48,12 +49,20 @@ class Verdict:
 
     @property
     def threshold_text(self) -> str:
-        """The bound with its unit (a share's % included: "0.500%", "2.000 s", "100.0 ms")."""
-        return METRICS[THRESHOLD_METRIC[self.name]].in_words(self.threshold)
+        """The bound with its unit (a share's % included: "0.500%", "2.000 s", "100.0 ms"); to ten
+        significant digits where the metric's format would write it as the value."""
+        return self._texts()[0]
 
     @property
     def value_text(self) -> str:
-        return METRICS[THRESHOLD_METRIC[self.name]].in_words(self.value)
+        return self._texts()[1]
+
+    def _texts(self) -> tuple[str, str]:
+        metric = METRICS[THRESHOLD_METRIC[self.name]]
+        bound, value = metric.in_words(self.threshold), metric.in_words(self.value)
+        if bound == value and self.value is not None and self.value != self.threshold:  # "852.051 s, expected <= 852.051 s"
+            return metric.in_words(self.threshold, precise=True), metric.in_words(self.value, precise=True)
+        return bound, value
 
     @property
     def text(self) -> str:
@@ -100,7 +109,8 @@ def evaluate(doc: dict, policy: str, thresholds: Thresholds) -> list[Verdict]:
                            v >= thresholds.min_tps_gain - TOLERANCE))
     for name, metric in LATENCY_THRESHOLDS.items():
         bound = getattr(thresholds, name)
-        if bound is not None:
+        if bound is not None:  # None: no request had it (one-token replies) or none completed, which fails
             v = m[metric]
-            out.append(Verdict(name, metric, "<=", bound, v, v is None or v <= bound + TOLERANCE))
+            out.append(Verdict(name, metric, "<=", bound, v,
+                               v <= bound + TOLERANCE if v is not None else m["completed"] > 0))
     return out

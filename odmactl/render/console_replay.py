@@ -20,8 +20,8 @@ from odmactl.render.metrics import (
     plan_keys,
 )
 from odmactl.render.plan_text import holdout_title, plan_headline, stressed_pool, tuning_keys, tuning_rule
-from odmactl.render.tables import deployment, narrow_table
-from odmactl.render.warnings import mismatch_lines, replay_warnings
+from odmactl.render.tables import check_scope, deployment, narrow_table
+from odmactl.render.warnings import check_warnings, mismatch_lines, replay_warnings
 from odmactl.run.serving import static_legend
 
 LABEL_CHARS = 16  # the metric column of a policies table wraps past this
@@ -194,9 +194,8 @@ def _render_on_device(console: Console, measured: dict[str, dict]) -> None:
 
 def render_check(console: Console, doc: dict, policy: str, verdicts: list, passed: bool) -> None:
     """The verdict per threshold, then the replayed policies' metrics."""
-    t = doc["trace"]
-    console.print(escape(f"{t['path']}: {t['requests']:,} requests, {deployment(doc)}, "
-                         f"policy {policy}, predictor {doc['predictor']}"), highlight=False)
+    console.print(escape(f"{doc['trace']['path']}: {check_scope(doc, policy)}, policy {policy}, "
+                         f"predictor {doc['predictor']}"), highlight=False)
     table = Table(show_header=True, header_style="bold")
     for title in ("check", "metric", "threshold", "value", "result"):
         table.add_column(title, justify="left" if title in ("check", "metric") else "right")
@@ -205,7 +204,7 @@ def render_check(console: Console, doc: dict, policy: str, verdicts: list, passe
                       "[green]pass[/]" if v.passed else "[bold red]FAIL[/]")
     console.print(table)
     _print_policies(console, doc["results"], REPLAY_KEYS)
-    _warn(console, replay_warnings(doc))
+    _warn(console, check_warnings(doc, policy, verdicts))
     console.print("[bold green]PASS[/]" if passed else
                   f"[bold red]FAIL[/]: {sum(not v.passed for v in verdicts)} of {len(verdicts)} thresholds violated")
 

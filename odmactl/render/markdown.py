@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from odmactl.render.metrics import CHECK_SUMMARY_KEYS, metric_rows
-from odmactl.render.tables import deployment
-from odmactl.render.warnings import replay_warnings
+from odmactl.render.metrics import CHECK_SUMMARY_KEYS, METRICS, metric_rows
+from odmactl.render.tables import check_scope
+from odmactl.render.warnings import check_warnings
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -22,13 +22,17 @@ def check_markdown(verdicts: list, doc: dict, policy: str, config: Path | None) 
     passed = all(v.passed for v in verdicts)
     t = doc["trace"]
     lines = [f"### odmactl check: {'PASS' if passed else 'FAIL'}", "",
-             f"`{t['path']}`: {t['requests']:,} requests, {deployment(doc)}, policy `{policy}`"
+             f"`{t['path']}`: {check_scope(doc, policy)}, policy `{policy}`"
              + (f", config `{config}`" if config else "") + f", predictor `{doc['predictor']}`", ""]
     lines += markdown_table(["check", "metric", "threshold", "value", "result"],
                             [[v.name, v.metric, f"{v.comparison} {v.threshold_text}", v.value_text,
                               "pass" if v.passed else "**FAIL**"] for v in verdicts])
-    lines += [""] + markdown_table(["metric", *doc["results"]], metric_rows(doc["results"], CHECK_SUMMARY_KEYS))
-    warnings = replay_warnings(doc)
+    measured = doc["results"][policy]["metrics"]  # a judged metric the replay reports (not a rate check derives)
+    judged = tuple(dict.fromkeys(v.metric for v in verdicts
+                                 if v.metric in METRICS and v.metric in measured and v.metric not in CHECK_SUMMARY_KEYS))
+    lines += [""] + markdown_table(["metric", *doc["results"]],
+                                   metric_rows(doc["results"], CHECK_SUMMARY_KEYS + judged))
+    warnings = check_warnings(doc, policy, verdicts)
     if warnings:
         for line in warnings:
             lines += ["", f"> **warning:** {line}"]

@@ -28,23 +28,30 @@ class Metric:
     def header(self) -> str:
         return f"{self.title} ({self.unit})" if self.unit else self.title
 
-    def text(self, value: float | None) -> str:
-        """The value written; a missing or non-finite one (a gain over a baseline that served nothing) is n/a."""
+    def text(self, value: float | None, precise: bool = False) -> str:
+        """The value written; a missing or non-finite one (a gain over a baseline that served nothing) is n/a.
+        `precise`: to ten significant digits, for a value its format would write as its bound."""
         if value is None or (isinstance(value, float) and not math.isfinite(value)):
             return "n/a"
         value = value * self.scale if self.scale != 1 else value
+        if precise:
+            return f"{value * 100:+.10g}%" if self.spec.startswith("+") and self.spec.endswith("%") else \
+                f"{value * 100:.10g}%" if self.spec.endswith("%") else format(value, ",.10g")
         if self.spec == SIG3:  # three significant digits, never rounded to zero: 0.00234, 0.107, 1,235
             if value == 0:
                 return "0"
             if abs(value) >= 1e5:  # past five digits, as 1.05e+12, not a row of them
                 return format(value, ".3g")
             return format(value, f",.{max(0, 2 - math.floor(math.log10(abs(value))))}f")
-        return format(value, self.spec)
+        text = format(value, self.spec)
+        if text.startswith("-") and not any(c in "123456789" for c in text):  # -0.0004 as "-0.0%": no sign is due
+            text = ("+" if self.spec.startswith("+") else "") + text[1:]
+        return text
 
-    def in_words(self, value: float | None) -> str:
+    def in_words(self, value: float | None, precise: bool = False) -> str:
         """The value with its unit, as a sentence writes it ("634.0 tok/s"; a share's text holds
         its %; n/a alone)."""
-        text = self.text(value)
+        text = self.text(value, precise)
         return text if text == "n/a" or self.unit in ("", "%") else f"{text} {self.unit}"
 
 
@@ -97,8 +104,9 @@ REPLAY_IF_ANY = ("stalls", "peak_borrowed_bytes", "host_link_bytes", "link_bottl
                  "prefill_tokens_saved")
 PLAN_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate", "rejections", "truncated", "preemptions",
              "ttft_p99", "tpot_p99", "peak_concurrency")
+# check's markdown: these, then any other metric a threshold judged
 CHECK_SUMMARY_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate", "rejections", "ttft_p99",
-                      "peak_concurrency")
+                      "tpot_p99", "peak_concurrency")
 
 
 def plan_keys(objective: str) -> tuple[str, ...]:

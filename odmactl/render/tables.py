@@ -23,6 +23,15 @@ def narrow_table(title: str, headers: tuple[str, ...], rows: list[list[str]], ke
     return table
 
 
+def check_scope(doc: dict, policy: str) -> str:
+    """What check replayed, as its console and markdown say it: the requests, how they arrived and
+    at what mean rate, on one engine (its latencies are that engine's)."""
+    t = doc["trace"]
+    rate = doc["results"][policy]["queue"].get("arrival_rate_per_s")
+    at = f", {rate:,.3g} req/s" if rate and "req/s" not in t["arrivals"] else ""  # a rescale says its rate
+    return f"{t['requests']:,} requests ({t['arrivals']}{at}) on one engine, {deployment(doc)}"
+
+
 def deployment(doc: dict) -> str:
     """'MODEL on DEVICE', or with tensor parallelism 'MODEL on 4 x DEVICE (tp 4)': how every
     report names what was replayed."""

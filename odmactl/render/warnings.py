@@ -1,8 +1,11 @@
 """What a replay's reader must not miss, as plain lines: a config applied to another deployment
-than it was planned for, and a policy whose queue grew through the run (overload). The console,
-the markdown summary and the JUnit XML print the same lines."""
+than it was planned for, a policy whose queue grew through the run (overload), and for check a
+latency judged from a handful of requests. The console, the markdown summary and the JUnit XML
+print the same lines (on stderr with --json)."""
 
 from __future__ import annotations
+
+from odmactl.sim.metrics import LATENCY_METRICS, MIN_COMPLETED
 
 
 def overload_line(results: dict[str, dict]) -> str | None:
@@ -33,6 +36,18 @@ def mismatch_lines(doc: dict) -> list[str]:
     """A document's mismatches (run/config.mismatches, allowed by --allow-mismatch), one line each."""
     return [f"the config was planned for another deployment ({m}); its settings were applied anyway "
             "(--allow-mismatch)" for m in doc.get("mismatches", [])]
+
+
+def check_warnings(doc: dict, policy: str, verdicts: list) -> list[str]:
+    """check's warnings: the replay's (`replay_warnings`), then a latency judged from fewer than
+    MIN_COMPLETED completed requests (a p99 over a handful)."""
+    lines = replay_warnings(doc)
+    judged = [v.metric for v in verdicts if v.metric in LATENCY_METRICS]
+    done = doc["results"][policy]["metrics"]["completed"]
+    if judged and done < MIN_COMPLETED:
+        lines.append(f"{', '.join(judged)} judged from {done:,} completed requests: a percentile over fewer than "
+                     f"{MIN_COMPLETED} describes a handful (capacity reports no rate from them); replay more requests")
+    return lines
 
 
 def replay_warnings(doc: dict) -> list[str]:

@@ -97,9 +97,16 @@ def kv_runs_per_request(alloc, tl: Timeline, ok: np.ndarray) -> float:
     return float(np.mean(tl.reserved_tokens[ok] // alloc.read_block_tokens))
 
 
+# a p99 over fewer completed requests is a statement about a handful (a two-request trace
+# "sustained" 243,031 req/s): capacity reports no rate from fewer (capacity/search.py
+# `too_few_served`), and check warns when it judges a latency from fewer (render/warnings.py)
+MIN_COMPLETED = 50
 # the latency metrics a replay reports (`replay_result`), in seconds: capacity's SLO limits them
 # (capacity/slo.py) and check's gate bounds them (run/config.py Thresholds)
 LATENCY_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")
+# the largest limit a latency may be given (31.7 years: `--slo ttft_p99=1e9s` reads as "no limit"); its
+# text past it (1e300 s written out, or inf ms) would fill the report
+LATENCY_LIMIT_MAX_S = 1e9
 
 
 def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
