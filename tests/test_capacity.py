@@ -545,3 +545,16 @@ def test_the_replica_search_bisects_between_a_failing_and_a_holding_count(monkey
     target = search.CapacityTarget(Slo.parse("ttft_p99=2s"), 1.0)
     found = search.replicas_for(ctx, "paged", {}, target, 1.0, guess_scale or 1.0)
     assert found["replicas"] == want and calls == tried
+
+
+def test_one_policy_at_a_tp_says_nothing_of_memory():
+    """A new user's case: `capacity --policies odma` said "memory does not bind one engine (every
+    policy within 2%)" with no other policy to compare."""
+    from odmactl.render.console_replay import binding_lines
+
+    row = {"tp": 1, "policy": "odma", "max_rate_per_replica": 0.3, "devices_for_target": 12}
+    doc = {"memory_binds": {"1": False}, "rates_differ": {"1": False}, "tolerance": 0.02, "rows": [row]}
+    assert not [line for line in binding_lines(doc) if "memory" in line]
+    two = {**doc, "rows": [row, {**row, "policy": "paged"}]}
+    assert [line for line in binding_lines(two) if "memory" in line] == [
+        "tp 1: memory does not bind one engine (every policy within 2%): choose by latency or simplicity"]

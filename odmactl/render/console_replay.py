@@ -395,6 +395,8 @@ def binding_lines(doc: dict) -> list[str]:
             lines.append(f"tp {tp}: no policy has a rate for one engine, so memory is not judged there"
                          + (f" (devices for the target: {devices[0]}-{devices[-1]})" if devices else ""))
             continue
+        if sum(str(r["tp"]) == tp for r in doc["rows"]) < 2:
+            continue  # one policy at this tp: nothing to compare it with, so nothing said of memory
         spread = (f"; devices for the target still differ by policy ({devices[0]}-{devices[-1]}: the router and each "
                   "policy's KV layout in the step time)") if len(devices) > 1 else ""
         static = any(r["policy"] == "static" for r in doc["rows"] if str(r["tp"]) == tp)
