@@ -373,15 +373,16 @@ def queue_lines(doc: dict) -> list[str]:
     lines = []
     tolerance = doc["tolerance"]
     for tp in dict.fromkeys(r["tp"] for r in doc["rows"]):
-        parts = []
+        within, keeping = [], []
         for r in (r for r in doc["rows"] if r["tp"] == tp):
             keeps, slo = r.get("keeps_up_rate_per_replica"), r["max_rate_per_replica"]
             if keeps and (slo is None or keeps > (1 + tolerance) * slo):
-                parts.append(f"{r['policy']} {format_metric('max_rate_per_replica', keeps)} vs "
-                             + ("none" if slo is None else format_metric("max_rate_per_replica", slo)))
-        if parts:
-            lines.append(f"tp {tp}: the SLO binds, not the queue; req/s one engine's queue keeps up with (the rate "
-                         "plan and replay name for a run that overloads it) vs req/s within the SLO: " + ", ".join(parts))
+                within.append(f"{r['policy']} " + ("none" if slo is None else format_metric("max_rate_per_replica", slo)))
+                keeping.append(f"{r['policy']} {format_metric('max_rate_per_replica', keeps)}")
+        if within:
+            lines.append(f"tp {tp}: the SLO binds, not the queue: one engine meets the SLO up to {', '.join(within)} "
+                         f"req/s, while its queue keeps up with {', '.join(keeping)} req/s (the rate replay's and "
+                         "plan's overload warning gives)")
     return lines
 
 
