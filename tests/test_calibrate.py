@@ -74,6 +74,12 @@ def test_calibrate_cpu_quick_writes_a_valid_measured_profile(tmp_path, cli):
     # 64-byte runs cannot beat a contiguous copy on any real memory system
     assert cal["scattered"][0]["ratio"] < 0.9
 
+    # how disturbed the run was is kept with the profile (the console warns past NOISY_SPREAD)
+    noise = cal["noise"]
+    assert noise["timings"] == 2 + 2 * len(CHUNK_BYTES) + 2 + len(kernels.gemm_tokens) + 2
+    assert noise["widest_repeat_spread"] >= 0 and noise["copy_rate_spread"] >= 0 and isinstance(noise["noisy"], list)
+    assert profile.calibration["noise"] == noise
+
     # the measured profile drives the cost model like a shipped one
     cost = CostModel(profile, load_model("Llama-2-7B"))
     assert cost.decode_step_s(np.full(4, 512), KvLayout.paged(16)) > cost.decode_step_s(np.full(4, 512), KvLayout.contiguous()) * 0.99
@@ -128,3 +134,25 @@ def test_the_matmul_is_sized_after_a_warm_up_and_says_its_size():
     slow = _SlowTorch(first_s=0.0, each_s=0.03)  # 8 x 0.03 s > MATMUL_TARGET_S: no larger probe
     rate, n = _matmul_rate(slow, _Timer(torch, "cpu", 1, 0), torch.device("cpu"), torch.float32, 512)
     assert n == MATMUL_PROBE_N and set(slow.sizes) == {MATMUL_PROBE_N}
+
+
+def test_a_disturbed_calibration_says_so():
+    """Each timing's repeats are kept as a spread, (max - min) / median, and those past NOISY_SPREAD
+    are named; copies of the same bytes at different run lengths must agree. A run with a few noisy
+    timings (an idle 2-vCPU VM: 1-3 of 27) says nothing; a disturbed one (a CI install compiling
+    beside it: 20 of 27, copies 109% apart) warns."""
+    from odmactl.device.calibrate import NOISY_SPREAD, noise
+    from odmactl.render.console_profiles import noise_lines
+
+    idle = noise([("sequential read", 0.02), ("device copy", 0.05), ("64 B runs gathered", 2.4), ("bf16 matmul", 0.1)],
+                 [10e9, 12e9, 8.5e9])
+    assert idle == {"timings": 4, "widest_repeat_spread": 2.4, "widest": "64 B runs gathered",
+                    "noisy": ["64 B runs gathered"], "copy_rate_spread": 0.35}
+    assert noise_lines({"noise": idle}) == [] and noise_lines({}) == []  # a profile from before the record
+    busy = noise([("sequential read", 0.02), ("64 B runs gathered", 3.5), ("device copy", NOISY_SPREAD + 0.01)],
+                 [4.2e9, 28e9, 23e9])
+    assert busy["noisy"] == ["64 B runs gathered", "device copy"] and busy["widest"] == "64 B runs gathered"
+    lines = noise_lines({"noise": busy})
+    assert len(lines) == 2 and lines[0].startswith("2 of 3 timings spread more than 25% over their repeats (widest: "
+                                                    "64 B runs gathered, 350%)")
+    assert "103% apart" in lines[1]

@@ -103,17 +103,29 @@ def resolve_device(name: str) -> str:
     return name
 
 
+# a timing whose repeats spread more than this ((max - min) / median) is noisy (`noise` names it);
+# the console warns of a disturbed run (another job, throttling) when more than NOISY_SHARE of the
+# timings are, or the scattered table's copies of the same bytes differ by more than
+# COPY_SPREAD_LIMIT. Measured on this 2-vCPU VM: idle, `--quick` had 1-3 of 27 timings noisy and
+# copies 13-43% apart over four runs; beside a CI run compiling the package, 20 of 27 and 109%.
+NOISY_SPREAD = 0.25
+NOISY_SHARE = 0.25
+COPY_SPREAD_LIMIT = 0.75
+
+
 class _Timer:
-    """Median wall time of a callable on one device: device events on CUDA, synchronise + perf_counter elsewhere."""
+    """Median wall time of a callable on one device: device events on CUDA, synchronise + perf_counter
+    elsewhere. `spreads` keeps each timing's label and the spread of its repeats, (max - min) / median."""
 
     def __init__(self, torch, device: str, repeats: int, warmup: int) -> None:
         self.torch, self.device, self.repeats, self.warmup = torch, device, repeats, warmup
+        self.spreads: list[tuple[str, float]] = []
 
     def sync(self) -> None:
         if self.device != "cpu":
             device_backend(self.device).synchronize()
 
-    def median_s(self, fn: Callable[[], object]) -> float:
+    def median_s(self, fn: Callable[[], object], label: str) -> float:
         for _ in range(self.warmup):
             fn()
         self.sync()
@@ -131,7 +143,9 @@ class _Timer:
                 fn()
                 self.sync()
                 times.append(time.perf_counter() - t0)
-        return float(statistics.median(times))
+        median = float(statistics.median(times))
+        self.spreads.append((label, (max(times) - min(times)) / median if median > 0 else 0.0))
+        return median
 
 
 def device_backend(device: str):
@@ -187,7 +201,22 @@ def measure(settings: CalibrationSettings, progress: Progress = None) -> dict:
     tick("linear-layer GEMMs")
     results["attention"] = _attention_check(torch, timer, dev, settings, gen)
     tick("decode attention")
+    results["noise"] = noise(timer.spreads, [row["contiguous_bytes_per_s"] for row in results["scattered"]])
     return results
+
+
+def noise(spreads: list[tuple[str, float]], copy_rates: list[float]) -> dict:
+    """How disturbed the run was: the widest spread of any timing's repeats and which timing, the
+    timings past NOISY_SPREAD, and the spread of the contiguous copies of the scattered table (the
+    same bytes copied at every run length, so one rate in an idle run). A busy 2-vCPU machine
+    (two fresh clones installing beside a --quick run) gave copies of 4.2 to 28 GB/s and an
+    efficiency of 1.0 at 256-byte runs between 0.49 at 64 B and 0.67 at 1 KiB."""
+    worst_label, worst = max(spreads, key=lambda item: item[1])
+    mid = statistics.median(copy_rates)
+    return {"timings": len(spreads), "widest_repeat_spread": round(worst, 4), "widest": worst_label,
+            "noisy": [label for label, spread in spreads if spread > NOISY_SPREAD],
+            "copy_rate_spread": round((max(copy_rates) - min(copy_rates)) / mid, 4) if mid > 0 else 0.0}
+
 
 
 def _bandwidths(torch, timer: _Timer, dev, settings: CalibrationSettings, gen, tick) -> dict:
@@ -196,10 +225,10 @@ def _bandwidths(torch, timer: _Timer, dev, settings: CalibrationSettings, gen, t
     src = torch.ones(n // 4, dtype=torch.float32, device=dev)
     dst = torch.empty_like(src)
     results: dict = {}
-    t = timer.median_s(lambda: torch.sum(src))
+    t = timer.median_s(lambda: torch.sum(src), "sequential read")
     results["sequential_read_bytes_per_s"] = n / t
     tick("sequential read")
-    t = timer.median_s(lambda: dst.copy_(src))
+    t = timer.median_s(lambda: dst.copy_(src), "device copy")
     results["copy_bytes_per_s"] = 2 * n / t  # STREAM convention: bytes read + bytes written
     tick("device copy")
     words, out = src.view(torch.int64), dst.view(torch.int64)
@@ -209,9 +238,10 @@ def _bandwidths(torch, timer: _Timer, dev, settings: CalibrationSettings, gen, t
         k = min(rows.shape[0], max(1, settings.gather_bytes // chunk))
         index = torch.randperm(rows.shape[0], generator=gen)[:k].to(dev)
         gathered = out[: k * chunk // 8].view(k, chunk // 8)
-        t_gather = timer.median_s(lambda: torch.index_select(rows, 0, index, out=gathered))
+        t_gather = timer.median_s(lambda: torch.index_select(rows, 0, index, out=gathered),
+                                  f"{format_bytes(chunk)} runs gathered")
         flat_src, flat_dst = words[: k * chunk // 8], out[: k * chunk // 8]
-        t_copy = timer.median_s(lambda: flat_dst.copy_(flat_src))
+        t_copy = timer.median_s(lambda: flat_dst.copy_(flat_src), f"{format_bytes(chunk)} runs' contiguous copy")
         scattered.append({"chunk_bytes": chunk, "gather_bytes_per_s": k * chunk / t_gather,
                           "contiguous_bytes_per_s": k * chunk / t_copy, "ratio": t_copy / t_gather})
         tick(f"scattered {format_bytes(chunk)} runs")
@@ -246,7 +276,8 @@ def _matmul_rate(torch, timer: _Timer, dev, dtype, n_max: int) -> tuple[float, i
             probe = torch.randn(n, n, device=dev).to(dtype)
         a = torch.randn(n, n, device=dev).to(dtype)
         b = torch.randn(n, n, device=dev).to(dtype)
-        t = timer.median_s(lambda: torch.matmul(a, b))
+        name = {"float16": "fp16", "bfloat16": "bf16"}.get(str(dtype).removeprefix("torch."), str(dtype))
+        t = timer.median_s(lambda: torch.matmul(a, b), f"{name} matmul")
     except RuntimeError:
         return None
     return 2.0 * n**3 / t, n
@@ -271,7 +302,7 @@ def _gemm_table(torch, timer: _Timer, dev, s: CalibrationSettings, results: dict
     rows = []
     for m in s.gemm_tokens:
         x, y = activations[:m], out[:m]
-        t = timer.median_s(lambda: torch.matmul(x, weights.T, out=y))
+        t = timer.median_s(lambda: torch.matmul(x, weights.T, out=y), f"GEMM at {m:,} tokens")
         ideal = roofline.roofline_s(weight_bytes, flops_per_token, float(m))
         rows.append({"tokens": m, "seconds": t, "efficiency": max(MIN_EFFICIENCY, min(1.0, ideal / t))})
     return {"dtype": dtype_name, "hidden": k, "weight_bytes": int(weight_bytes), "rows": rows}
@@ -305,8 +336,9 @@ def _attention_check(torch, timer: _Timer, dev, s: CalibrationSettings, gen) -> 
     contiguous = F.scaled_dot_product_attention(q, k, v)
     paged = F.scaled_dot_product_attention(q, gathered(k_pool, k_buf), gathered(v_pool, v_buf))
     assert torch.allclose(contiguous, paged, atol=1e-3, rtol=1e-3), "the paged gather reordered the KV"
-    t_contig = timer.median_s(lambda: F.scaled_dot_product_attention(q, k, v))
-    t_paged = timer.median_s(lambda: F.scaled_dot_product_attention(q, gathered(k_pool, k_buf), gathered(v_pool, v_buf)))
+    t_contig = timer.median_s(lambda: F.scaled_dot_product_attention(q, k, v), "contiguous attention")
+    t_paged = timer.median_s(lambda: F.scaled_dot_product_attention(q, gathered(k_pool, k_buf), gathered(v_pool, v_buf)),
+                             "paged attention")
     kv_bytes = 2 * k.numel() * k.element_size()
     return {"batch": b, "heads": h, "head_dim": d, "context_tokens": ctx, "block_tokens": blk,
             "dtype": str(dtype).removeprefix("torch."), "kv_bytes": kv_bytes,
@@ -399,6 +431,7 @@ def _calibration_record(results: dict) -> dict:
         "gemm": {**{k: v for k, v in results["gemm"].items() if k != "rows"},
                  "rows": [{"tokens": r["tokens"], "seconds": float(f"{r['seconds']:.6g}"),
                            "efficiency": round(r["efficiency"], 4)} for r in results["gemm"]["rows"]]},
+        "noise": results["noise"],
     }
     for key in ("matmul_fp16_flops", "matmul_bf16_flops"):
         if results[key] is not None:

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from odmactl.core.units import format_bytes, format_rate
+from odmactl.device.calibrate import COPY_SPREAD_LIMIT, NOISY_SHARE, NOISY_SPREAD
 from odmactl.hw.profiles import profiles_dir
 from odmactl.render.tables import narrow_table
 
@@ -145,6 +146,23 @@ def render_model(console: Console, m: dict) -> None:
     console.print(table)
 
 
+def noise_lines(record: dict) -> list[str]:
+    """Warnings for a calibration's [calibration.noise] record when the run was disturbed (device/
+    calibrate.py NOISY_SHARE, COPY_SPREAD_LIMIT); none for a profile written before it was kept."""
+    n = record.get("noise")
+    if not n:
+        return []
+    lines = []
+    if len(n["noisy"]) > NOISY_SHARE * n["timings"]:
+        lines.append(f"{len(n['noisy'])} of {n['timings']} timings spread more than {NOISY_SPREAD:.0%} over their "
+                     f"repeats (widest: {n['widest']}, {n['widest_repeat_spread']:.0%}): the machine was busy or "
+                     "throttling while it measured; run calibrate again on an idle machine")
+    if n["copy_rate_spread"] > COPY_SPREAD_LIMIT:
+        lines.append(f"the same contiguous copy measured rates {n['copy_rate_spread']:.0%} apart across the scattered "
+                     "table's run lengths: its efficiencies are not to be trusted; run calibrate again on an idle "
+                     "machine")
+    return lines
+
 def render_calibration(console: Console, out_path: str, doc: dict, seconds: float) -> None:
     cal = doc["calibration"]
     console.print(escape(f"measured {doc['measurement']['device']} in {seconds:,.1f} s -> {out_path}"))
@@ -178,7 +196,8 @@ def render_calibration(console: Console, out_path: str, doc: dict, seconds: floa
         for row in gemm["rows"]:
             g.add_row(f"{row['tokens']:,}", f"{row['seconds'] * 1e3:.3f} ms", f"{row['efficiency']:.4f}")
         console.print(g)
-
+    for line in noise_lines(cal):
+        console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False)
 
 def render_kernels(console: Console, doc: dict) -> None:
     """`profiles kernels`: the derived [kernels] table, the fits' residuals and the comparison."""
