@@ -39,7 +39,7 @@ def capacity(
     trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest` (with arrival times)")],
     device: Annotated[str, typer.Option(help="device profile name or TOML path")],
     model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
-    slo: Annotated[list[str], typer.Option(help="latency limits, e.g. ttft_p99=2s,tpot_p99=100ms (ttft_p50, ttft_p99, tpot_p50, tpot_p99)")],
+    slo: Annotated[list[str], typer.Option(metavar="<metric=time,...>", help="latency limits, e.g. ttft_p99=2s,tpot_p99=100ms (ttft_p50, ttft_p99, tpot_p50, tpot_p99)")],
     policies: Annotated[str, typer.Option(help=f"comma-separated policies, of {', '.join(ALLOCATORS)}")] = "static,paged,s3,odma",
     config: Annotated[Optional[Path], typer.Option(help="config TOML (plan's output): its [allocator] and [scheduler] apply")] = None,
     predictor: Annotated[Optional[str], typer.Option(help="`odmactl fit` artifact folder, `oracle` or `none` "

@@ -37,7 +37,7 @@ def check(
     max_rejection_rate: Annotated[Optional[float], typer.Option(help="fail when rejections / requests is above this")] = None,
     min_tps_gain: Annotated[Optional[float], typer.Option(help="fail when tps / baseline tps - 1 is below this (0.2 = +20%)")] = None,
     baseline: Annotated[Optional[str], typer.Option(help="policy min_tps_gain compares with (default static)")] = None,
-    slo: Annotated[Optional[list[str]], typer.Option(help="fail when a latency passes its limit, written as capacity's --slo: "
+    slo: Annotated[Optional[list[str]], typer.Option(metavar="<metric=time,...>", help="fail when a latency passes its limit, written as capacity's --slo: "
                                                     "e.g. ttft_p99=2s,tpot_p99=100ms (ttft_p50, ttft_p99, tpot_p50, "
                                                     "tpot_p99; [thresholds] max_ttft_p99_s and the like)")] = None,
     rate: Annotated[Optional[float], typer.Option(help="rescale arrivals to this many requests/s")] = None,

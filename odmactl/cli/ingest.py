@@ -19,7 +19,7 @@ def ingest(
     fmt: Annotated[str, typer.Option("--format", "-f", help="auto, azure, burstgpt, mooncake, vidur, alpaca, alpaca-eval, arena-hard, servegen, csv, jsonl, parquet")] = "auto",
     tokenizer: Annotated[Optional[Path], typer.Option(help="local Hugging Face tokenizer directory for text datasets (default: shipped Qwen2 tokenizer)")] = None,
     force: Annotated[bool, typer.Option(help="replace --out if it exists")] = False,
-    column_map: Annotated[list[str], typer.Option("--map", help="canonical=source column mapping for csv/jsonl/parquet (repeatable)")] = [],
+    column_map: Annotated[list[str], typer.Option("--map", metavar="<canonical=source>", help="canonical=source column mapping for csv/jsonl/parquet (repeatable)")] = [],
     rate: Annotated[Optional[float], typer.Option(help="Poisson arrivals at this many requests/s for sources without timestamps")] = None,
     offline: Annotated[bool, typer.Option(help="all requests of sources without timestamps arrive at t=0")] = False,
     seed: Annotated[int, typer.Option(help="seed for generated arrivals and ServeGen sampling")] = 0,

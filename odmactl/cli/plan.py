@@ -21,7 +21,7 @@ def plan(
     predictor: Annotated[str, typer.Option(help="`odmactl fit` artifact folder or `oracle` (true lengths, the upper bound)")] = "oracle",
     report: Annotated[Optional[Path], typer.Option(help="write an HTML report with plots")] = None,
     objective: Annotated[str, typer.Option(help="what to maximise: tps, utilization, or capacity (the request rate sustained within --slo)")] = "tps",
-    slo: Annotated[Optional[list[str]], typer.Option(help="with --objective capacity: latency limits, e.g. ttft_p99=2s,tpot_p99=100ms")] = None,
+    slo: Annotated[Optional[list[str]], typer.Option(metavar="<metric=time,...>", help="with --objective capacity: latency limits, e.g. ttft_p99=2s,tpot_p99=100ms")] = None,
     max_migration_rate: Annotated[float, typer.Option(help="most overflows (migrations + preemptions) per request the recommendation may cause")] = 0.005,
     max_rejection_rate: Annotated[float, typer.Option(help="most rejected requests (prompts past max_model_len) per request")] = 0.0,
     ttft_p99: Annotated[Optional[float], typer.Option(help="most seconds of TTFT p99 the recommendation may cause")] = None,
