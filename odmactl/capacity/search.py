@@ -37,7 +37,7 @@ import numpy as np
 from odmactl.allocator import ALLOCATORS
 from odmactl.capacity.slo import Slo
 from odmactl.run.replay import ReplayContext, replay_policy, replayed_together
-from odmactl.sim.metrics import MIN_COMPLETED, p50_p99
+from odmactl.sim.metrics import LATENCY_METRICS, MIN_COMPLETED, p50_p99
 from odmactl.sim.workload import CLOCK_LIMIT_PS, PS
 
 MAX_SCALE_STEPS = 20  # doubling or halving from the trace's own rate: scales 2**-20 .. 2**20
@@ -126,7 +126,7 @@ def served_as_replayed(ctx: ReplayContext, metrics: dict) -> dict | None:
     w = ctx.workload
     if not np.array_equal(w.at_rate_scale(1.0).arrival_ps, w.arrival_ps):
         return None
-    return _combined([metrics], {key: metrics[key] for key in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")},
+    return _combined([metrics], {key: metrics[key] for key in LATENCY_METRICS},
                      metrics["makespan_s"], 1.0)
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from odmactl.core.errors import ConfigError, did_you_mean
 from odmactl.core.units import QuantityError, format_seconds, parse_quantity
-from odmactl.sim.metrics import LATENCY_LIMIT_MAX_S, LATENCY_METRICS
+from odmactl.sim.metrics import LATENCY_LIMIT_MAX_S, LATENCY_METRICS, latency_limit_ok
 
 METRICS = LATENCY_METRICS  # the replay's latency metrics, in seconds
 
@@ -15,7 +14,7 @@ METRICS = LATENCY_METRICS  # the replay's latency metrics, in seconds
 @dataclass(frozen=True)
 class Slo:
     """Upper limits in seconds on latency metrics of a replay. Invariant: at least one limit, each
-    metric one of METRICS, each limit in (0, LATENCY_LIMIT_MAX_S]."""
+    metric one of METRICS, each limit `latency_limit_ok`."""
 
     limits_s: tuple[tuple[str, float], ...]
 
@@ -41,7 +40,7 @@ class Slo:
                 guess = exc.suggested(space="")
                 raise ConfigError(f"--slo {metric}: {exc.problem}"
                                   + (f"; did you mean {metric}={guess}?" if guess else "")) from None
-            if not (math.isfinite(seconds) and 0 < seconds <= LATENCY_LIMIT_MAX_S):
+            if not latency_limit_ok(seconds):
                 raise ConfigError(f"--slo {metric} must be a time > 0 and at most {LATENCY_LIMIT_MAX_S:,.0f} s, "
                                   f"got '{value.strip()}'")
             limits[metric] = seconds

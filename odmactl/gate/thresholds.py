@@ -15,8 +15,8 @@ their rules, so that every command reading a config checks the table the same wa
     max_ttft_p99_s      ttft_p99 <= value, in seconds; likewise max_ttft_p50_s, max_tpot_p50_s and
                         max_tpot_p99_s (`check --slo ttft_p99=2s,tpot_p99=100ms` sets them, written
                         as capacity's --slo is). A latency no request had (TPOT where every reply
-                        is one token) meets its bound, as capacity's SLO reads it (capacity/slo.py); where no request
-                        completed, every latency bound fails
+                        is one token) meets its bound, as capacity's SLO reads it (capacity/slo.py);
+                        where no request completed, every latency bound fails
 """
 
 from __future__ import annotations

@@ -34,9 +34,9 @@ class Metric:
         if value is None or (isinstance(value, float) and not math.isfinite(value)):
             return "n/a"
         value = value * self.scale if self.scale != 1 else value
-        if precise:
-            return f"{value * 100:+.10g}%" if self.spec.startswith("+") and self.spec.endswith("%") else \
-                f"{value * 100:.10g}%" if self.spec.endswith("%") else format(value, ",.10g")
+        if precise:  # the spec's sign and percent kept
+            sign, percent = "+" if self.spec.startswith("+") else "", self.spec.endswith("%")
+            return format(value * 100 if percent else value, f"{sign},.10g") + ("%" if percent else "")
         if self.spec == SIG3:  # three significant digits, never rounded to zero: 0.00234, 0.107, 1,235
             if value == 0:
                 return "0"

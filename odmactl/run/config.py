@@ -27,7 +27,7 @@ from odmactl.core.tomltable import TomlTable, load_toml
 from odmactl.hw.profiles import kv_dtype_problem
 from odmactl.predict.source import PREDICTOR_CHOICES
 from odmactl.run.serving import Serving
-from odmactl.sim.metrics import LATENCY_LIMIT_MAX_S, LATENCY_METRICS
+from odmactl.sim.metrics import LATENCY_LIMIT_MAX_S, LATENCY_METRICS, latency_limit_ok
 from odmactl.sim.settings import SchedulerSettings
 
 CONFIG_TABLES = ("allocator", "scheduler", "thresholds")
@@ -48,8 +48,8 @@ class Thresholds:
     """check's gate (gate/thresholds.py): bounds a replay must meet; None leaves that bound
     unchecked. Invariant: rates and utilization in [0, 1], min_tps_gain > -1, latency limits (the
     `LATENCY_THRESHOLDS`, in seconds: `check --slo` sets them as capacity's --slo is written)
-    in (0, LATENCY_LIMIT_MAX_S], baseline a registered policy. Here, below gate/, so that every command reading
-    a config checks its [thresholds] with these rules (`config_tables`)."""
+    `latency_limit_ok`, baseline a registered policy. Here, below gate/, so that every command
+    reading a config checks its [thresholds] with these rules (`config_tables`)."""
 
     min_utilization: float | None = None
     max_migration_rate: float | None = None
@@ -72,7 +72,7 @@ class Thresholds:
                               key="min_tps_gain")
         for name in LATENCY_THRESHOLDS:
             value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and 0.0 < value <= LATENCY_LIMIT_MAX_S):
+            if value is not None and not latency_limit_ok(value):
                 raise ConfigError(f"{name} must be a time in seconds > 0 and at most {LATENCY_LIMIT_MAX_S:,.0f}, "
                                   f"got {value}", key=name)
         problem = unknown_policy(self.baseline)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -107,6 +108,12 @@ LATENCY_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")
 # the largest limit a latency may be given (31.7 years: `--slo ttft_p99=1e9s` reads as "no limit"); its
 # text past it (1e300 s written out, or inf ms) would fill the report
 LATENCY_LIMIT_MAX_S = 1e9
+
+
+def latency_limit_ok(seconds: float) -> bool:
+    """Whether `seconds` may bound a latency (capacity's --slo, check's [thresholds]): finite, > 0
+    and at most LATENCY_LIMIT_MAX_S."""
+    return math.isfinite(seconds) and 0 < seconds <= LATENCY_LIMIT_MAX_S
 
 
 def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
