@@ -155,6 +155,17 @@ def _shape(name: str, part: dict) -> list[str]:
                       f"the r_g chosen in hindsight on these very requests, is {split[16]:.1%} with 16 groups, and "
                       f"passes 60% only with 128 groups of {m['completed'] // 128:,} requests ({split[128]:.1%}). "
                       "plan's hedge table is that rule fitted on the search part instead.")
+    known = part.get("known_effects")
+    if known:
+        k = known["best_split_utilization"]
+        lines[-1] += (f" Nor could a predictor be much sharper on these requests: {known['unseen_generators']} of their "
+                      f"{known['generators']} generators ({known['share_unseen']:.1%} of the requests) are not among the "
+                      f"{known['training_generators']} whose outputs it was fitted on (the trace lists each generator's "
+                      f"outputs in turn), while {known['prompts_seen']:.0%} of their prompts are in its training part; a score no fit could "
+                      "have, each prompt's mean log output over the training generators plus each replayed generator's "
+                      f"offset taken in hindsight, reaches {k[16]:.1%} by the same rule with 16 groups and {k[128]:.1%} "
+                      "with 128, ceilings that bucket rounding and refits only lower. The rest of the spread is each "
+                      "output's own departure from its prompt's and its generator's typical length.")
     return lines + [""]
 
 
@@ -236,9 +247,14 @@ def _best_split(frame, pred: Path, cap: int, groups: int, share: float = 0.005) 
     the r_g and how many outgrow in each group chosen in hindsight, on these very requests (exact:
     a knapsack over the groups of how many of the overflow budget each spends). Bucket rounding,
     refits and the large pool only lower it."""
+    prompt, output, group = _groups_of(frame, pred, cap, groups)
+    return _best_reservation(prompt, output, group, share)
+
+
+def _best_reservation(prompt, output, group, share: float = 0.005) -> float:
+    """`_best_split`'s knapsack for any grouping of the requests (`group`: one label each)."""
     import numpy as np
 
-    prompt, output, group = _groups_of(frame, pred, cap, groups)
     budget = int(share * output.size)
     best = np.zeros(budget + 1)  # the fewest reserved output tokens over the groups so far, per overflows spent
     for g in np.unique(group):
@@ -248,6 +264,33 @@ def _best_split(frame, pred: Path, cap: int, groups: int, share: float = 0.005) 
         cost = np.array([o.size * o[j] if j < o.size else 0 for j in range(budget + 1)], dtype=np.float64)
         best = np.array([min(best[k - j] + cost[j] for j in range(k + 1)) for k in range(budget + 1)])
     return float((prompt + output).sum() / (prompt.sum() + best.min()))
+
+
+def _known_effects(train, frame, cap: int) -> dict:
+    """How far the replayed requests' generators are from the fit's, and `_best_split`'s ceiling
+    for a score no fit could have: each prompt's mean log (capped) output over the training
+    generators, less their means (every replayed prompt is in the training part), plus each
+    replayed generator's median offset from it, taken in hindsight on these very requests."""
+    import numpy as np
+
+    log_out = pl.col("output_tokens").clip(upper_bound=cap).log()
+    seen = set(train["model"].drop_nulls().unique().to_list())
+    offsets = train.with_columns(log_out.alias("lo")).with_columns(
+        (pl.col("lo") - pl.col("lo").mean().over("model")).alias("d"))
+    effect = offsets.group_by("prompt_text").agg(pl.col("d").mean().alias("effect"))
+    replayed = frame.join(effect, on="prompt_text", how="left", maintain_order="left").with_columns(log_out.alias("lo"))
+    score = replayed.with_columns(
+        (pl.col("effect") + (pl.col("lo") - pl.col("effect")).median().over("model")).alias("score"))["score"]
+    prompt = frame["prompt_tokens"].to_numpy().astype(np.int64)
+    output = np.minimum(frame["output_tokens"].to_numpy(), cap).astype(np.int64)
+    ceilings = {}
+    for groups in SPLIT_GROUPS:
+        edges = np.quantile(score.to_numpy(), np.arange(1, groups) / groups)
+        ceilings[groups] = _best_reservation(prompt, output, np.searchsorted(edges, score.to_numpy(), side="right"))
+    return {"generators": frame["model"].n_unique(), "unseen_generators": len(set(frame["model"].unique()) - seen),
+            "training_generators": len(seen), "share_unseen": float((~frame["model"].is_in(list(seen))).mean()),
+            "prompts_seen": float(frame["prompt_text"].is_in(train["prompt_text"].unique().implode()).mean()),
+            "best_split_utilization": ceilings}
 
 
 def _without_spill(config: Path) -> Path | None:
@@ -364,6 +407,8 @@ def main() -> None:
         everything[name] = {"rows": rows, "max_new_tokens": cap, "max_model_len": max_len,
                             "hindsight_utilization": _hindsight(frame, pred, cap),
                             "best_split_utilization": {g: _best_split(frame, pred, cap, g) for g in SPLIT_GROUPS},
+                            "known_effects": (_known_effects(read_trace(args.work / "alpaca_eval-train.parquet"), frame,
+                                                             cap) if name == "alpaca_eval" else None),
                             "share_at_cap": float((output >= cap).mean()),
                             "mean_output_tokens": float(output.mean()), "mean_prompt_tokens": float(prompt.mean()),
                             "plan": planned_said}
