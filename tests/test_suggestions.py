@@ -134,8 +134,11 @@ def test_a_time_without_its_unit_suggests_seconds():
 
 
 def test_an_slo_without_a_unit_suggests_the_flag_as_it_is_written():
-    with pytest.raises(ConfigError, match="did you mean ttft_p99=2s\\?"):
+    # a bare number may be milliseconds (a TPOT of 100) or seconds (a TTFT of 2): both are offered
+    with pytest.raises(ConfigError, match="did you mean ttft_p99=2ms or ttft_p99=2s\\?"):
         Slo.parse("ttft_p99=2")
+    with pytest.raises(ConfigError, match="did you mean tpot_p99=100ms or tpot_p99=100s\\?"):
+        Slo.parse("tpot_p99=100")
     with pytest.raises(ConfigError, match="did you mean tpot_p99=100ms\\?"):
         Slo.parse("ttft_p99=2s,tpot_p99=100 msec")
     with pytest.raises(ConfigError, match="unknown metric 'ttft_99'; did you mean 'ttft_p99'"):
@@ -144,7 +147,7 @@ def test_an_slo_without_a_unit_suggests_the_flag_as_it_is_written():
 
 def test_the_cli_suggests_the_slo(cli, trace):
     result = cli("capacity", trace, "--device", DEVICE, "--model", MODEL, "--slo", "ttft_p99=2", "--policies", "paged")
-    assert result.code == 1 and "did you mean ttft_p99=2s?" in result.err and "Traceback" not in result.err
+    assert result.code == 1 and "did you mean ttft_p99=2ms or ttft_p99=2s?" in result.err and "Traceback" not in result.err
 
 
 # ------------------------------------------------------------------------------- profiles list

@@ -38,6 +38,8 @@ class Slo:
                 seconds = parse_quantity(value.strip(), "seconds")
             except QuantityError as exc:  # its guess in the flag's own form: ttft_p99=2s
                 guess = exc.suggested(space="")
+                if guess and exc.number == value.strip():  # no unit: a TPOT of 100 is 100ms, a TTFT of 2 is 2s
+                    guess = f"{exc.number}ms or {metric}={exc.number}s"
                 raise ConfigError(f"--slo {metric}: {exc.problem}"
                                   + (f"; did you mean {metric}={guess}?" if guess else "")) from None
             if not latency_limit_ok(seconds):
