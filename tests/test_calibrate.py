@@ -147,7 +147,7 @@ def test_a_disturbed_calibration_says_so():
     idle = noise([("sequential read", 0.02), ("device copy", 0.05), ("64 B runs gathered", 2.4), ("bf16 matmul", 0.1)],
                  [10e9, 12e9, 8.5e9])
     assert idle == {"timings": 4, "widest_repeat_spread": 2.4, "widest": "64 B runs gathered",
-                    "noisy": ["64 B runs gathered"], "copy_rate_spread": 0.35}
+                    "noisy": ["64 B runs gathered"], "copy_rate_spread": 0.35, "efficiency_dips": []}
     assert noise_lines({"noise": idle}) == [] and noise_lines({}) == []  # a profile from before the record
     busy = noise([("sequential read", 0.02), ("64 B runs gathered", 3.5), ("device copy", NOISY_SPREAD + 0.01)],
                  [4.2e9, 28e9, 23e9])
@@ -156,3 +156,25 @@ def test_a_disturbed_calibration_says_so():
     assert len(lines) == 2 and lines[0].startswith("2 of 3 timings spread more than 25% over their repeats (widest: "
                                                     "64 B runs gathered, 350%)")
     assert "103% apart" in lines[1]
+
+
+def test_a_scattered_run_reading_far_below_a_shorter_one_is_a_dip():
+    """Longer runs read at least as well on an idle device, but for cache sizes: an idle run's
+    deepest dip here (256 KiB at 0.42 of 64 KiB's 1.0) passes; beside two memory-bound jobs 1 MiB
+    and 2 MiB read 0.031 and 0.063 after 1.0 (the copies and the repeats agreeing), a warning."""
+    from odmactl.device.calibrate import EFFICIENCY_DIP, noise
+    from odmactl.render.console_profiles import noise_lines
+
+    spreads, copies = [("sequential read", 0.02)], [10e9, 10.5e9]
+    idle = noise(spreads, copies, [("64 B", 0.155), ("64 KiB", 1.0), ("256 KiB", 0.4226), ("1 MiB", 0.79)])
+    assert idle["efficiency_dips"] == [] and noise_lines({"noise": idle}) == []
+    busy = noise(spreads, copies, [("64 B", 0.52), ("256 KiB", 1.0), ("1 MiB", 0.031), ("2 MiB", 0.0626)])
+    assert busy["efficiency_dips"] == ["1 MiB", "2 MiB"]
+    assert noise_lines({"noise": busy}) == [
+        f"scattered reads of 1 MiB and 2 MiB runs had under {EFFICIENCY_DIP:.0%} of a shorter run's efficiency, "
+        "which longer runs do not have on an idle device: run calibrate again on an idle machine"]
+    one = noise(spreads, copies, [("256 KiB", 1.0), ("1 MiB", 0.031)])
+    assert noise_lines({"noise": one})[0].startswith("scattered reads of 1 MiB runs had under")
+    # just above the limit is no dip; the first run length has nothing to dip below
+    edge = noise(spreads, copies, [("64 B", 0.01), ("1 KiB", 0.8), ("4 KiB", EFFICIENCY_DIP * 0.8 + 1e-9)])
+    assert edge["efficiency_dips"] == []

@@ -111,6 +111,11 @@ def resolve_device(name: str) -> str:
 NOISY_SPREAD = 0.25
 NOISY_SHARE = 0.25
 COPY_SPREAD_LIMIT = 0.75
+# a scattered run length whose efficiency is below EFFICIENCY_DIP times the best of any shorter run
+# dips (longer runs read at least as well, but for cache sizes): idle, this VM's `--quick` runs had
+# their deepest dip at 256 KiB, 0.42-0.70 of 64 KiB's (0.43 at worst, three runs); beside two
+# memory-bound jobs, 1 MiB and 2 MiB read 0.031 and 0.063 after 1.0 at 256 KiB, the copies 6% apart
+EFFICIENCY_DIP = 0.25
 
 
 class _Timer:
@@ -201,21 +206,33 @@ def measure(settings: CalibrationSettings, progress: Progress = None) -> dict:
     tick("linear-layer GEMMs")
     results["attention"] = _attention_check(torch, timer, dev, settings, gen)
     tick("decode attention")
-    results["noise"] = noise(timer.spreads, [row["contiguous_bytes_per_s"] for row in results["scattered"]])
+    scattered = results["scattered"]
+    results["noise"] = noise(timer.spreads, [row["contiguous_bytes_per_s"] for row in scattered],
+                             [(format_bytes(row["chunk_bytes"]), min(1.0, row["ratio"])) for row in scattered])
     return results
 
 
-def noise(spreads: list[tuple[str, float]], copy_rates: list[float]) -> dict:
+def noise(spreads: list[tuple[str, float]], copy_rates: list[float],
+          efficiencies: list[tuple[str, float]] = ()) -> dict:
     """How disturbed the run was: the widest spread of any timing's repeats and which timing, the
-    timings past NOISY_SPREAD, and the spread of the contiguous copies of the scattered table (the
-    same bytes copied at every run length, so one rate in an idle run). A busy 2-vCPU machine
-    (two fresh clones installing beside a --quick run) gave copies of 4.2 to 28 GB/s and an
-    efficiency of 1.0 at 256-byte runs between 0.49 at 64 B and 0.67 at 1 KiB."""
+    timings past NOISY_SPREAD, the spread of the contiguous copies of the scattered table (the
+    same bytes copied at every run length, so one rate in an idle run), and the run lengths whose
+    efficiency dips below EFFICIENCY_DIP of a shorter run's (`efficiencies`: run length and
+    efficiency, shortest first). A busy 2-vCPU machine (two fresh clones installing beside a
+    --quick run) gave copies of 4.2 to 28 GB/s and an efficiency of 1.0 at 256-byte runs between
+    0.49 at 64 B and 0.67 at 1 KiB; beside two memory-bound jobs, copies that agreed and 1 MiB runs
+    at 0.031."""
     worst_label, worst = max(spreads, key=lambda item: item[1])
     mid = statistics.median(copy_rates)
+    dips, best = [], 0.0
+    for label, efficiency in efficiencies:
+        if efficiency < EFFICIENCY_DIP * best:
+            dips.append(label)
+        best = max(best, efficiency)
     return {"timings": len(spreads), "widest_repeat_spread": round(worst, 4), "widest": worst_label,
             "noisy": [label for label, spread in spreads if spread > NOISY_SPREAD],
-            "copy_rate_spread": round((max(copy_rates) - min(copy_rates)) / mid, 4) if mid > 0 else 0.0}
+            "copy_rate_spread": round((max(copy_rates) - min(copy_rates)) / mid, 4) if mid > 0 else 0.0,
+            "efficiency_dips": dips}
 
 
 

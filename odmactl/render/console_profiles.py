@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from odmactl.core.units import format_bytes, format_rate
-from odmactl.device.calibrate import COPY_SPREAD_LIMIT, NOISY_SHARE, NOISY_SPREAD
+from odmactl.device.calibrate import COPY_SPREAD_LIMIT, EFFICIENCY_DIP, NOISY_SHARE, NOISY_SPREAD
 from odmactl.hw.profiles import profiles_dir
 from odmactl.render.tables import narrow_table
 
@@ -148,7 +148,7 @@ def render_model(console: Console, m: dict) -> None:
 
 def noise_lines(record: dict) -> list[str]:
     """Warnings for a calibration's [calibration.noise] record when the run was disturbed (device/
-    calibrate.py NOISY_SHARE, COPY_SPREAD_LIMIT); none for a profile written before it was kept."""
+    calibrate.py NOISY_SHARE, COPY_SPREAD_LIMIT, EFFICIENCY_DIP); none for a profile written before it was kept."""
     n = record.get("noise")
     if not n:
         return []
@@ -161,6 +161,11 @@ def noise_lines(record: dict) -> list[str]:
         lines.append(f"the same contiguous copy measured rates {n['copy_rate_spread']:.0%} apart across the scattered "
                      "table's run lengths: its efficiencies are not to be trusted; run calibrate again on an idle "
                      "machine")
+    if n.get("efficiency_dips"):  # a profile from before the check has none
+        dips = n["efficiency_dips"]
+        runs = ", ".join(dips[:-1]) + " and " + dips[-1] if len(dips) > 1 else dips[0]
+        lines.append(f"scattered reads of {runs} runs had under {EFFICIENCY_DIP:.0%} of a shorter run's efficiency, "
+                     "which longer runs do not have on an idle device: run calibrate again on an idle machine")
     return lines
 
 def render_calibration(console: Console, out_path: str, doc: dict, seconds: float) -> None:
