@@ -139,6 +139,15 @@ def test_an_slo_without_a_unit_suggests_the_flag_as_it_is_written():
         Slo.parse("ttft_p99=2")
     with pytest.raises(ConfigError, match="did you mean tpot_p99=100ms or tpot_p99=100s\\?"):
         Slo.parse("tpot_p99=100")
+    # every mistake of one flag at once, numbered, so that it is mended in one go
+    with pytest.raises(ConfigError) as info:
+        Slo.parse("ttft_p99=2,foo=3s,tpot_p99=100,ttft_p99=1s")
+    assert info.value.message == (
+        "--slo has 4 mistakes: 1. ttft_p99: expected a time such as 2s or 100ms, got '2': a number without its unit; "
+        "did you mean ttft_p99=2ms or ttft_p99=2s?; 2. unknown metric 'foo'; 3. tpot_p99: expected a time such as 2s "
+        "or 100ms, got '100': a number without its unit; did you mean tpot_p99=100ms or tpot_p99=100s?; 4. names "
+        "ttft_p99 twice")
+    assert info.value.hint == "metrics: ttft_p50, ttft_p99, tpot_p50, tpot_p99"
     with pytest.raises(ConfigError, match="did you mean tpot_p99=100ms\\?"):
         Slo.parse("ttft_p99=2s,tpot_p99=100 msec")
     with pytest.raises(ConfigError, match="unknown metric 'ttft_99'; did you mean 'ttft_p99'"):

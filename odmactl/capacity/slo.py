@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from odmactl.core.errors import ConfigError, did_you_mean
@@ -9,6 +10,7 @@ from odmactl.core.units import QuantityError, format_seconds, parse_quantity
 from odmactl.sim.metrics import LATENCY_LIMIT_MAX_S, LATENCY_METRICS, latency_limit_ok
 
 METRICS = LATENCY_METRICS  # the replay's latency metrics, in seconds
+SLO_TIME = "a time such as 2s or 100ms"  # what a limit reads as, in the flag's own form
 
 
 @dataclass(frozen=True)
@@ -20,32 +22,45 @@ class Slo:
 
     @classmethod
     def parse(cls, text: str) -> Slo:
+        """The limits of `text`; every item that does not read is named in one ConfigError
+        (numbered where there are several), so a flag with two mistakes is mended in one go."""
         limits: dict[str, float] = {}
+        problems: list[str] = []
         for item in (part.strip() for part in text.split(",")):
             if not item:
                 continue
             metric, sep, value = item.partition("=")
             metric = metric.strip()
             if not sep:
-                raise ConfigError(f"--slo expects METRIC=TIME pairs such as ttft_p99=2s, got '{item}'")
+                problems.append(f"--slo expects METRIC=TIME pairs such as ttft_p99=2s, got '{item}'")
+                continue
             if metric not in METRICS:
                 near = did_you_mean(metric, METRICS)
-                raise ConfigError(f"--slo: unknown metric '{metric}'" + (f"; {near}" if near else ""),
-                                  hint=f"one of {', '.join(METRICS)}")
+                problems.append(f"--slo: unknown metric '{metric}'" + (f"; {near}" if near else ""))
+                continue
             if metric in limits:
-                raise ConfigError(f"--slo names {metric} twice")
+                problems.append(f"--slo names {metric} twice")
+                continue
             try:
-                seconds = parse_quantity(value.strip(), "seconds")
+                seconds = parse_quantity(value.strip(), "seconds", expected=SLO_TIME)
             except QuantityError as exc:  # its guess in the flag's own form: ttft_p99=2s
                 guess = exc.suggested(space="")
                 if guess and exc.number == value.strip():  # no unit: a TPOT of 100 is 100ms, a TTFT of 2 is 2s
                     guess = f"{exc.number}ms or {metric}={exc.number}s"
-                raise ConfigError(f"--slo {metric}: {exc.problem}"
-                                  + (f"; did you mean {metric}={guess}?" if guess else "")) from None
+                problems.append(f"--slo {metric}: {exc.problem}" + (f"; did you mean {metric}={guess}?" if guess else ""))
+                limits[metric] = math.nan  # named: a second mention is still "twice"
+                continue
             if not latency_limit_ok(seconds):
-                raise ConfigError(f"--slo {metric} must be a time > 0 and at most {LATENCY_LIMIT_MAX_S:,.0f} s, "
-                                  f"got '{value.strip()}'")
+                problems.append(f"--slo {metric} must be a time > 0 and at most {LATENCY_LIMIT_MAX_S:,.0f} s, "
+                                f"got '{value.strip()}'")
             limits[metric] = seconds
+        if problems:
+            unknown = any("unknown metric" in p for p in problems)
+            hint = f"metrics: {', '.join(METRICS)}" if unknown else None
+            if len(problems) == 1:
+                raise ConfigError(problems[0], hint=hint)
+            raise ConfigError(f"--slo has {len(problems)} mistakes: " + "; ".join(
+                f"{k}. {p.removeprefix('--slo').lstrip(': ')}" for k, p in enumerate(problems, 1)), hint=hint)
         if not limits:
             raise ConfigError("--slo names no limit", hint="e.g. --slo ttft_p99=2s,tpot_p99=100ms")
         return cls(tuple(limits.items()))

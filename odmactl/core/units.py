@@ -56,10 +56,12 @@ def _likely_unit(unit: str, units: dict[str, float]) -> str | None:
     return starts[0] if starts else None
 
 
-def parse_quantity(text: object, kind: str) -> float:
+def parse_quantity(text: object, kind: str, expected: str | None = None) -> float:
     """The value of `text` in base units (bytes, bytes/s, FLOP/s, s); a QuantityError (a
-    ValueError) says what was expected, and what was likely meant where that is clear."""
-    units, expected = KINDS[kind]
+    ValueError) says what was expected (`expected`, else the kind's example: "a time such as
+    '12 us'"), and what was likely meant where that is clear."""
+    units, example = KINDS[kind]
+    expected = expected or example
     if not isinstance(text, str):
         raise QuantityError(f"expected {expected} (a string with its unit), got {text!r}")
     match = _QUANTITY.match(text)
