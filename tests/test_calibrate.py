@@ -86,6 +86,18 @@ def test_calibrate_cpu_quick_writes_a_valid_measured_profile(tmp_path, cli):
     shown = cli("profiles", "show", out, "--json")
     assert shown.code == 0 and json.loads(shown.out)["measured"] is True
 
+    # `profiles show` repeats the warnings of a disturbed run, from the profile's own record
+    text = out.read_text(encoding="utf-8")
+    start = text.index("[calibration.noise]")
+    end = text.find("\n[", start + 1)
+    busy = ('[calibration.noise]\ntimings = 27\nwidest_repeat_spread = 1.0\nwidest = "256 KiB runs gathered"\n'
+            'noisy = []\ncopy_rate_spread = 0.06\nefficiency_dips = ["1 MiB", "2 MiB"]\ngathers_past_copy = []\n')
+    noisy = tmp_path / "noisy.toml"
+    noisy.write_text(text[:start] + busy + (text[end + 1:] if end >= 0 else ""), encoding="utf-8")
+    shown = cli("profiles", "show", noisy)
+    assert shown.code == 0, shown.err
+    assert "warning: scattered reads of 1 MiB and 2 MiB runs had under 25%" in " ".join(shown.out.split())
+
 
 def test_calibrate_never_clobbers_and_refuses_a_missing_device(tmp_path, cli):
     out = tmp_path / "kept.toml"
@@ -147,7 +159,8 @@ def test_a_disturbed_calibration_says_so():
     idle = noise([("sequential read", 0.02), ("device copy", 0.05), ("64 B runs gathered", 2.4), ("bf16 matmul", 0.1)],
                  [10e9, 12e9, 8.5e9])
     assert idle == {"timings": 4, "widest_repeat_spread": 2.4, "widest": "64 B runs gathered",
-                    "noisy": ["64 B runs gathered"], "copy_rate_spread": 0.35, "efficiency_dips": []}
+                    "noisy": ["64 B runs gathered"], "copy_rate_spread": 0.35, "efficiency_dips": [],
+                    "gathers_past_copy": []}
     assert noise_lines({"noise": idle}) == [] and noise_lines({}) == []  # a profile from before the record
     busy = noise([("sequential read", 0.02), ("64 B runs gathered", 3.5), ("device copy", NOISY_SPREAD + 0.01)],
                  [4.2e9, 28e9, 23e9])
@@ -175,6 +188,14 @@ def test_a_scattered_run_reading_far_below_a_shorter_one_is_a_dip():
         "which longer runs do not have on an idle device: run calibrate again on an idle machine"]
     one = noise(spreads, copies, [("256 KiB", 1.0), ("1 MiB", 0.031)])
     assert noise_lines({"noise": one})[0].startswith("scattered reads of 1 MiB runs had under")
+    # a gather 2.3 times as fast as the copy (256 KiB beside the same jobs) is flagged, 1.04 (the
+    # highest of four idle runs, 64 KiB) is not; a dip is judged on the capped efficiencies
+    fast = noise(spreads, copies, [("64 B", 0.5), ("64 KiB", 1.04), ("256 KiB", 2.31), ("1 MiB", 0.2)])
+    assert fast["gathers_past_copy"] == ["256 KiB"] and fast["efficiency_dips"] == ["1 MiB"]
+    assert noise_lines({"noise": fast})[1] == (
+        "random 256 KiB runs were gathered more than 1.5 times as fast as a contiguous copy of the same bytes, which "
+        "no memory does (the profile caps their efficiency at 1): run calibrate again on an idle machine")
+    assert noise(spreads, copies, [("64 B", 0.5), ("1 MiB", 4.0), ("2 MiB", 0.3)])["efficiency_dips"] == []
     # just above the limit is no dip; the first run length has nothing to dip below
     edge = noise(spreads, copies, [("64 B", 0.01), ("1 KiB", 0.8), ("4 KiB", EFFICIENCY_DIP * 0.8 + 1e-9)])
     assert edge["efficiency_dips"] == []

@@ -116,6 +116,10 @@ COPY_SPREAD_LIMIT = 0.75
 # their deepest dip at 256 KiB, 0.42-0.70 of 64 KiB's (0.43 at worst, three runs); beside two
 # memory-bound jobs, 1 MiB and 2 MiB read 0.031 and 0.063 after 1.0 at 256 KiB, the copies 6% apart
 EFFICIENCY_DIP = 0.25
+# a gather of random runs this many times as fast as a contiguous copy of the same bytes is not a
+# property of the memory: idle, the highest ratio of four `--quick` runs was 1.04 (64 KiB runs);
+# beside memory-bound jobs, 256 KiB runs read 2.3-5.5 times the copy's rate
+GATHER_PAST_COPY = 1.5
 
 
 class _Timer:
@@ -208,7 +212,7 @@ def measure(settings: CalibrationSettings, progress: Progress = None) -> dict:
     tick("decode attention")
     scattered = results["scattered"]
     results["noise"] = noise(timer.spreads, [row["contiguous_bytes_per_s"] for row in scattered],
-                             [(format_bytes(row["chunk_bytes"]), min(1.0, row["ratio"])) for row in scattered])
+                             [(format_bytes(row["chunk_bytes"]), row["ratio"]) for row in scattered])
     return results
 
 
@@ -216,23 +220,25 @@ def noise(spreads: list[tuple[str, float]], copy_rates: list[float],
           efficiencies: list[tuple[str, float]] = ()) -> dict:
     """How disturbed the run was: the widest spread of any timing's repeats and which timing, the
     timings past NOISY_SPREAD, the spread of the contiguous copies of the scattered table (the
-    same bytes copied at every run length, so one rate in an idle run), and the run lengths whose
-    efficiency dips below EFFICIENCY_DIP of a shorter run's (`efficiencies`: run length and
-    efficiency, shortest first). A busy 2-vCPU machine (two fresh clones installing beside a
+    same bytes copied at every run length, so one rate in an idle run), the run lengths whose
+    efficiency (capped at 1, as the profile keeps it) dips below EFFICIENCY_DIP of a shorter run's,
+    and those whose gather outran the copy GATHER_PAST_COPY times over (`efficiencies`: run length
+    and gather / copy rate, shortest first). A busy 2-vCPU machine (two fresh clones installing beside a
     --quick run) gave copies of 4.2 to 28 GB/s and an efficiency of 1.0 at 256-byte runs between
     0.49 at 64 B and 0.67 at 1 KiB; beside two memory-bound jobs, copies that agreed and 1 MiB runs
     at 0.031."""
     worst_label, worst = max(spreads, key=lambda item: item[1])
     mid = statistics.median(copy_rates)
     dips, best = [], 0.0
-    for label, efficiency in efficiencies:
-        if efficiency < EFFICIENCY_DIP * best:
+    for label, ratio in efficiencies:
+        if min(1.0, ratio) < EFFICIENCY_DIP * best:
             dips.append(label)
-        best = max(best, efficiency)
+        best = max(best, min(1.0, ratio))
     return {"timings": len(spreads), "widest_repeat_spread": round(worst, 4), "widest": worst_label,
             "noisy": [label for label, spread in spreads if spread > NOISY_SPREAD],
             "copy_rate_spread": round((max(copy_rates) - min(copy_rates)) / mid, 4) if mid > 0 else 0.0,
-            "efficiency_dips": dips}
+            "efficiency_dips": dips,
+            "gathers_past_copy": [label for label, ratio in efficiencies if ratio > GATHER_PAST_COPY]}
 
 
 

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from odmactl.core.units import format_bytes, format_rate
-from odmactl.device.calibrate import COPY_SPREAD_LIMIT, EFFICIENCY_DIP, NOISY_SHARE, NOISY_SPREAD
+from odmactl.device.calibrate import COPY_SPREAD_LIMIT, EFFICIENCY_DIP, GATHER_PAST_COPY, NOISY_SHARE, NOISY_SPREAD
 from odmactl.hw.profiles import profiles_dir
 from odmactl.render.tables import narrow_table
 
@@ -68,7 +68,7 @@ def render_device(console: Console, d: dict) -> None:
             ("memory fraction", f"{d['memory_fraction']:g}", src.get("budget.memory_fraction")),
             ("activation reserve", format_bytes(d["activation_reserve_bytes"]), src.get("budget.activation_reserve")),
             ("usable memory", format_bytes(d["usable_bytes"], binary=False), "derived: capacity * memory fraction"),
-            ("ridge point", f"{d['ridge_flops_per_byte']:.0f} FLOP/byte", "derived: fp16 rate / peak bandwidth")]
+            ("ridge point", f"{d['ridge_flops_per_byte']:.3g} FLOP/byte", "derived: fp16 rate / peak bandwidth")]
     link = d["interconnect"]
     if link is None:
         rows.append(("interconnect", "none (--tp 1 only)", "the profile has no [interconnect] table"))
@@ -90,13 +90,16 @@ def render_device(console: Console, d: dict) -> None:
     for name, value, source in rows:
         table.add_row(name, escape(value), escape(source or "-"))
     console.print(table)
-    bw = Table(title="scattered reads: share of peak by contiguous run length", title_justify="left")
+    console.print("scattered reads: share of peak by contiguous run length")  # a title would wrap to the table
+    bw = Table()
     bw.add_column("run")
     bw.add_column("efficiency", justify="right")
     for row in d["bandwidth_table"]:
         bw.add_row(format_bytes(row["chunk_bytes"]), f"{row['efficiency']:.4f}")
     console.print(bw)
-    console.print(escape(f"source: {src.get('bandwidth.scattered', '-')}"), soft_wrap=True)
+    console.print(escape(f"source: {src.get('bandwidth.scattered', '-')}"))
+    for line in noise_lines(d.get("calibration") or {}):  # a measured profile's run was disturbed
+        console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False)
     k = d["kernels"]
     if k is None:
         console.print(escape("kernels: no [kernels] table: GEMMs and prefill attention at the sequential share of "
@@ -109,7 +112,7 @@ def render_device(console: Console, d: dict) -> None:
                              f"attention at {k['prefill_attention_efficiency']:.2f} of peak; elementwise "
                              f"{k['elementwise_layer_fixed_s'] * 1e6:g} us + {k['elementwise_per_token_s'] * 1e6:g} us per "
                              f"token per layer."))
-        console.print(escape(f"kernels source: {src.get('kernels', '-')}"), soft_wrap=True)
+        console.print(escape(f"kernels source: {src.get('kernels', '-')}"))
     rows = [[escape(p["model"]), p["kv_dtype"], format_bytes(p["weight_bytes"]), format_bytes(p["kv_pool_bytes"]),
              f"{p['kv_pool_tokens']:,}"] for p in d["kv_pool"]]
     console.print(narrow_table("KV pool (capacity * fraction - weights - activation reserve)",
@@ -148,7 +151,7 @@ def render_model(console: Console, m: dict) -> None:
 
 def noise_lines(record: dict) -> list[str]:
     """Warnings for a calibration's [calibration.noise] record when the run was disturbed (device/
-    calibrate.py NOISY_SHARE, COPY_SPREAD_LIMIT, EFFICIENCY_DIP); none for a profile written before it was kept."""
+    calibrate.py NOISY_SHARE, COPY_SPREAD_LIMIT, EFFICIENCY_DIP, GATHER_PAST_COPY); none for a profile written before it was kept."""
     n = record.get("noise")
     if not n:
         return []
@@ -166,6 +169,12 @@ def noise_lines(record: dict) -> list[str]:
         runs = ", ".join(dips[:-1]) + " and " + dips[-1] if len(dips) > 1 else dips[0]
         lines.append(f"scattered reads of {runs} runs had under {EFFICIENCY_DIP:.0%} of a shorter run's efficiency, "
                      "which longer runs do not have on an idle device: run calibrate again on an idle machine")
+    if n.get("gathers_past_copy"):
+        runs = n["gathers_past_copy"]
+        runs = ", ".join(runs[:-1]) + " and " + runs[-1] if len(runs) > 1 else runs[0]
+        lines.append(f"random {runs} runs were gathered more than {GATHER_PAST_COPY:g} times as fast as a contiguous "
+                     "copy of the same bytes, which no memory does (the profile caps their efficiency at 1): run "
+                     "calibrate again on an idle machine")
     return lines
 
 def render_calibration(console: Console, out_path: str, doc: dict, seconds: float) -> None:
