@@ -149,7 +149,8 @@ def _shape(name: str, part: dict) -> list[str]:
                           f"{wait['metrics']['tps']:,.0f} tok/s (mean batch {wait['metrics']['mean_batch']:.1f}): plan "
                           "ranks the spill and the wait by the worse of two replays on its search part, with its large "
                           "pool and with half of it (docs/plan.md).")
-        lines[-1] += (" Its utilization and TPS pass the papers' bar; its overflows do not, and no reservation by this "
+        lines[-1] += (" Its utilization and TPS pass the bar odmactl holds a fitted predictor to (at least 60% and "
+                      "static's TPS, with at most 0.5% of requests outgrowing); its overflows do not, and no reservation by this "
                       "predictor's L_hat can without fitting the answers it is scored on: the most any rule reserving "
                       "prompt + r_g per equal group of L_hat reaches with at most 0.5% of these requests outgrowing, "
                       f"the r_g chosen in hindsight on these very requests, is {split[16]:.1%} with 16 groups, and "
@@ -158,14 +159,15 @@ def _shape(name: str, part: dict) -> list[str]:
     known = part.get("known_effects")
     if known:
         k = known["best_split_utilization"]
-        lines[-1] += (f" Nor could a predictor be much sharper on these requests: {known['unseen_generators']} of their "
-                      f"{known['generators']} generators ({known['share_unseen']:.1%} of the requests) are not among the "
-                      f"{known['training_generators']} whose outputs it was fitted on (the trace lists each generator's "
-                      f"outputs in turn), while {known['prompts_seen']:.0%} of their prompts are in its training part; a score no fit could "
-                      "have, each prompt's mean log output over the training generators plus each replayed generator's "
-                      f"offset taken in hindsight, reaches {k[16]:.1%} by the same rule with 16 groups and {k[128]:.1%} "
-                      "with 128, ceilings that bucket rounding and refits only lower. The rest of the spread is each "
-                      "output's own departure from its prompt's and its generator's typical length.")
+        lines[-1] += (f" Nor would a sharper predictor pass by much. The split leaves {known['share_unseen']:.1%} of "
+                      f"the replayed requests to {known['unseen_generators']} of their {known['generators']} generators, "
+                      f"none among the {known['training_generators']} the predictor was fitted on (the trace lists each "
+                      f"generator's outputs in turn; {known['prompts_seen']:.0%} of the prompts are in the training "
+                      "part), but that is not what holds it back: a score that knows, in hindsight, each replayed "
+                      "generator's offset, plus each prompt's mean log output over the training generators, reaches "
+                      f"{k[16]:.1%} by the same rule with 16 groups and {k[128]:.1%} with 128 (ceilings computed on the "
+                      "requests, not replays; bucket rounding and refits only lower them). The rest of the spread is "
+                      "each output's own departure from its prompt's and its generator's typical length.")
     return lines + [""]
 
 

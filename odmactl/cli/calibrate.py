@@ -12,7 +12,7 @@ from odmactl.cli.inputs import check_outputs
 from odmactl.core.errors import OdmaError
 
 
-@app.command()
+@app.command(short_help="Measure this machine with torch into a device profile.")  # the line `odmactl --help` lists
 def calibrate(
     out_path: Annotated[Path, typer.Option("--out", "-o", help="device profile TOML to write")],
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or mlu")] = "auto",

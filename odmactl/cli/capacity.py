@@ -13,6 +13,8 @@ from odmactl.cli.app import app, out, print_written, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     KvDtypeOption,
+    MaxNumBatchedTokensOption,
+    MaxNumSeqsOption,
     EngineOption,
     PrefixCachingOption,
     MaxNewTokensOption,
@@ -34,7 +36,7 @@ def _sizes(text: str) -> tuple[int, ...]:
         raise ConfigError(f"--tp expects comma-separated whole numbers such as 1,2,4, got '{text}'") from None
 
 
-@app.command()
+@app.command(short_help="Each policy's highest rate within an SLO; devices for a target.")  # the line `odmactl --help` lists
 def capacity(
     trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest` (with arrival times)")],
     device: Annotated[str, typer.Option(help="device profile name or TOML path")],
@@ -58,8 +60,8 @@ def capacity(
                                              + " (docs/capacity.md compares them)")] = DEFAULT_ROUTER,
     executor: Annotated[str, typer.Option(help="process (local workers) or ray (a Ray cluster; the ray extra)")] = "process",
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's longest)")] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default: the engine's on the device: 256; 1,024 under vllm-v1 on a device of 70 GiB or more but an A100)")] = None,
-    max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="token budget of one iteration (default: the engine's: vllm-v0 max(max_model_len, 2048), vllm-v1 8,192 on a device of 70 GiB or more but an A100, else 2,048)")] = None,
+    max_num_seqs: MaxNumSeqsOption = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOption = None,
     kv_dtype: KvDtypeOption = "fp16",
     block_size: BlockSizeOption = None,
     engine: EngineOption = None,

@@ -22,7 +22,7 @@ from odmactl.cli.inputs import (
 )
 
 
-@app.command()
+@app.command(short_help="Replay a config and test thresholds (exit 1 when one fails).")  # the line `odmactl --help` lists
 def check(
     trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest`")],
     config: Annotated[Path, typer.Option(help="config TOML (plan's output): [allocator], [scheduler], [thresholds]")],

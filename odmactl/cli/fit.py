@@ -12,7 +12,7 @@ from odmactl.cli.inputs import check_outputs, input_paths
 from odmactl.predict.settings import DEFAULT_UNCERTAINTY
 
 
-@app.command()
+@app.command(short_help="Train the length predictor and quantile buckets; evaluate them.")  # the line `odmactl --help` lists
 def fit(
     trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest`")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="predictor artifact directory to write")],

@@ -12,7 +12,7 @@ from odmactl.cli.app import app, err, out, printable, progress_for
 from odmactl.cli.inputs import check_outputs, input_paths, parse_map
 
 
-@app.command()
+@app.command(short_help="Normalize traces and datasets into the canonical parquet schema.")  # the line `odmactl --help` lists
 def ingest(
     sources: Annotated[list[Path], typer.Argument(help="trace or dataset files (gzip ok), or a ServeGen model folder")],
     out_path: Annotated[Path, typer.Option("--out", "-o", help="canonical parquet to write")],

@@ -178,5 +178,11 @@ MaxNewTokensOption = Annotated[Optional[int], typer.Option(
     "truncated), and static reserves prompt + this, the ODMA papers' Cambricon-vLLM baseline (default: no cap, and "
     "static reserves max_model_len; plan and capacity compare static both ways, at prompt + the power of two that holds "
     "the longest output when this is not given)")]
+MaxNumSeqsOption = Annotated[Optional[int], typer.Option(
+    "--max-num-seqs", help="most requests in a batch, as vLLM's (default: the engine's on the device: 256; 1,024 "
+    "under vllm-v1 on a device of 70 GiB or more other than an A100)")]
+MaxNumBatchedTokensOption = Annotated[Optional[int], typer.Option(
+    "--max-num-batched-tokens", help="token budget of one iteration, as vLLM's (default: the engine's: vllm-v0 "
+    "max(max_model_len, 2048), vllm-v1 8,192 on a device of 70 GiB or more other than an A100, else 2,048)")]
 MetricsOutOption = Annotated[Optional[Path], typer.Option(
     "--metrics-out", help="write the run's metrics in the Prometheus / OpenMetrics text format (e.g. M.prom)")]

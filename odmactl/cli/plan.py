@@ -9,10 +9,10 @@ import typer
 
 from odmactl.allocator import ALLOCATORS
 from odmactl.cli.app import app, out, progress_for
-from odmactl.cli.inputs import BlockSizeOption, EngineOption, KvDtypeOption, PrefixCachingOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool
+from odmactl.cli.inputs import BlockSizeOption, EngineOption, KvDtypeOption, MaxNumBatchedTokensOption, MaxNumSeqsOption, PrefixCachingOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool
 
 
-@app.command()
+@app.command(short_help="Search ODMA's settings; write a config that passes its gate.")  # the line `odmactl --help` lists
 def plan(
     trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest`")],
     device: Annotated[str, typer.Option(help="device profile name or TOML path")],
@@ -30,9 +30,8 @@ def plan(
     workers: Annotated[int, typer.Option(help="worker processes for the cheap bounds and the replays")] = 1,
     executor: Annotated[str, typer.Option(help="process (local workers) or ray (a Ray cluster; the ray extra)")] = "process",
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the trace's longest, within model and pool)")] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default: the engine's on the device: 256; 1,024 under vllm-v1 on a device of 70 GiB or more but an A100)")] = None,
-    max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="token budget of one iteration, as vLLM's "
-                                                                    "(default: the engine's: vllm-v0 max(max_model_len, 2048), vllm-v1 8,192 on a device of 70 GiB or more but an A100, else 2,048)")] = None,
+    max_num_seqs: MaxNumSeqsOption = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOption = None,
     tp: Annotated[int, typer.Option(help="tensor parallelism: split the model over this many devices of the profile, as vLLM does")] = 1,
     kv_dtype: KvDtypeOption = "fp16",
     block_size: BlockSizeOption = None,

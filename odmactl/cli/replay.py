@@ -12,6 +12,8 @@ from odmactl.cli.app import app, out, print_note, print_written, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     KvDtypeOption,
+    MaxNumBatchedTokensOption,
+    MaxNumSeqsOption,
     EngineOption,
     PrefixCachingOption,
     MaxNewTokensOption,
@@ -23,7 +25,7 @@ from odmactl.cli.inputs import (
 )
 
 
-@app.command()
+@app.command(short_help="Replay a trace through allocator policies; report the metrics.")  # the line `odmactl --help` lists
 def replay(
     trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest`")],
     device: Annotated[str, typer.Option(help="device profile name or TOML path (`odmactl profiles list`); "
@@ -39,9 +41,8 @@ def replay(
     skip: Annotated[int, typer.Option(help="leave out the first N requests (e.g. the part plan searched on)")] = 0,
     limit: Annotated[Optional[int], typer.Option(help="replay only the first N requests (after --skip)")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the trace's longest, within model and pool)")] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option(help="most requests in a batch (default: the engine's on the device: 256; 1,024 under vllm-v1 on a device of 70 GiB or more but an A100)")] = None,
-    max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="token budget of one iteration, as vLLM's "
-                                                                    "(default: the engine's: vllm-v0 max(max_model_len, 2048), vllm-v1 8,192 on a device of 70 GiB or more but an A100, else 2,048)")] = None,
+    max_num_seqs: MaxNumSeqsOption = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOption = None,
     tp: Annotated[int, typer.Option(help="tensor parallelism: split the model over this many devices of the profile, as vLLM does")] = 1,
     kv_dtype: KvDtypeOption = "fp16",
     block_size: BlockSizeOption = None,

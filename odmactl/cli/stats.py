@@ -10,7 +10,7 @@ import typer
 from odmactl.cli.app import app, out
 
 
-@app.command()
+@app.command(short_help="Length and arrival statistics, breakdowns, drift over time.")  # the line `odmactl --help` lists
 def stats(
     trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest`")],
     window: Annotated[float, typer.Option(help="drift window in seconds")] = 600.0,

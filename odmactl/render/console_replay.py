@@ -19,7 +19,7 @@ from odmactl.render.metrics import (
     metric_rows,
     plan_keys,
 )
-from odmactl.render.plan_text import holdout_title, plan_headline, stressed_pool, tuning_keys, tuning_rule
+from odmactl.render.plan_text import holdout_title, plan_headline, search_counts, stressed_pool, tuning_keys, tuning_rule
 from odmactl.render.tables import check_scope, deployment, narrow_table
 from odmactl.render.warnings import check_warnings, mismatch_lines, replay_warnings
 from odmactl.run.serving import static_legend
@@ -217,8 +217,7 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
     _wrapped(console, f"{t['path']}: {t['requests']:,} requests, {deployment(doc)}, predictor {doc['predictor']}; "
                       f"searched on the first {t['search_requests']:,}, validated on the last {t['holdout_requests']:,}",
              "default")
-    _wrapped(console, f"{doc['candidates']:,} candidates: {doc['pruned']:,} pruned by the cheap bounds, "
-                      f"{doc['replayed']} replayed; objective {doc['objective']}, overflow rate + 1 s.e. <= "
+    _wrapped(console, f"{search_counts(doc)}; objective {doc['objective']}, overflow rate + 1 s.e. <= "
                       f"{doc['max_overflow_rate']:.2%}" + (f", TTFT p99 <= {doc['ttft_p99_s']:g} s" if doc["ttft_p99_s"] else ""),
              "default")
     a = doc["chosen"]["allocator"]

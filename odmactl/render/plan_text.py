@@ -81,6 +81,13 @@ def plan_headline(doc: dict) -> list[tuple[str, str]]:
     return lines
 
 
+def search_counts(doc: dict) -> str:
+    """How many candidates the search had and what became of them: the cheap bounds prune the
+    estimates past the overflow limit, and the best of the rest by them are replayed (plan/search.py)."""
+    return (f"{doc['candidates']:,} candidates: {doc['pruned']:,} pruned by the cheap bounds, {doc['replayed']} "
+            f"replayed (the best of the other {doc['candidates'] - doc['pruned']:,} by the bounds)")
+
+
 def holdout_title(doc: dict) -> str:
     """The held-out table's title, with the gate's bounds."""
     g = doc["gate"]["thresholds"]
