@@ -57,6 +57,44 @@ def test_the_reported_rate_meets_the_slo_and_a_higher_one_does_not(small):
         assert row["devices_for_target"] == replicas * row["tp"]
 
 
+def test_the_gate_rate_is_written_as_printed_holds_and_check_passes_there(cli, small):
+    """gate_rate: the highest rate as the table writes it (three significant digits, cut) at which
+    one engine meets the SLO, from the rate found down 1% a try; each rate tried before it broke,
+    and `check --rate` at it passes, since check replays the one engine capacity did."""
+    from odmactl.core.units import floor_sig3
+    from odmactl.render.console_replay import gate_lines
+
+    frame = read_trace(small)
+    spec = _spec(policies=("paged", "odma"), tps=(1,))
+    doc = capacity(frame, spec)
+    target = CapacityTarget(spec.slo, spec.max_migration_rate)
+    setup = serving(spec.device, spec.model)
+    ctx, _ = prepare(frame, spec, setup, policies=spec.policies)
+    mean = doc["trace"]["mean_rate_per_s"]
+    for row in doc["rows"]:
+        gate, tried = row["gate_rate_per_replica"], row["gate_rates_tried"]
+        assert gate is not None and tried[-1] == gate and floor_sig3(gate) == gate
+        assert gate <= row["max_rate_per_replica"] and tried[0] == floor_sig3(row["max_rate_per_replica"])
+        policy, table = row["replayed_as"]["policy"], row["replayed_as"]["allocator"]
+        for rate in tried:
+            assert bool(failures(served(ctx, policy, table, rate / mean), policy, target)) == (rate != gate), rate
+    # a row whose rate as printed did not hold says so, and check at the gate rate passes
+    gated = {"max_rate_per_replica": 0.34544, "gate_rate_per_replica": 0.341, "gate_rates_tried": [0.345, 0.341],
+             "policy": "odma", "tp": 1}
+    held = {**gated, "max_rate_per_replica": 0.3412, "gate_rates_tried": [0.341]}
+    assert gate_lines({"rows": [held]}) == []
+    assert gate_lines({"rows": [gated, held]})[0].startswith("to gate one engine (check --rate), give odma tp 1 0.341 "
+                                                             "req/s: the table's rates are rounded")
+    assert "no rate as printed" in gate_lines({"rows": [{**gated, "gate_rate_per_replica": None}]})[0]
+    row = doc["rows"][1]
+    config = small.parent / "odma_defaults.toml"  # odma at its defaults, as capacity replayed it
+    config.write_text("[allocator]\n")
+    args = ["check", small, "--config", config, *DEVICE, "--policy", "odma", "--predictor", "oracle", "--slo", SLO,
+            "--rate", str(row["gate_rate_per_replica"])]
+    r = cli(*args)
+    assert r.code == 0, r.out + r.err
+
+
 def test_replicas_split_the_requests_round_robin_and_pool_the_percentiles(small):
     frame = read_trace(small)
     spec = _spec()

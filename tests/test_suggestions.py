@@ -223,3 +223,15 @@ def test_vllms_kv_cache_dtype_names_say_what_they_are_here(cli, trace):
     """A new user's case (issue 40): `--kv-dtype fp8_e4m3`, vLLM's name, got no suggestion."""
     r = cli("profiles", "show", MODEL, "--kv-dtype", "fp8_e4m3")
     assert r.code == 2 and "vLLM's fp8_e4m3 is fp8 here" in r.err, r.err
+
+
+def test_floor_sig3_cuts_to_what_the_tables_print():
+    """capacity's gate rate is written as the table writes a rate (render/metrics SIG3), cut rather
+    than rounded, exactly on the float's shortest decimal form (0.345 is not cut to 0.344)."""
+    from odmactl.core.units import floor_sig3
+    from odmactl.render.metrics import format_metric
+
+    for value, cut in [(0.34544, 0.345), (0.345, 0.345), (0.2546, 0.254), (4.64765, 4.64), (1234.7, 1234.0),
+                       (0.0023499, 0.00234), (99.999, 99.9), (100.0, 100.0)]:
+        assert floor_sig3(value) == cut, value
+        assert float(format_metric("max_rate_per_replica", cut).replace(",", "")) == cut

@@ -122,7 +122,7 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
             runs = [(policy, table)] if policy != "static" else static_baselines(
                 spec, ctx.workload, ctx.max_len, ctx.scheduler.max_new_tokens, tables["allocator"])
             names += [name for name, _ in runs]
-            jobs += [(ctx, policy, settings, target, target_rate / mean_rate) for _, settings in runs]
+            jobs += [(ctx, policy, settings, target, target_rate / mean_rate, mean_rate) for _, settings in runs]
     found = run_jobs(jobs, spec.workers, "capacity", progress, fn=capacity_job, executor=spec.executor)
     floors = {tp: zero_load(ctx) for tp, ctx in contexts.items()}
     if all(result["rate_scale"] is None and result["target"]["replicas"] is None for result in found):
@@ -146,6 +146,9 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
             "too_few_served": result["too_few_served"],
             "unbounded": scale is not None and result["next_rate_scale"] is None,
             "max_rate_per_replica": None if scale is None else scale * mean_rate,
+            # the highest rate as the console writes it at which one engine meets the SLO (search.gate_rate)
+            "gate_rate_per_replica": (result["gate"] or {}).get("rate_per_s"),
+            "gate_rates_tried": (result["gate"] or {}).get("tried", []),
             # the rate plan's and replay's overload test says one engine keeps up at (no SLO)
             "keeps_up_rate_per_replica": None if (result["keeps_up"] or {}).get("rate_scale") is None
             else result["keeps_up"]["rate_scale"] * mean_rate,

@@ -24,6 +24,11 @@ Every figure comes from replays, none from division:
   scale; a failure there is reported (`monotone: false`) with the scale that failed.
 - `replicas_for` starts from the division's guess and replays: up by doubling steps while the SLO
   fails, then bisects down to the fewest replicas that meet it.
+- `gate_rate` replays one engine at the reported rate as the console writes it (three significant
+  digits, cut: core/units.floor_sig3) and, where the SLO fails there, 1% lower each time, up to
+  GATE_TRIES rates: the rate a CI gate (`check --rate`) can be given as printed. The SLO is not
+  quite monotone at that scale: on the shipped sample odma held at 0.34544 req/s per engine and
+  broke at 0.345 (TPOT p99 100.2 ms).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import numpy as np
 
 from odmactl.allocator import ALLOCATORS
 from odmactl.capacity.slo import Slo
+from odmactl.core.units import floor_sig3
 from odmactl.run.replay import ReplayContext, replay_policy, replayed_together
 from odmactl.sim.metrics import LATENCY_METRICS, MIN_COMPLETED, p50_p99
 from odmactl.sim.workload import CLOCK_LIMIT_PS, PS
@@ -46,6 +52,8 @@ MAX_SCALE_STEPS = 20  # doubling or halving from the trace's own rate: scales 2*
 # (`too_few_served`)
 MAX_REJECTED_SHARE = 0.10
 MONOTONE_FACTORS = (0.5, 0.25)
+GATE_STEP = 0.01  # `gate_rate`: each rate tried 1% below the last, written to three significant digits
+GATE_TRIES = 5
 
 
 @dataclass(frozen=True)
@@ -272,21 +280,43 @@ def replicas_for(ctx: ReplayContext, policy: str, table: dict, target: CapacityT
     return {"replicas": high, "metrics": runs[high]}
 
 
-def capacity_job(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, target_scale: float) -> dict:
+def gate_rate(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, scale: float, mean_rate: float,
+              memo: dict[float, dict]) -> dict:
+    """The highest rate, written as the console writes it (`floor_sig3`), at which one engine meets
+    the SLO, tried from `scale` (find_capacity's) times `mean_rate` down in GATE_STEP steps:
+    {"rate_per_s": it, or None when none of the GATE_TRIES rates held, "tried": every rate tried,
+    highest first}. `memo` as `find_capacity` takes it."""
+    tried: list[float] = []
+    rate = floor_sig3(scale * mean_rate)
+    for _ in range(GATE_TRIES):
+        tried.append(rate)
+        at = rate / mean_rate
+        if at not in memo:
+            memo[at] = served(ctx, policy, table, at)
+        if not failures(memo[at], policy, target):
+            return {"rate_per_s": rate, "tried": tried}
+        rate = floor_sig3(rate * (1 - GATE_STEP))
+    return {"rate_per_s": None, "tried": tried}
+
+
+def capacity_job(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, target_scale: float,
+                 mean_rate: float | None = None) -> dict:
     """One policy at one tensor-parallel size: its capacity, then the replicas the target needs.
     Where one engine meets the SLO at no rate (a burst or a long prefill that one engine cannot
     absorb), the replicas are still searched, from one engine up: R engines behind the router
-    split what one engine could not."""
+    split what one engine could not. With the trace's `mean_rate`, also `gate_rate` ("gate")."""
     memo: dict[float, dict] = {}
     found = find_capacity(ctx, policy, table, target, memo)
     if found["too_few_served"]:  # no count of engines changes which requests are served
-        return {**found, "keeps_up": None, "target": {"replicas": None, "metrics": found["metrics"]}}
+        return {**found, "keeps_up": None, "gate": None, "target": {"replicas": None, "metrics": found["metrics"]}}
+    gate = None if mean_rate is None or found["rate_scale"] is None else \
+        gate_rate(ctx, policy, table, target, found["rate_scale"], mean_rate, memo)
     # the rate plan and replay say one engine keeps up at (its queue stops growing), from the same
     # probes where they coincide: where the SLO's rate is lower, the SLO binds, not the queue
     keeps_up = sustainable_scale(ctx, policy, table, memo=memo)
     per_replica = found["rate_scale"] if found["rate_scale"] is not None else target_scale
     need = replicas_for(ctx, policy, table, target, target_scale, per_replica)
-    return {**found, "keeps_up": keeps_up, "target": need}
+    return {**found, "keeps_up": keeps_up, "gate": gate, "target": need}
 
 
 def sustainable_scale(ctx: ReplayContext, policy: str, table: dict, metrics: dict | None = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import ROUND_FLOOR, Decimal
 
 _DECIMAL = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
@@ -109,3 +110,15 @@ def format_seconds(seconds: float, space: str = " ") -> str:
     """A duration the way an SLO is written: "100 ms" below a second, "2 s" from one up."""
     return f"{seconds * 1000:g}{space}ms" if seconds < 1 else f"{seconds:g}{space}s"
 
+
+def sig3_decimals(value: float) -> int:
+    """The decimals that write `value` (non-zero) to three significant digits, none from 100 up:
+    0.00234, 0.107, 12.4, 1,235 (render/metrics.py SIG3, capacity's rates)."""
+    return max(0, 2 - math.floor(math.log10(abs(value))))
+
+
+def floor_sig3(value: float) -> float:
+    """The largest figure `sig3_decimals` writes that is at most `value` (> 0): cut, not rounded
+    (0.34544 -> 0.345, 0.2546 -> 0.254); exact on the shortest decimal form of the float."""
+    step = Decimal(1).scaleb(-sig3_decimals(value))
+    return float(Decimal(repr(value)).quantize(step, rounding=ROUND_FLOOR))

@@ -440,8 +440,35 @@ def binding_lines(doc: dict) -> list[str]:
     if replay_s is not None and replay_s < 120:
         lines.append(f"warning: at the target the trace replays in {replay_s:.3g} s: too short for the overload test "
                      "to judge a queue, so devices for such a target may not follow the rate (replay a longer trace)")
+    lines += gate_lines(doc)
     lines.append("devices for the target come from replaying the target traffic on that many engines behind the "
                  "router; the rate per engine is one engine on the whole trace")
+    return lines
+
+
+def gate_lines(doc: dict) -> list[str]:
+    """Where a row's rate per engine as printed is not one at which the SLO held (the rate found is
+    rounded, and at the SLO's edge it holds at one rate and breaks 0.2% below it), the rate that
+    `check --rate` can be given (capacity/search.gate_rate); nothing where the printed rate held."""
+    gates, none = [], []
+    for r in doc["rows"]:
+        found, gate = r["max_rate_per_replica"], r.get("gate_rate_per_replica")
+        if found is None:
+            continue
+        shown = format_metric("max_rate_per_replica", found)
+        if gate is None:
+            tried = ", ".join(format_metric("max_rate_per_replica", t) for t in r.get("gate_rates_tried", []))
+            none.append(f"{r['policy']} tp {r['tp']} (tried {tried})")
+        elif format_metric("max_rate_per_replica", gate) != shown:
+            gates.append(f"{r['policy']} tp {r['tp']} {format_metric('max_rate_per_replica', gate)}")
+    lines = []
+    if gates:
+        lines.append(f"to gate one engine (check --rate), give {', '.join(gates)} req/s: the table's rates are rounded, "
+                     "and at the SLO's edge it can break just below the rate found (--json: gate_rate_per_replica, "
+                     "gate_rates_tried)")
+    if none:
+        lines.append(f"no rate as printed just below the rate found met the SLO for {', '.join(none)}: gate one engine "
+                     "(check --rate) lower")
     return lines
 
 
@@ -488,7 +515,8 @@ def render_capacity(console: Console, doc: dict) -> None:
     legend = static_legend(r["policy"] for r in doc["rows"])
     if legend:
         console.print(escape(legend), highlight=False)
-    console.print(escape(f"rates bracketed to {doc['tolerance']:.0%}: the SLO holds at the rate shown and fails "
-                         "at the next one tried; rejected requests (never fit) do not count against it"),
+    console.print(escape(f"rates bracketed to {doc['tolerance']:.0%}: the SLO holds at the rate found (rounded in "
+                         "the table; exact in --json) and fails at the next one tried; rejected requests (never fit) "
+                         "do not count against it"),
                   highlight=False)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from odmactl.core.units import sig3_decimals
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -42,7 +44,7 @@ class Metric:
                 return "0"
             if abs(value) >= 1e5:  # past five digits, as 1.05e+12, not a row of them
                 return format(value, ".3g")
-            return format(value, f",.{max(0, 2 - math.floor(math.log10(abs(value))))}f")
+            return format(value, f",.{sig3_decimals(value)}f")
         text = format(value, self.spec)
         if text.startswith("-") and not any(c in "123456789" for c in text):  # -0.0004 as "-0.0%": no sign is due
             text = ("+" if self.spec.startswith("+") else "") + text[1:]
