@@ -97,6 +97,25 @@ def test_calibrate_cpu_quick_writes_a_valid_measured_profile(tmp_path, cli):
     shown = cli("profiles", "show", noisy)
     assert shown.code == 0, shown.err
     assert "warning: scattered reads of 1 MiB and 2 MiB runs had under 25%" in " ".join(shown.out.split())
+    # a hand-edited record is refused where the profile is read, naming the key, for every command
+    for bad, key in [("timings = 0", "timings"), ('timings = "27"', "timings"), ("noisy = 3", "noisy"),
+                     ('efficiency_dips = "1 MiB"', "efficiency_dips"), ("efficiency_dips = [1, 2]", "efficiency_dips"),
+                     ('gathers_past_copy = ["\\u001b[31mx"]', "gathers_past_copy"),
+                     ('widest_repeat_spread = "x"', "widest_repeat_spread"), ("copy_rate_spread = -1", "copy_rate_spread"),
+                     ('noisy = ["a", "b"]\ntimings = 1', "noisy")]:
+        edited = busy
+        for line in bad.split("\n"):
+            name = line.split(" = ")[0]
+            edited = "\n".join(line if row.startswith(name + " = ") else row for row in edited.split("\n"))
+        noisy.write_text(text[:start] + edited + (text[end + 1:] if end >= 0 else ""), encoding="utf-8")
+        for args in (("profiles", "show", noisy), ("profiles", "show", noisy, "--json")):
+            r = cli(*args)
+            assert r.code == 1 and f"calibration.noise.{key}" in r.err and "internal error" not in r.err, (bad, r.err)
+    tables = text.split("\n[")  # every [calibration...] table out, and calibration a string at the top
+    kept = "\n[".join(t for t in tables if not t.lstrip("[").startswith("calibration"))
+    noisy.write_text('calibration = "hello"\n' + kept, encoding="utf-8")
+    r = cli("profiles", "show", noisy)
+    assert r.code == 1 and "key 'calibration': expected a table" in r.err, r.err
 
 
 def test_calibrate_never_clobbers_and_refuses_a_missing_device(tmp_path, cli):

@@ -86,6 +86,11 @@ def test_the_gate_rate_is_written_as_printed_holds_and_check_passes_there(cli, s
     assert gate_lines({"rows": [gated, held]})[0].startswith("to gate one engine (check --rate), give odma tp 1 0.341 "
                                                              "req/s: the table's rates are rounded")
     assert "no rate as printed" in gate_lines({"rows": [{**gated, "gate_rate_per_replica": None}]})[0]
+    # static at prompt + N is check's --policy static --max-new-tokens N; drawn arrivals are not check's
+    plus = gate_lines({"rows": [{**gated, "policy": "static+1024"}]})[0]
+    assert "static+1024 tp 1 0.341" in plus and plus.endswith("; static+1024 is check --policy static "
+                                                              "--max-new-tokens 1024")
+    assert gate_lines({"rows": [gated], "arrivals": {"process": "poisson"}}) == []
     row = doc["rows"][1]
     config = small.parent / "odma_defaults.toml"  # odma at its defaults, as capacity replayed it
     config.write_text("[allocator]\n")
@@ -157,7 +162,8 @@ def test_the_console_table_and_the_plot(cli, small, tmp_path):
     (["--slo", SLO, "--target-rate", "1e-9"], ("--target-rate", "outside the rates")),
     (["--slo", SLO, "--target-rate", "1e12"], ("--target-rate", "outside the rates")),
     (["--slo", SLO, "--policies", "static,static"], ("--policies names a policy twice",)),
-    (["--slo", "ttft_p99=1us"], ("no policy meets the SLO", "ttft_p99 =", "even at")),
+    (["--slo", "ttft_p99=1ms"], ("no policy meets the SLO", "ttft_p99 =", "even at")),
+    (["--slo", "ttft_p99=0.5ms"], ("must be a time > 0 from 1 ms to 1,000,000,000 s",)),
     (["--slo", SLO, "--router", "random"], ("--router expects one of round-robin, least-outstanding",)),
     (["--slo", SLO, "--router", "round-robin-redy"], ("round-robin-ready", "did you mean 'round-robin-ready'")),
     (["--slo", SLO, "--router", "least-kv,round-robin"], ("it takes one router: run capacity once per router",)),
@@ -251,7 +257,7 @@ def test_a_loose_slo_is_bounded_by_the_queue_growing(cli, small):
 def test_plan_by_capacity_flags_an_slo_no_candidate_meets_and_refuses_an_offline_trace(cli, small, tmp_path):
     import polars as pl
 
-    r = cli("plan", small, *DEVICE, "--predictor", "oracle", "--objective", "capacity", "--slo", "ttft_p99=1us",
+    r = cli("plan", small, *DEVICE, "--predictor", "oracle", "--objective", "capacity", "--slo", "ttft_p99=1ms",
             "--out", tmp_path / "c.toml", "--json")
     assert r.code == 1 and "no config written" in r.err and not (tmp_path / "c.toml").exists(), r.err
     doc = json.loads(r.out)

@@ -50,6 +50,11 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     "replay_typo_option": (["replay", "{trace}", "--devic", "mlu370-x4"], 2, ("No such option: --devic",)),
     "replay_missing_argument": (["replay", "--device", "mlu370-x4", "--model", "Llama-3-8B"], 2, ("Missing argument",)),
     "replay_missing_option": (["replay", "{trace}", "--device", "mlu370-x4"], 2, ("Missing option '--model'",)),
+    # an option without its value: click's parser raises it without a context; the usage is still given
+    "capacity_option_without_value": (["capacity", "{trace}", "--slo"], 2, (
+        "Usage: odmactl capacity", "Try 'odmactl capacity --help'", "Option '--slo' requires an argument")),
+    "profiles_show_option_without_value": (["profiles", "show", "mlu370-x4", "--model"], 2, (
+        "Usage: odmactl profiles show", "requires an argument")),
     "replay_limit_not_a_number": ([*REPLAY, "--limit", "abc"], 2, ("Invalid value for '--limit'",)),
     "replay_limit_float": ([*REPLAY, "--limit", "1e21"], 2, ("Invalid value for '--limit'",)),
     "ingest_rate_not_a_number": (["ingest", "{csv}", "--out", "o.parquet", "--rate", "abc"], 2, ("--rate",)),

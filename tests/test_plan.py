@@ -350,3 +350,18 @@ def test_tune_breaks_a_tie_to_the_task_pool_then_to_the_spill(monkeypatch):
     tuned, _ = _tune_with(monkeypatch, lambda scheduler, spill, pool: (
         500.0, 950.0 if (scheduler, spill, pool) == ("task_pool", True, half) else 900.0))
     assert (tuned["scheduler"], tuned["large_spill"]) == ("task_pool", False)
+
+
+def test_the_search_counts_say_what_was_replayed_from():
+    """Candidates estimated alike count once (bounds.distinct); all of them are replayed where
+    fewer than --replays differ; where the bounds prune every one, the closest are replayed."""
+    from odmactl.render.plan_text import search_counts
+
+    doc = {"candidates": 4860, "pruned": 0, "replayed": 12, "distinct": 216, "all_pruned": False}
+    assert search_counts(doc) == ("4,860 candidates: 0 pruned by the cheap bounds; of the 4,860 left, 216 estimated "
+                                  "differently, the best 12 by the bounds replayed")
+    assert search_counts({**doc, "replayed": 216}).endswith("216 estimated differently, all of them replayed")
+    assert search_counts({**doc, "pruned": 100, "distinct": 4760}).endswith("of the 4,760 left, the best 12 by the "
+                                                                           "bounds replayed")
+    assert search_counts({**doc, "pruned": 4860, "all_pruned": True}) == (
+        "4,860 candidates, all pruned by the cheap bounds: the 12 closest to the overflow limit replayed")

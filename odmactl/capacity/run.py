@@ -50,7 +50,9 @@ class CapacitySpec(ServingSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.tps or len(set(self.tps)) != len(self.tps):
+        if not self.tps:
+            raise ConfigError("--tp names no size: give one or more, such as 1,2,4")
+        if len(set(self.tps)) != len(self.tps):
             raise ConfigError(f"--tp expects distinct sizes such as 1,2,4, got {list(self.tps)}")
         for tp in self.tps:
             check_whole(tp, 1, MAX_TP, "--tp")

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 from odmactl.core.errors import ConfigError, did_you_mean
 from odmactl.core.units import QuantityError, format_seconds, parse_quantity
-from odmactl.sim.metrics import LATENCY_LIMIT_MAX_S, LATENCY_METRICS, latency_limit_ok
+from odmactl.sim.metrics import LATENCY_LIMIT_MAX_S, LATENCY_LIMIT_MIN_S, LATENCY_METRICS, latency_limit_ok
 
 METRICS = LATENCY_METRICS  # the replay's latency metrics, in seconds
 SLO_TIME = "a time such as 2s or 100ms"  # what a limit reads as, in the flag's own form
+MAX_LISTED = 5  # the mistakes of one --slo named in its message; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -46,21 +47,23 @@ class Slo:
             except QuantityError as exc:  # its guess in the flag's own form: ttft_p99=2s
                 guess = exc.suggested(space="")
                 if guess and exc.number == value.strip():  # no unit: a TPOT of 100 is 100ms, a TTFT of 2 is 2s
-                    guess = f"{exc.number}ms or {metric}={exc.number}s"
+                    number = exc.number.rstrip(".") or exc.number  # "2." as 2
+                    guess = f"{number}ms or {metric}={number}s"
                 problems.append(f"--slo {metric}: {exc.problem}" + (f"; did you mean {metric}={guess}?" if guess else ""))
                 limits[metric] = math.nan  # named: a second mention is still "twice"
                 continue
             if not latency_limit_ok(seconds):
-                problems.append(f"--slo {metric} must be a time > 0 and at most {LATENCY_LIMIT_MAX_S:,.0f} s, "
-                                f"got '{value.strip()}'")
+                problems.append(f"--slo {metric} must be a time > 0 from {LATENCY_LIMIT_MIN_S * 1e3:g} ms to "
+                                f"{LATENCY_LIMIT_MAX_S:,.0f} s, got '{value.strip()}'")
             limits[metric] = seconds
         if problems:
             unknown = any("unknown metric" in p for p in problems)
             hint = f"metrics: {', '.join(METRICS)}" if unknown else None
             if len(problems) == 1:
                 raise ConfigError(problems[0], hint=hint)
-            raise ConfigError(f"--slo has {len(problems)} mistakes: " + "; ".join(
-                f"{k}. {p.removeprefix('--slo').lstrip(': ')}" for k, p in enumerate(problems, 1)), hint=hint)
+            listed = [f"{k}. {p.removeprefix('--slo').lstrip(': ')}" for k, p in enumerate(problems[:MAX_LISTED], 1)]
+            more = f"; and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+            raise ConfigError(f"--slo has {len(problems)} mistakes: " + "; ".join(listed) + more, hint=hint)
         if not limits:
             raise ConfigError("--slo names no limit", hint="e.g. --slo ttft_p99=2s,tpot_p99=100ms")
         return cls(tuple(limits.items()))

@@ -174,9 +174,12 @@ def _outcome(exc: BaseException, argv: list[str] | None) -> int:
     except usage_error as exc:  # click's usage line, the hint to --help, and the error
         if debug:
             raise
-        hint = _list_hint(sys.argv[1:] if argv is None else argv, exc.message)
+        args = sys.argv[1:] if argv is None else argv
+        hint = _list_hint(args, exc.message)
         if hint:
             exc.message = f"{exc.message}; {hint}"
+        if exc.ctx is None:  # click's parser raises "Option '--slo' requires an argument." without one
+            exc.ctx = _context_for(args)
         exc.show()
         return exc.exit_code
     except click_exception as exc:
@@ -190,6 +193,22 @@ def _outcome(exc: BaseException, argv: list[str] | None) -> int:
         print_error(f"{exc.__class__.__name__}: {exc} (this is a bug in odmactl; rerun with ODMACTL_DEBUG=1 for the "
                     "traceback)", label="internal error")
         return 1
+
+
+def _context_for(argv: list[str]):
+    """A context of the (sub)command `argv` names, made without parsing its options, so that a usage
+    error raised without one still prints that command's usage line and --help hint; None where
+    argv names no command."""
+    import typer.main
+
+    command, ctx = typer.main.get_command(app), None
+    ctx = command.make_context("odmactl", [], resilient_parsing=True)
+    for word in argv:
+        sub = getattr(command, "commands", {}).get(word)
+        if sub is None:
+            continue
+        command, ctx = sub, sub.make_context(word, [], parent=ctx, resilient_parsing=True)
+    return ctx
 
 
 def _list_hint(argv: list[str], message: str) -> str | None:

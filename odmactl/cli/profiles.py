@@ -9,11 +9,12 @@ import typer
 from odmactl.cli.app import app, out
 from odmactl.cli.inputs import KvDtypeOption
 
-profiles_app = typer.Typer(help="List and show device and model profiles.", no_args_is_help=True, rich_markup_mode=None)
+profiles_app = typer.Typer(help="List and show device and model profiles.", short_help="Device and model profiles.",
+                           no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(profiles_app, name="profiles")
 
 
-@profiles_app.command("list")
+@profiles_app.command("list", short_help="The device profiles and model configs.")
 def profiles_list(
     json_out: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
 ) -> None:
@@ -31,7 +32,7 @@ def profiles_list(
         render_profiles_list(out, devices, models)
 
 
-@profiles_app.command("show")
+@profiles_app.command("show", short_help="One profile and what it implies.")
 def profiles_show(
     name: Annotated[str, typer.Argument(help="a device or model name, a device TOML, or a local HF model directory")],
     kv_dtype: KvDtypeOption = "fp16",
@@ -72,7 +73,7 @@ def profiles_show(
         render(out, summary)
 
 
-@profiles_app.command("kernels")
+@profiles_app.command("kernels", short_help="A [kernels] table from aiconfigurator's data.")
 def profiles_kernels(
     device: Annotated[str, typer.Argument(help="a device aiconfigurator has a database for: a100-80gb-sxm, h100-sxm, h200")],
     json_out: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,

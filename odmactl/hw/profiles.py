@@ -453,7 +453,7 @@ def parse_device(data: dict, path: Path) -> DeviceProfile:
         for key in ("date", "device", "torch", "command"):
             if not isinstance(measurement.get(key), str):
                 raise top.error(f"measurement.{key}", "missing: a measured profile records date, device, torch and command")
-    calibration = top.raw("calibration", required=False)
+    calibration = _calibration(top.table("calibration", required=False))
     interconnect = _interconnect(top.table("interconnect", required=False), sources)
     kernels = _kernels(top.table("kernels", required=False), sources, bandwidth.sequential_efficiency)
     host_link = _host_link(top.table("host_link", required=False), sources)
@@ -465,6 +465,36 @@ def parse_device(data: dict, path: Path) -> DeviceProfile:
                          step_overhead_s=overhead or 0.0, bandwidth=bandwidth, sources=sources,
                          measurement=measurement, calibration=calibration, interconnect=interconnect,
                          kernels=kernels, host_link=host_link, engine=engine)
+
+
+def _calibration(table: TomlTable | None) -> dict | None:
+    """[calibration]: calibrate's raw measurements, kept for the record (the cost model reads none
+    of them), as written. Its [calibration.noise] record is checked, since `profiles show` and
+    calibrate's warnings read it (device/calibrate.py `noise`): whole `timings` >= 1, spreads >= 0,
+    and timing or run-length names as printable strings (the last two lists came later and may be
+    missing)."""
+    if table is None:
+        return None
+    noise = table.table("noise", required=False)
+    if noise is not None:
+        timings = noise.raw("timings")
+        if isinstance(timings, bool) or not isinstance(timings, int) or timings < 1:
+            raise noise.error("timings", f"expected a whole number >= 1, got {timings!r}")
+        for key in ("widest_repeat_spread", "copy_rate_spread"):
+            value = noise.raw(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise noise.error(key, f"expected a finite number >= 0, got {value!r}")
+        widest = noise.raw("widest")
+        if not isinstance(widest, str) or not widest.isprintable():
+            raise noise.error("widest", f"expected the name of a timing (printable text), got {widest!r}")
+        for key, required in (("noisy", True), ("efficiency_dips", False), ("gathers_past_copy", False)):
+            names = noise.raw(key, required)
+            if names is not None and (not isinstance(names, list)
+                                      or not all(isinstance(n, str) and n.isprintable() for n in names)):
+                raise noise.error(key, f"expected a list of names (printable text), got {names!r:.80}")
+        if len(noise.data["noisy"]) > timings:
+            raise noise.error("noisy", f"names {len(noise.data['noisy'])} timings of {timings}")
+    return table.data
 
 
 def device_paths() -> list[Path]:

@@ -166,9 +166,11 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> tuple[dict, Serv
                                   spec.workers, progress=progress, hedges=hedges[cap], label=task + " (hedge tables)",
                                   max_new_tokens=new_tokens)
     ranked, pruned = rank(estimates, spec.objective, spec.max_overflow_rate)
-    if not ranked:  # nothing keeps migrations near the limit by the bounds: replay the closest ones
+    all_pruned = not ranked
+    if all_pruned:  # nothing keeps migrations near the limit by the bounds: replay the closest ones
         ranked = sorted(estimates, key=lambda e: (e["overflow_rate"], -e["kv_utilization"]))
-    shortlist = distinct(ranked)[: spec.replays]
+    different = distinct(ranked)
+    shortlist = different[: spec.replays]
 
     def job(c: Candidate) -> tuple:
         cap = c.max_model_len_tokens or max_len
@@ -224,6 +226,7 @@ def plan(frame: pl.DataFrame, spec: PlanSpec, progress=None) -> tuple[dict, Serv
         "slo": None if spec.slo is None else dict(spec.slo.limits_s),
         "pool_fit": fit, "max_model_lens_searched": caps,
         "candidates": len(grid), "pruned": pruned, "replayed": len(replayed),
+        "distinct": len(different), "all_pruned": all_pruned,  # what was replayed from (render/plan_text.search_counts)
         "constraints_met_on_search": feasible, "tuning": tuned, "scheduler": tuned["scheduler"],
         "chosen": {"label": chosen.label, "allocator": final_table,
                    **{k: v for k, v in odma_settings(setup, AllocatorConfig.from_mapping(validation["odma"]["config"]),

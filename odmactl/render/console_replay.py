@@ -449,7 +449,10 @@ def binding_lines(doc: dict) -> list[str]:
 def gate_lines(doc: dict) -> list[str]:
     """Where a row's rate per engine as printed is not one at which the SLO held (the rate found is
     rounded, and at the SLO's edge it holds at one rate and breaks 0.2% below it), the rate that
-    `check --rate` can be given (capacity/search.gate_rate); nothing where the printed rate held."""
+    `check --rate` can be given (capacity/search.gate_rate); nothing where the printed rate held,
+    nor under drawn arrivals (`--arrivals poisson`: check replays the trace's own gaps)."""
+    if doc.get("arrivals", {}).get("process", "trace") != "trace":
+        return []
     gates, none = [], []
     for r in doc["rows"]:
         found, gate = r["max_rate_per_replica"], r.get("gate_rate_per_replica")
@@ -463,9 +466,11 @@ def gate_lines(doc: dict) -> list[str]:
             gates.append(f"{r['policy']} tp {r['tp']} {format_metric('max_rate_per_replica', gate)}")
     lines = []
     if gates:
+        plus = sorted({g.split()[0] for g in gates if g.startswith("static+")})
         lines.append(f"to gate one engine (check --rate), give {', '.join(gates)} req/s: the table's rates are rounded, "
                      "and at the SLO's edge it can break just below the rate found (--json: gate_rate_per_replica, "
-                     "gate_rates_tried)")
+                     "gate_rates_tried)" + "".join(f"; {p} is check --policy static --max-new-tokens "
+                                                   f"{p.split('+', 1)[1]}" for p in plus))
     if none:
         lines.append(f"no rate as printed just below the rate found met the SLO for {', '.join(none)}: gate one engine "
                      "(check --rate) lower")

@@ -83,9 +83,17 @@ def plan_headline(doc: dict) -> list[tuple[str, str]]:
 
 def search_counts(doc: dict) -> str:
     """How many candidates the search had and what became of them: the cheap bounds prune the
-    estimates past the overflow limit, and the best of the rest by them are replayed (plan/search.py)."""
-    return (f"{doc['candidates']:,} candidates: {doc['pruned']:,} pruned by the cheap bounds, {doc['replayed']} "
-            f"replayed (the best of the other {doc['candidates'] - doc['pruned']:,} by the bounds)")
+    estimates past the overflow limit, candidates estimated alike count once (bounds.distinct), and
+    the best of the rest by the bounds are replayed; where all were pruned, the closest to the
+    limit are (plan/search.py)."""
+    n, pruned, replayed = doc["candidates"], doc["pruned"], doc["replayed"]
+    if doc.get("all_pruned"):
+        return (f"{n:,} candidates, all pruned by the cheap bounds: the {replayed} closest to the overflow limit "
+                "replayed")
+    left, different = n - pruned, doc.get("distinct", n - pruned)
+    alike = f", {different:,} estimated differently" if different < left else ""
+    which = "all of them" if replayed >= different else f"the best {replayed} by the bounds"
+    return f"{n:,} candidates: {pruned:,} pruned by the cheap bounds; of the {left:,} left{alike}, {which} replayed"
 
 
 def holdout_title(doc: dict) -> str:

@@ -108,12 +108,14 @@ LATENCY_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")
 # the largest limit a latency may be given (31.7 years: `--slo ttft_p99=1e9s` reads as "no limit"); its
 # text past it (1e300 s written out, or inf ms) would fill the report
 LATENCY_LIMIT_MAX_S = 1e9
+# the smallest (1 ms): the reports write TTFT to the millisecond, so a smaller limit read "<= 0.000 s"
+LATENCY_LIMIT_MIN_S = 1e-3
 
 
 def latency_limit_ok(seconds: float) -> bool:
-    """Whether `seconds` may bound a latency (capacity's --slo, check's [thresholds]): finite, > 0
-    and at most LATENCY_LIMIT_MAX_S."""
-    return math.isfinite(seconds) and 0 < seconds <= LATENCY_LIMIT_MAX_S
+    """Whether `seconds` may bound a latency (capacity's --slo, check's [thresholds]): finite and
+    from LATENCY_LIMIT_MIN_S to LATENCY_LIMIT_MAX_S."""
+    return math.isfinite(seconds) and LATENCY_LIMIT_MIN_S <= seconds <= LATENCY_LIMIT_MAX_S
 
 
 def replay_result(alloc, counters: dict, timeline: Timeline, series: Series,
