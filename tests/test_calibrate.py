@@ -97,6 +97,13 @@ def test_calibrate_cpu_quick_writes_a_valid_measured_profile(tmp_path, cli):
     shown = cli("profiles", "show", noisy)
     assert shown.code == 0, shown.err
     assert "warning: scattered reads of 1 MiB and 2 MiB runs had under 25%" in " ".join(shown.out.split())
+    # and every command that replays on it says so on stderr before its work; a shipped one says nothing
+    from odmactl.cli.inputs import profile_warnings
+
+    assert profile_warnings(str(noisy)) == [f"device profile {noisy}: scattered reads of 1 MiB and 2 MiB runs had "
+                                            "under 25% of a shorter run's efficiency, which longer runs do not have on "
+                                            "an idle device: run calibrate again on an idle machine"]
+    assert profile_warnings("mlu370-x4") == profile_warnings("no-such") == []
     # a hand-edited record is refused where the profile is read, naming the key, for every command
     for bad, key in [("timings = 0", "timings"), ('timings = "27"', "timings"), ("noisy = 3", "noisy"),
                      ('efficiency_dips = "1 MiB"', "efficiency_dips"), ("efficiency_dips = [1, 2]", "efficiency_dips"),

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.allocator import ALLOCATORS
-from odmactl.cli.app import app, out, print_written, progress_for
+from odmactl.cli.app import app, out, print_note, print_written, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     KvDtypeOption,
@@ -23,6 +23,7 @@ from odmactl.cli.inputs import (
     input_paths,
     parse_kv_pool,
     parse_policies,
+    profile_warnings,
 )
 from odmactl.sim.router import DEFAULT_ROUTER, ROUTER_SUMMARIES
 
@@ -95,6 +96,8 @@ def capacity(
     if plot is not None and plot.suffix.lower() != ".png":
         raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
     check_outputs([metrics_out, out_path, plot, report, markdown_path], force, input_paths(trace_path, config, predictor, device, model))
+    for line in profile_warnings(device):
+        print_note(line, label="warning")
     spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                         prefix_caching=prefix_caching,
                         max_new_tokens=max_new_tokens, predictor=predictor,

@@ -19,6 +19,7 @@ from odmactl.cli.inputs import (
     check_policy_names,
     input_paths,
     parse_kv_pool,
+    profile_warnings,
 )
 
 
@@ -87,6 +88,8 @@ def check(
     setup = prepare_check(config, policy, flags)
     check_policy_names(setup.policies)
     check_outputs([metrics_out, junit, markdown_path, out_path], force, input_paths(trace_path, config, predictor, device, model))
+    for line in profile_warnings(device):
+        print_note(line, label="warning")
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                       prefix_caching=prefix_caching,
                       max_new_tokens=max_new_tokens, predictor=predictor, config=config,

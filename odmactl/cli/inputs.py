@@ -186,3 +186,21 @@ MaxNumBatchedTokensOption = Annotated[Optional[int], typer.Option(
     "max(max_model_len, 2048), vllm-v1 8,192 on a device of 70 GiB or more other than an A100, else 2,048)")]
 MetricsOutOption = Annotated[Optional[Path], typer.Option(
     "--metrics-out", help="write the run's metrics in the Prometheus / OpenMetrics text format (e.g. M.prom)")]
+
+
+def profile_warnings(device_ref: str) -> list[str]:
+    """The warnings of a measured device profile's record of how disturbed its calibration was
+    (render/console_profiles.noise_lines), for a command that is about to use it: calibrate and
+    `profiles show` say them too, and a replay on such a profile inherits its figures. None for a
+    shipped profile, or one that does not load (the command reports that itself)."""
+    from odmactl.core.errors import OdmaError
+    from odmactl.hw.profiles import load_device
+    from odmactl.render.console_profiles import noise_lines
+
+    try:
+        profile = load_device(device_ref)
+    except OdmaError:
+        return []
+    if not profile.measured:
+        return []
+    return [f"device profile {profile.path}: {line}" for line in noise_lines(dict(profile.calibration or {}))]

@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.allocator import ALLOCATORS
-from odmactl.cli.app import app, out, progress_for
-from odmactl.cli.inputs import BlockSizeOption, EngineOption, KvDtypeOption, MaxNumBatchedTokensOption, MaxNumSeqsOption, PrefixCachingOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool
+from odmactl.cli.app import app, out, print_note, progress_for
+from odmactl.cli.inputs import BlockSizeOption, EngineOption, KvDtypeOption, MaxNumBatchedTokensOption, MaxNumSeqsOption, PrefixCachingOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool, profile_warnings
 
 
 @app.command(short_help="Search ODMA's settings; write a config that passes its gate.")  # the line `odmactl --help` lists
@@ -64,6 +64,8 @@ def plan(
     from odmactl.trace.schema import read_trace
 
     check_outputs([out_path, report], force, input_paths(trace_path, predictor, device, model))
+    for line in profile_warnings(device):
+        print_note(line, label="warning")
     from odmactl.capacity.slo import Slo
 
     spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,

@@ -22,6 +22,7 @@ from odmactl.cli.inputs import (
     input_paths,
     parse_kv_pool,
     parse_policies,
+    profile_warnings,
 )
 
 
@@ -91,6 +92,8 @@ def replay(
         device = profile if profile is not None else str(measured_profile(torch_device).path)
     elif profile is not None or scale != 1.0:
         raise OdmaError("--profile and --scale apply to --on-device replays only")
+    for line in profile_warnings(device):
+        print_note(line, label="warning")
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                       prefix_caching=prefix_caching,
                       max_new_tokens=max_new_tokens, predictor=predictor, config=config,
