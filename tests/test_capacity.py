@@ -58,10 +58,11 @@ def test_the_reported_rate_meets_the_slo_and_a_higher_one_does_not(small):
 
 
 def test_the_gate_rate_is_written_as_printed_holds_and_check_passes_there(cli, small):
-    """gate_rate: the highest rate as the table writes it (three significant digits, cut) at which
-    one engine meets the SLO, from the rate found down 1% a try; each rate tried before it broke,
-    and `check --rate` at it passes, since check replays the one engine capacity did."""
-    from odmactl.core.units import floor_sig3
+    """gate_rate: the highest rate written to three significant digits at which one engine meets
+    the SLO, from the rate found as the table prints it (rounded) down 1% a try (cut); each rate
+    tried before it broke, and `check --rate` at it passes, since check replays the one engine
+    capacity did."""
+    from odmactl.core.units import floor_sig3, round_sig3
     from odmactl.render.console_replay import gate_lines
 
     frame = read_trace(small)
@@ -74,7 +75,7 @@ def test_the_gate_rate_is_written_as_printed_holds_and_check_passes_there(cli, s
     for row in doc["rows"]:
         gate, tried = row["gate_rate_per_replica"], row["gate_rates_tried"]
         assert gate is not None and tried[-1] == gate and floor_sig3(gate) == gate
-        assert gate <= row["max_rate_per_replica"] and tried[0] == floor_sig3(row["max_rate_per_replica"])
+        assert tried[0] == round_sig3(row["max_rate_per_replica"]) and all(a > b for a, b in zip(tried, tried[1:]))
         policy, table = row["replayed_as"]["policy"], row["replayed_as"]["allocator"]
         for rate in tried:
             assert bool(failures(served(ctx, policy, table, rate / mean), policy, target)) == (rate != gate), rate
@@ -83,13 +84,15 @@ def test_the_gate_rate_is_written_as_printed_holds_and_check_passes_there(cli, s
              "policy": "odma", "tp": 1}
     held = {**gated, "max_rate_per_replica": 0.3412, "gate_rates_tried": [0.341]}
     assert gate_lines({"rows": [held]}) == []
-    assert gate_lines({"rows": [gated, held]})[0].startswith("to gate one engine (check --rate), give odma tp 1 0.341 "
-                                                             "req/s: the table's rates are rounded")
+    assert gate_lines({"rows": [gated, held]}) == [
+        "to gate one engine with check, give odma tp 1: --policy odma --rate 0.341 (req/s): the SLO broke at this "
+        "row's rate as printed, just below the rate found (at its edge it is not monotone in the rate); the other "
+        "rows' rates held as printed; --json: gate_rate_per_replica, gate_rates_tried"]
     assert "no rate as printed" in gate_lines({"rows": [{**gated, "gate_rate_per_replica": None}]})[0]
-    # static at prompt + N is check's --policy static --max-new-tokens N; drawn arrivals are not check's
-    plus = gate_lines({"rows": [{**gated, "policy": "static+1024"}]})[0]
-    assert "static+1024 tp 1 0.341" in plus and plus.endswith("; static+1024 is check --policy static "
-                                                              "--max-new-tokens 1024")
+    # the flags check needs: static at prompt + N is --policy static --max-new-tokens N, and the tp;
+    # drawn arrivals are not check's
+    plus = gate_lines({"rows": [{**gated, "policy": "static+1024", "tp": 4}]})[0]
+    assert "give static+1024 tp 4: --policy static --max-new-tokens 1024 --tp 4 --rate 0.341 (req/s)" in plus
     assert gate_lines({"rows": [gated], "arrivals": {"process": "poisson"}}) == []
     row = doc["rows"][1]
     config = small.parent / "odma_defaults.toml"  # odma at its defaults, as capacity replayed it
@@ -150,7 +153,7 @@ def test_the_console_table_and_the_plot(cli, small, tmp_path):
     (["--slo", "ttft_p95=2s"], ("unknown metric 'ttft_p95'",)),
     (["--slo", "ttft_p99=2"], ("--slo ttft_p99", "a time such as")),
     (["--slo", "ttft_p99=2 GB"], ("--slo ttft_p99", "unit of bytes")),
-    (["--slo", "ttft_p99=0s"], ("must be a time > 0",)),
+    (["--slo", "ttft_p99=0s"], ("--slo ttft_p99: expected a time from 1 ms",)),
     (["--slo", "ttft_p99"], ("METRIC=TIME",)),
     (["--slo", SLO, "--tp", "0"], ("--tp", "from 1")),
     (["--slo", SLO, "--tp", "1,1"], ("distinct",)),
@@ -163,7 +166,7 @@ def test_the_console_table_and_the_plot(cli, small, tmp_path):
     (["--slo", SLO, "--target-rate", "1e12"], ("--target-rate", "outside the rates")),
     (["--slo", SLO, "--policies", "static,static"], ("--policies names a policy twice",)),
     (["--slo", "ttft_p99=1ms"], ("no policy meets the SLO", "ttft_p99 =", "even at")),
-    (["--slo", "ttft_p99=0.5ms"], ("must be a time > 0 from 1 ms to 1,000,000,000 s",)),
+    (["--slo", "ttft_p99=0.5ms"], ("expected a time from 1 ms to 1,000,000,000 s, got '0.5ms'",)),
     (["--slo", SLO, "--router", "random"], ("--router expects one of round-robin, least-outstanding",)),
     (["--slo", SLO, "--router", "round-robin-redy"], ("round-robin-ready", "did you mean 'round-robin-ready'")),
     (["--slo", SLO, "--router", "least-kv,round-robin"], ("it takes one router: run capacity once per router",)),

@@ -358,10 +358,15 @@ def test_the_search_counts_say_what_was_replayed_from():
     from odmactl.render.plan_text import search_counts
 
     doc = {"candidates": 4860, "pruned": 0, "replayed": 12, "distinct": 216, "all_pruned": False}
-    assert search_counts(doc) == ("4,860 candidates: 0 pruned by the cheap bounds; of the 4,860 left, 216 estimated "
-                                  "differently, the best 12 by the bounds replayed")
-    assert search_counts({**doc, "replayed": 216}).endswith("216 estimated differently, all of them replayed")
-    assert search_counts({**doc, "pruned": 100, "distinct": 4760}).endswith("of the 4,760 left, the best 12 by the "
-                                                                           "bounds replayed")
+    assert search_counts(doc) == ("4,860 candidates, none pruned by the cheap bounds; 216 of them estimate "
+                                  "differently (the rest tie with one of those), and the best 12 by the bounds were "
+                                  "replayed")
+    assert search_counts({**doc, "replayed": 216}).endswith("and all 216 were replayed")
+    assert search_counts({**doc, "replayed": 1}).endswith("and the best one by the bounds was replayed")
+    assert search_counts({**doc, "pruned": 6036, "distinct": 2515, "candidates": 13608}) == (
+        "13,608 candidates: 6,036 pruned by the cheap bounds; 2,515 of the 7,572 left estimate differently (the rest "
+        "tie with one of those), and the best 12 by the bounds were replayed")
+    assert search_counts({**doc, "pruned": 4848, "distinct": 12}) == (
+        "4,860 candidates: 4,848 pruned by the cheap bounds, and all 12 were replayed")
     assert search_counts({**doc, "pruned": 4860, "all_pruned": True}) == (
         "4,860 candidates, all pruned by the cheap bounds: the 12 closest to the overflow limit replayed")

@@ -235,3 +235,7 @@ def test_floor_sig3_cuts_to_what_the_tables_print():
                        (0.0023499, 0.00234), (99.999, 99.9), (100.0, 100.0)]:
         assert floor_sig3(value) == cut, value
         assert float(format_metric("max_rate_per_replica", cut).replace(",", "")) == cut
+    from odmactl.core.units import round_sig3
+
+    for value in (0.34544, 0.33079, 4.64765, 1234.7, 99.96, 0.0023499):  # the figure the table shows
+        assert round_sig3(value) == float(format_metric("max_rate_per_replica", value).replace(",", "")), value

@@ -24,11 +24,12 @@ Every figure comes from replays, none from division:
   scale; a failure there is reported (`monotone: false`) with the scale that failed.
 - `replicas_for` starts from the division's guess and replays: up by doubling steps while the SLO
   fails, then bisects down to the fewest replicas that meet it.
-- `gate_rate` replays one engine at the reported rate as the console writes it (three significant
-  digits, cut: core/units.floor_sig3) and, where the SLO fails there, 1% lower each time, up to
-  GATE_TRIES rates: the rate a CI gate (`check --rate`) can be given as printed. The SLO is not
-  quite monotone at that scale: on the shipped sample odma held at 0.34544 req/s per engine and
-  broke at 0.345 (TPOT p99 100.2 ms).
+- `gate_rate` replays one engine at the reported rate as the table prints it (three significant
+  digits, rounded: core/units.round_sig3) and, where the SLO fails there, 1% lower each time
+  (cut to three digits), up to GATE_TRIES rates: the rate a CI gate (`check --rate`) can be
+  given as printed. The SLO is not quite monotone at that scale: on the shipped sample odma held
+  at 0.34544 req/s per engine and broke at 0.345 (TPOT p99 100.2 ms); paged held at 0.3308 and
+  at 0.331 as printed, and broke at 0.330 and 0.326 between them.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import numpy as np
 
 from odmactl.allocator import ALLOCATORS
 from odmactl.capacity.slo import Slo
-from odmactl.core.units import floor_sig3
+from odmactl.core.units import floor_sig3, round_sig3
 from odmactl.run.replay import ReplayContext, replay_policy, replayed_together
 from odmactl.sim.metrics import LATENCY_METRICS, MIN_COMPLETED, p50_p99
 from odmactl.sim.workload import CLOCK_LIMIT_PS, PS
@@ -282,12 +283,13 @@ def replicas_for(ctx: ReplayContext, policy: str, table: dict, target: CapacityT
 
 def gate_rate(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, scale: float, mean_rate: float,
               memo: dict[float, dict]) -> dict:
-    """The highest rate, written as the console writes it (`floor_sig3`), at which one engine meets
-    the SLO, tried from `scale` (find_capacity's) times `mean_rate` down in GATE_STEP steps:
+    """The highest rate written to three significant digits at which one engine meets the SLO,
+    tried from `scale` (find_capacity's) times `mean_rate` as the table prints it (`round_sig3`)
+    down in GATE_STEP steps, each cut to three digits (`floor_sig3`):
     {"rate_per_s": it, or None when none of the GATE_TRIES rates held, "tried": every rate tried,
     highest first}. `memo` as `find_capacity` takes it."""
     tried: list[float] = []
-    rate = floor_sig3(scale * mean_rate)
+    rate = round_sig3(scale * mean_rate)
     for _ in range(GATE_TRIES):
         tried.append(rate)
         at = rate / mean_rate

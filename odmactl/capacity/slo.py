@@ -53,7 +53,7 @@ class Slo:
                 limits[metric] = math.nan  # named: a second mention is still "twice"
                 continue
             if not latency_limit_ok(seconds):
-                problems.append(f"--slo {metric} must be a time > 0 from {LATENCY_LIMIT_MIN_S * 1e3:g} ms to "
+                problems.append(f"--slo {metric}: expected a time from {LATENCY_LIMIT_MIN_S * 1e3:g} ms to "
                                 f"{LATENCY_LIMIT_MAX_S:,.0f} s, got '{value.strip()}'")
             limits[metric] = seconds
         if problems:

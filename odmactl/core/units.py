@@ -117,6 +117,11 @@ def sig3_decimals(value: float) -> int:
     return max(0, 2 - math.floor(math.log10(abs(value))))
 
 
+def round_sig3(value: float) -> float:
+    """`value` (> 0) as `sig3_decimals` writes it, rounded: the figure a table shows (0.3308 -> 0.331)."""
+    return float(format(value, f".{sig3_decimals(value)}f"))
+
+
 def floor_sig3(value: float) -> float:
     """The largest figure `sig3_decimals` writes that is at most `value` (> 0): cut, not rounded
     (0.34544 -> 0.345, 0.2546 -> 0.254); exact on the shortest decimal form of the float."""

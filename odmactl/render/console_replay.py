@@ -447,30 +447,34 @@ def binding_lines(doc: dict) -> list[str]:
 
 
 def gate_lines(doc: dict) -> list[str]:
-    """Where a row's rate per engine as printed is not one at which the SLO held (the rate found is
-    rounded, and at the SLO's edge it holds at one rate and breaks 0.2% below it), the rate that
-    `check --rate` can be given (capacity/search.gate_rate); nothing where the printed rate held,
-    nor under drawn arrivals (`--arrivals poisson`: check replays the trace's own gaps)."""
+    """Where a row's rate per engine as printed is not one at which one engine met the SLO (at the
+    SLO's edge it holds at one rate and breaks 0.2% below it), the check flags that gate one engine
+    at a rate that held (capacity/search.gate_rate); nothing where every printed rate held, nor
+    under drawn arrivals (`--arrivals poisson`: check replays the trace's own gaps)."""
     if doc.get("arrivals", {}).get("process", "trace") != "trace":
         return []
-    gates, none = [], []
+    gates, none, rated = [], [], 0
     for r in doc["rows"]:
         found, gate = r["max_rate_per_replica"], r.get("gate_rate_per_replica")
         if found is None:
             continue
+        rated += 1
         shown = format_metric("max_rate_per_replica", found)
+        policy = r["policy"]
+        flags = (f"--policy static --max-new-tokens {policy.split('+', 1)[1]} " if policy.startswith("static+") else
+                 f"--policy {policy} ") + (f"--tp {r['tp']} " if r["tp"] > 1 else "")
         if gate is None:
             tried = ", ".join(format_metric("max_rate_per_replica", t) for t in r.get("gate_rates_tried", []))
-            none.append(f"{r['policy']} tp {r['tp']} (tried {tried})")
+            none.append(f"{policy} tp {r['tp']} (tried {tried})")
         elif format_metric("max_rate_per_replica", gate) != shown:
-            gates.append(f"{r['policy']} tp {r['tp']} {format_metric('max_rate_per_replica', gate)}")
+            gates.append(f"{policy} tp {r['tp']}: {flags}--rate {format_metric('max_rate_per_replica', gate)}")
     lines = []
     if gates:
-        plus = sorted({g.split()[0] for g in gates if g.startswith("static+")})
-        lines.append(f"to gate one engine (check --rate), give {', '.join(gates)} req/s: the table's rates are rounded, "
-                     "and at the SLO's edge it can break just below the rate found (--json: gate_rate_per_replica, "
-                     "gate_rates_tried)" + "".join(f"; {p} is check --policy static --max-new-tokens "
-                                                   f"{p.split('+', 1)[1]}" for p in plus))
+        rest = "; the other rows' rates held as printed" if len(gates) + len(none) < rated else ""
+        which = "this row's rate" if len(gates) == 1 else "these rows' rates"
+        lines.append(f"to gate one engine with check, give {'; '.join(gates)} (req/s): the SLO broke at {which} as "
+                     f"printed, just below the rate found (at its edge it is not monotone in the rate){rest}; --json: "
+                     "gate_rate_per_replica, gate_rates_tried")
     if none:
         lines.append(f"no rate as printed just below the rate found met the SLO for {', '.join(none)}: gate one engine "
                      "(check --rate) lower")

@@ -91,9 +91,16 @@ def search_counts(doc: dict) -> str:
         return (f"{n:,} candidates, all pruned by the cheap bounds: the {replayed} closest to the overflow limit "
                 "replayed")
     left, different = n - pruned, doc.get("distinct", n - pruned)
-    alike = f", {different:,} estimated differently" if different < left else ""
-    which = "all of them" if replayed >= different else f"the best {replayed} by the bounds"
-    return f"{n:,} candidates: {pruned:,} pruned by the cheap bounds; of the {left:,} left{alike}, {which} replayed"
+    head = f"{n:,} candidates: {pruned:,} pruned by the cheap bounds" if pruned else \
+        f"{n:,} candidates, none pruned by the cheap bounds"
+    pool = f"the {left:,} left" if pruned else "them"
+    alike = f"; {different:,} of {pool} estimate differently (the rest tie with one of those)" if different < left else ""
+    if replayed >= different:
+        which = f"all {replayed:,} were replayed" if replayed > 1 else "it was replayed"
+    else:
+        which = "the best one by the bounds was replayed" if replayed == 1 else \
+            f"the best {replayed} by the bounds were replayed"
+    return f"{head}{alike}, and {which}"
 
 
 def holdout_title(doc: dict) -> str:

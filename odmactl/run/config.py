@@ -73,9 +73,8 @@ class Thresholds:
         for name in LATENCY_THRESHOLDS:
             value = getattr(self, name)
             if value is not None and not latency_limit_ok(value):
-                raise ConfigError(f"{name} must be a time in seconds > 0 from {LATENCY_LIMIT_MIN_S:g} to "
-                                  f"{LATENCY_LIMIT_MAX_S:,.0f}, "
-                                  f"got {value}", key=name)
+                raise ConfigError(f"expected a time in seconds from {LATENCY_LIMIT_MIN_S:g} to "
+                                  f"{LATENCY_LIMIT_MAX_S:,.0f}, got {value}", key=name)
         problem = unknown_policy(self.baseline)
         if problem is not None:
             raise ConfigError(problem, key="baseline")
