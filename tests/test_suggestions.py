@@ -239,3 +239,17 @@ def test_floor_sig3_cuts_to_what_the_tables_print():
 
     for value in (0.34544, 0.33079, 4.64765, 1234.7, 99.96, 0.0023499):  # the figure the table shows
         assert round_sig3(value) == float(format_metric("max_rate_per_replica", value).replace(",", "")), value
+
+
+def test_a_precise_figure_keeps_its_format_s_decimals():
+    """Where a value and its bound would print alike, check writes both to ten significant digits,
+    but never with fewer decimals than the metric's format: a TPOT bound of 100 ms reads "100.0",
+    as the other rows do, not "100"."""
+    from odmactl.render.metrics import METRICS
+
+    tpot, ttft, share = METRICS["tpot_p99"], METRICS["ttft_p99"], METRICS["kv_utilization"]
+    assert [tpot.text(v, precise=True) for v in (0.1, 0.09999786952, 0.1000134267)] == ["100.0", "99.99786952",
+                                                                                       "100.0134267"]
+    assert (ttft.text(2.0, precise=True), ttft.text(852.0505, precise=True)) == ("2.000", "852.0505")
+    assert (share.text(0.5, precise=True), share.text(0.51234567891, precise=True)) == ("50.0%", "51.23456789%")
+    assert METRICS["migration_rate"].text(0.005, precise=True) == "0.500%"

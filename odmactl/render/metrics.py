@@ -10,6 +10,7 @@ that matter are fractions of a percent; a gain signed; latencies in s (TTFT) and
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from odmactl.core.units import sig3_decimals
@@ -36,9 +37,14 @@ class Metric:
         if value is None or (isinstance(value, float) and not math.isfinite(value)):
             return "n/a"
         value = value * self.scale if self.scale != 1 else value
-        if precise:  # the spec's sign and percent kept
+        if precise:  # the spec's sign and percent kept, and at least its decimals ("100.0 ms", not "100 ms")
             sign, percent = "+" if self.spec.startswith("+") else "", self.spec.endswith("%")
-            return format(value * 100 if percent else value, f"{sign},.10g") + ("%" if percent else "")
+            shown = value * 100 if percent else value
+            text = format(shown, f"{sign},.10g")
+            least = re.search(r"\.(\d+)[f%]$", self.spec)
+            if least and "e" not in text and len(text.partition(".")[2]) < int(least.group(1)):
+                text = format(shown, f"{sign},.{least.group(1)}f")
+            return text + ("%" if percent else "")
         if self.spec == SIG3:  # three significant digits, never rounded to zero: 0.00234, 0.107, 1,235
             if value == 0:
                 return "0"
