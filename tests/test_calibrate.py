@@ -167,10 +167,10 @@ def test_the_matmul_is_sized_after_a_warm_up_and_says_its_size():
     from odmactl.device.calibrate import MATMUL_PROBE_N, _matmul_rate, _Timer
 
     first_slow = _SlowTorch(first_s=0.3, each_s=0.0)
-    rate, n = _matmul_rate(first_slow, _Timer(torch, "cpu", 1, 0), torch.device("cpu"), torch.float32, 512)
+    rate, n = _matmul_rate(first_slow, _Timer(torch, "cpu", 1, 0), torch.device("cpu"), torch.float32, "fp32", 512)
     assert n == 512 and rate > 0 and first_slow.sizes[0] == MATMUL_PROBE_N
     slow = _SlowTorch(first_s=0.0, each_s=0.03)  # 8 x 0.03 s > MATMUL_TARGET_S: no larger probe
-    rate, n = _matmul_rate(slow, _Timer(torch, "cpu", 1, 0), torch.device("cpu"), torch.float32, 512)
+    rate, n = _matmul_rate(slow, _Timer(torch, "cpu", 1, 0), torch.device("cpu"), torch.float32, "fp32", 512)
     assert n == MATMUL_PROBE_N and set(slow.sizes) == {MATMUL_PROBE_N}
 
 

@@ -81,7 +81,7 @@ def test_the_gate_rate_is_written_as_printed_holds_and_check_passes_there(cli, s
             assert bool(failures(served(ctx, policy, table, rate / mean), policy, target)) == (rate != gate), rate
     # a row whose rate as printed did not hold says so, and check at the gate rate passes
     gated = {"max_rate_per_replica": 0.34544, "gate_rate_per_replica": 0.341, "gate_rates_tried": [0.345, 0.341],
-             "policy": "odma", "tp": 1}
+             "policy": "odma", "tp": 1, "replayed_as": {"policy": "odma", "allocator": {}}}
     held = {**gated, "max_rate_per_replica": 0.3412, "gate_rates_tried": [0.341]}
     assert gate_lines({"rows": [held]}) == []
     assert gate_lines({"rows": [gated, held]}) == [
@@ -91,7 +91,8 @@ def test_the_gate_rate_is_written_as_printed_holds_and_check_passes_there(cli, s
     assert "no rate as printed" in gate_lines({"rows": [{**gated, "gate_rate_per_replica": None}]})[0]
     # the flags check needs: static at prompt + N is --policy static --max-new-tokens N, and the tp;
     # drawn arrivals are not check's
-    plus = gate_lines({"rows": [{**gated, "policy": "static+1024", "tp": 4}]})[0]
+    plus = gate_lines({"rows": [{**gated, "policy": "static+1024", "tp": 4, "replayed_as": {
+        "policy": "static", "allocator": {"static_slot": "prompt_plus_max_new", "max_new_tokens": 1024}}}]})[0]
     assert "give static+1024 tp 4: --policy static --max-new-tokens 1024 --tp 4 --rate 0.341 (req/s)" in plus
     assert gate_lines({"rows": [gated], "arrivals": {"process": "poisson"}}) == []
     row = doc["rows"][1]

@@ -302,16 +302,16 @@ def gate_rate(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarg
 
 
 def capacity_job(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, target_scale: float,
-                 mean_rate: float | None = None) -> dict:
+                 mean_rate: float) -> dict:
     """One policy at one tensor-parallel size: its capacity, then the replicas the target needs.
     Where one engine meets the SLO at no rate (a burst or a long prefill that one engine cannot
     absorb), the replicas are still searched, from one engine up: R engines behind the router
-    split what one engine could not. With the trace's `mean_rate`, also `gate_rate` ("gate")."""
+    split what one engine could not; and `gate_rate` ("gate") at the trace's `mean_rate`."""
     memo: dict[float, dict] = {}
     found = find_capacity(ctx, policy, table, target, memo)
     if found["too_few_served"]:  # no count of engines changes which requests are served
         return {**found, "keeps_up": None, "gate": None, "target": {"replicas": None, "metrics": found["metrics"]}}
-    gate = None if mean_rate is None or found["rate_scale"] is None else \
+    gate = None if found["rate_scale"] is None else \
         gate_rate(ctx, policy, table, target, found["rate_scale"], mean_rate, memo)
     # the rate plan and replay say one engine keeps up at (its queue stops growing), from the same
     # probes where they coincide: where the SLO's rate is lower, the SLO binds, not the queue

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from odmactl.core.errors import ConfigError, did_you_mean
@@ -26,7 +25,9 @@ class Slo:
         """The limits of `text`; every item that does not read is named in one ConfigError
         (numbered where there are several), so a flag with two mistakes is mended in one go."""
         limits: dict[str, float] = {}
+        named: set[str] = set()  # every metric mentioned, read or not: a second mention is "twice"
         problems: list[str] = []
+        unknown = False
         for item in (part.strip() for part in text.split(",")):
             if not item:
                 continue
@@ -38,10 +39,12 @@ class Slo:
             if metric not in METRICS:
                 near = did_you_mean(metric, METRICS)
                 problems.append(f"--slo: unknown metric '{metric}'" + (f"; {near}" if near else ""))
+                unknown = True
                 continue
-            if metric in limits:
+            if metric in named:
                 problems.append(f"--slo names {metric} twice")
                 continue
+            named.add(metric)
             try:
                 seconds = parse_quantity(value.strip(), "seconds", expected=SLO_TIME)
             except QuantityError as exc:  # its guess in the flag's own form: ttft_p99=2s
@@ -50,14 +53,12 @@ class Slo:
                     number = exc.number.rstrip(".") or exc.number  # "2." as 2
                     guess = f"{number}ms or {metric}={number}s"
                 problems.append(f"--slo {metric}: {exc.problem}" + (f"; did you mean {metric}={guess}?" if guess else ""))
-                limits[metric] = math.nan  # named: a second mention is still "twice"
                 continue
             if not latency_limit_ok(seconds):
                 problems.append(f"--slo {metric}: expected a time from {LATENCY_LIMIT_MIN_S * 1e3:g} ms to "
                                 f"{LATENCY_LIMIT_MAX_S:,.0f} s, got '{value.strip()}'")
             limits[metric] = seconds
         if problems:
-            unknown = any("unknown metric" in p for p in problems)
             hint = f"metrics: {', '.join(METRICS)}" if unknown else None
             if len(problems) == 1:
                 raise ConfigError(problems[0], hint=hint)

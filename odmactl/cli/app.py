@@ -148,6 +148,12 @@ def print_note(message: str, label: str | None = None) -> None:
         pass
 
 
+def print_warnings(lines: list[str]) -> None:
+    """Warnings on stderr, a `print_note` each (beside --json's JSON, or before a command's work)."""
+    for line in lines:
+        print_note(line, label="warning")
+
+
 def print_written(paths: list) -> None:
     """What a command wrote besides its report, on stderr (stdout stays the report, or pure JSON
     with --json): "wrote R.json, P.png"; nothing when it wrote nothing."""

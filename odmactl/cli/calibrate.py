@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from odmactl.cli.app import app, out, print_note, progress_for
+from odmactl.cli.app import app, out, print_warnings, progress_for
 from odmactl.cli.inputs import check_outputs
 from odmactl.core.errors import OdmaError
 
@@ -40,7 +40,6 @@ def calibrate(
         tmp.write_text(text, encoding="utf-8")
     if json_out:
         print(to_json({"out": str(out_path), "seconds": round(seconds, 3), **doc}))
-        for line in noise_lines(doc["calibration"]):  # the console's warnings, on stderr beside the JSON
-            print_note(line, label="warning")
+        print_warnings(noise_lines(doc["calibration"]))  # the console's warnings, on stderr beside the JSON
     else:
         render_calibration(out, str(out_path), doc, seconds)

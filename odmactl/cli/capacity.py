@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.allocator import ALLOCATORS
-from odmactl.cli.app import app, out, print_note, print_written, progress_for
+from odmactl.cli.app import app, out, print_warnings, print_written, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     KvDtypeOption,
@@ -96,8 +96,7 @@ def capacity(
     if plot is not None and plot.suffix.lower() != ".png":
         raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
     check_outputs([metrics_out, out_path, plot, report, markdown_path], force, input_paths(trace_path, config, predictor, device, model))
-    for line in profile_warnings(device):
-        print_note(line, label="warning")
+    print_warnings(profile_warnings(device))
     spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                         prefix_caching=prefix_caching,
                         max_new_tokens=max_new_tokens, predictor=predictor,

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from odmactl.cli.app import app, out, print_error, print_note, print_written, progress_for
+from odmactl.cli.app import app, out, print_error, print_warnings, print_written, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     KvDtypeOption,
@@ -88,8 +88,7 @@ def check(
     setup = prepare_check(config, policy, flags)
     check_policy_names(setup.policies)
     check_outputs([metrics_out, junit, markdown_path, out_path], force, input_paths(trace_path, config, predictor, device, model))
-    for line in profile_warnings(device):
-        print_note(line, label="warning")
+    print_warnings(profile_warnings(device))
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                       prefix_caching=prefix_caching,
                       max_new_tokens=max_new_tokens, predictor=predictor, config=config,
@@ -120,8 +119,7 @@ def check(
     write_outputs(outputs, force=force)
     if json_out:  # stdout is the JSON alone; the warnings the console would show go to stderr
         print(to_json(outcome.document(policy, config)))
-        for line in check_warnings(doc, policy, outcome.verdicts):
-            print_note(line, label="warning")
+        print_warnings(check_warnings(doc, policy, outcome.verdicts))
     else:
         render_check(out, doc, policy, outcome.verdicts, outcome.passed)
     print_written([path for path, _ in outputs])

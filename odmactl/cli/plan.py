@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.allocator import ALLOCATORS
-from odmactl.cli.app import app, out, print_note, progress_for
+from odmactl.cli.app import app, out, print_warnings, progress_for
 from odmactl.cli.inputs import BlockSizeOption, EngineOption, KvDtypeOption, MaxNumBatchedTokensOption, MaxNumSeqsOption, PrefixCachingOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool, profile_warnings
 
 
@@ -64,8 +64,7 @@ def plan(
     from odmactl.trace.schema import read_trace
 
     check_outputs([out_path, report], force, input_paths(trace_path, predictor, device, model))
-    for line in profile_warnings(device):
-        print_note(line, label="warning")
+    print_warnings(profile_warnings(device))
     from odmactl.capacity.slo import Slo
 
     spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.allocator import ALLOCATORS
-from odmactl.cli.app import app, out, print_note, print_written, progress_for
+from odmactl.cli.app import app, out, print_warnings, print_written, progress_for
 from odmactl.cli.inputs import (
     BlockSizeOption,
     KvDtypeOption,
@@ -92,8 +92,7 @@ def replay(
         device = profile if profile is not None else str(measured_profile(torch_device).path)
     elif profile is not None or scale != 1.0:
         raise OdmaError("--profile and --scale apply to --on-device replays only")
-    for line in profile_warnings(device):
-        print_note(line, label="warning")
+    print_warnings(profile_warnings(device))
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                       prefix_caching=prefix_caching,
                       max_new_tokens=max_new_tokens, predictor=predictor, config=config,
@@ -126,8 +125,7 @@ def replay(
     write_outputs(outputs, force=force)
     if json_out:  # stdout is the JSON alone; the warnings the console would show go to stderr
         print(text)
-        for line in replay_warnings(doc):
-            print_note(line, label="warning")
+        print_warnings(replay_warnings(doc))
     else:
         render_replay(out, doc)
     print_written([path for path, _ in outputs])

@@ -203,7 +203,7 @@ def measure(settings: CalibrationSettings, progress: Progress = None) -> dict:
     gen = torch.Generator(device="cpu").manual_seed(settings.seed)
     results = _bandwidths(torch, timer, dev, settings, gen, tick)
     for dtype_name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
-        rate_n = _matmul_rate(torch, timer, dev, dtype, settings.matmul_n)
+        rate_n = _matmul_rate(torch, timer, dev, dtype, dtype_name, settings.matmul_n)
         results[f"matmul_{dtype_name}_flops"], results[f"matmul_{dtype_name}_n"] = rate_n or (None, None)
         tick(f"{dtype_name} matmul")
     results["gemm"] = _gemm_table(torch, timer, dev, settings, results)
@@ -241,7 +241,6 @@ def noise(spreads: list[tuple[str, float]], copy_rates: list[float],
             "gathers_past_copy": [label for label, ratio in efficiencies if ratio > GATHER_PAST_COPY]}
 
 
-
 def _bandwidths(torch, timer: _Timer, dev, settings: CalibrationSettings, gen, tick) -> dict:
     """Sequential read, copy, and scattered runs of each table size; the buffers die on return."""
     n = settings.buffer_bytes
@@ -276,7 +275,7 @@ MATMUL_TARGET_S = 0.2  # one timed matmul at most this long: a slow kernel (fp16
 MATMUL_PROBE_N = 256
 
 
-def _matmul_rate(torch, timer: _Timer, dev, dtype, n_max: int) -> tuple[float, int] | None:
+def _matmul_rate(torch, timer: _Timer, dev, dtype, dtype_name: str, n_max: int) -> tuple[float, int] | None:
     """(FLOP/s, n) of an n x n x n matmul, or None where this device has no kernel for the dtype.
     n doubles from MATMUL_PROBE_N up to `n_max` while a timed probe at the current n says the next
     one takes at most MATMUL_TARGET_S (8 times as long): on a 2-vCPU AMD EPYC the fp16 CPU kernel
@@ -299,8 +298,7 @@ def _matmul_rate(torch, timer: _Timer, dev, dtype, n_max: int) -> tuple[float, i
             probe = torch.randn(n, n, device=dev).to(dtype)
         a = torch.randn(n, n, device=dev).to(dtype)
         b = torch.randn(n, n, device=dev).to(dtype)
-        name = {"float16": "fp16", "bfloat16": "bf16"}.get(str(dtype).removeprefix("torch."), str(dtype))
-        t = timer.median_s(lambda: torch.matmul(a, b), f"{name} matmul")
+        t = timer.median_s(lambda: torch.matmul(a, b), f"{dtype_name} matmul")
     except RuntimeError:
         return None
     return 2.0 * n**3 / t, n

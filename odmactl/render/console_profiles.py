@@ -98,8 +98,7 @@ def render_device(console: Console, d: dict) -> None:
         bw.add_row(format_bytes(row["chunk_bytes"]), f"{row['efficiency']:.4f}")
     console.print(bw)
     console.print(escape(f"source: {src.get('bandwidth.scattered', '-')}"))
-    for line in noise_lines(d.get("calibration") or {}):  # a measured profile's run was disturbed
-        console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False)
+    _warn(console, noise_lines(d.get("calibration") or {}))  # a measured profile's run was disturbed
     k = d["kernels"]
     if k is None:
         console.print(escape("kernels: no [kernels] table: GEMMs and prefill attention at the sequential share of "
@@ -165,17 +164,25 @@ def noise_lines(record: dict) -> list[str]:
                      "table's run lengths: its efficiencies are not to be trusted; run calibrate again on an idle "
                      "machine")
     if n.get("efficiency_dips"):  # a profile from before the check has none
-        dips = n["efficiency_dips"]
-        runs = ", ".join(dips[:-1]) + " and " + dips[-1] if len(dips) > 1 else dips[0]
-        lines.append(f"scattered reads of {runs} runs had under {EFFICIENCY_DIP:.0%} of a shorter run's efficiency, "
-                     "which longer runs do not have on an idle device: run calibrate again on an idle machine")
+        lines.append(f"scattered reads of {_and(n['efficiency_dips'])} runs had under {EFFICIENCY_DIP:.0%} of a shorter "
+                     "run's efficiency, which longer runs do not have on an idle device: run calibrate again on an idle "
+                     "machine")
     if n.get("gathers_past_copy"):
-        runs = n["gathers_past_copy"]
-        runs = ", ".join(runs[:-1]) + " and " + runs[-1] if len(runs) > 1 else runs[0]
-        lines.append(f"random {runs} runs were gathered more than {GATHER_PAST_COPY:g} times as fast as a contiguous "
-                     "copy of the same bytes, which no memory does (the profile caps their efficiency at 1): run "
-                     "calibrate again on an idle machine")
+        lines.append(f"random {_and(n['gathers_past_copy'])} runs were gathered more than {GATHER_PAST_COPY:g} times as "
+                     "fast as a contiguous copy of the same bytes, which no memory does (the profile caps their "
+                     "efficiency at 1): run calibrate again on an idle machine")
     return lines
+
+
+def _and(names: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+
+
+def _warn(console: Console, lines: list[str]) -> None:
+    for line in lines:
+        console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False)
+
 
 def render_calibration(console: Console, out_path: str, doc: dict, seconds: float) -> None:
     cal = doc["calibration"]
@@ -210,8 +217,8 @@ def render_calibration(console: Console, out_path: str, doc: dict, seconds: floa
         for row in gemm["rows"]:
             g.add_row(f"{row['tokens']:,}", f"{row['seconds'] * 1e3:.3f} ms", f"{row['efficiency']:.4f}")
         console.print(g)
-    for line in noise_lines(cal):
-        console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False)
+    _warn(console, noise_lines(cal))
+
 
 def render_kernels(console: Console, doc: dict) -> None:
     """`profiles kernels`: the derived [kernels] table, the fits' residuals and the comparison."""

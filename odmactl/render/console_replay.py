@@ -459,15 +459,11 @@ def gate_lines(doc: dict) -> list[str]:
         if found is None:
             continue
         rated += 1
-        shown = format_metric("max_rate_per_replica", found)
-        policy = r["policy"]
-        flags = (f"--policy static --max-new-tokens {policy.split('+', 1)[1]} " if policy.startswith("static+") else
-                 f"--policy {policy} ") + (f"--tp {r['tp']} " if r["tp"] > 1 else "")
         if gate is None:
             tried = ", ".join(format_metric("max_rate_per_replica", t) for t in r.get("gate_rates_tried", []))
-            none.append(f"{policy} tp {r['tp']} (tried {tried})")
-        elif format_metric("max_rate_per_replica", gate) != shown:
-            gates.append(f"{policy} tp {r['tp']}: {flags}--rate {format_metric('max_rate_per_replica', gate)}")
+            none.append(f"{r['policy']} tp {r['tp']} (tried {tried})")
+        elif format_metric("max_rate_per_replica", gate) != format_metric("max_rate_per_replica", found):
+            gates.append(f"{r['policy']} tp {r['tp']}: {_check_flags(r)}--rate {format_metric('max_rate_per_replica', gate)}")
     lines = []
     if gates:
         rest = "; the other rows' rates held as printed" if len(gates) + len(none) < rated else ""
@@ -479,6 +475,16 @@ def gate_lines(doc: dict) -> list[str]:
         lines.append(f"no rate as printed just below the rate found met the SLO for {', '.join(none)}: gate one engine "
                      "(check --rate) lower")
     return lines
+
+
+def _check_flags(row: dict) -> str:
+    """The flags `check` replays a capacity row's engine with, from what the row replayed: the
+    policy, static's slot of prompt + N as --max-new-tokens N (run/spec.papers_static), the tp."""
+    replayed = row["replayed_as"]
+    cap = replayed["allocator"].get("max_new_tokens") if replayed["allocator"].get("static_slot") == \
+        "prompt_plus_max_new" else None
+    return (f"--policy {replayed['policy']} " + (f"--max-new-tokens {cap} " if cap else "")
+            + (f"--tp {row['tp']} " if row["tp"] > 1 else ""))
 
 
 def render_capacity(console: Console, doc: dict) -> None:
