@@ -253,3 +253,21 @@ def test_a_precise_figure_keeps_its_format_s_decimals():
     assert (ttft.text(2.0, precise=True), ttft.text(852.0505, precise=True)) == ("2.000", "852.0505")
     assert (share.text(0.5, precise=True), share.text(0.51234567891, precise=True)) == ("50.0%", "51.23456789%")
     assert METRICS["migration_rate"].text(0.005, precise=True) == "0.500%"
+
+
+def test_a_bound_reads_as_it_was_set():
+    """check writes a bound to its last set digit: a 1.5 ms TTFT limit read "expected <= 0.002 s",
+    which is not the limit checked; a value keeps its format unless it would read as the bound."""
+    from odmactl.gate.thresholds import Verdict
+
+    def texts(name, bound, value):
+        v = Verdict(name, "m", "<=", bound, value, value is not None and value <= bound)
+        return v.threshold_text, v.value_text
+
+    assert texts("max_ttft_p99_s", 0.0015, 3140.389) == ("0.0015 s", "3,140.389 s")
+    assert texts("max_ttft_p99_s", 0.0015, 0.0016) == ("0.0015 s", "0.0016 s")  # "0.002" is the bound in format
+    assert texts("max_ttft_p99_s", 2.0, 2.0004) == ("2.000 s", "2.0004 s")  # "2.000 s" twice would read as a pass
+    assert texts("max_ttft_p99_s", 2.0015, 2.0014) == ("2.0015 s", "2.001 s")
+    assert texts("max_tpot_p99_s", 0.1, 0.0995612) == ("100.0 ms", "99.6 ms")
+    assert texts("max_overflow_rate", 0.005, 0.00652) == ("0.500%", "0.652%")
+    assert texts("max_overflow_rate", 0.00525, None) == ("0.525%", "n/a")

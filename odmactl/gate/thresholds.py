@@ -49,8 +49,7 @@ class Verdict:
 
     @property
     def threshold_text(self) -> str:
-        """The bound with its unit (a share's % included: "0.500%", "2.000 s", "100.0 ms"); to ten
-        significant digits where the metric's format would write it as the value."""
+        """The bound with its unit (a share's % included: "0.500%", "2.000 s", "100.0 ms", "0.0015 s")."""
         return self._texts()[0]
 
     @property
@@ -58,10 +57,14 @@ class Verdict:
         return self._texts()[1]
 
     def _texts(self) -> tuple[str, str]:
+        """The bound as it was set (to ten significant digits: a 1.5 ms TTFT limit is "0.0015 s",
+        which the format's three decimals would write "0.002 s"), and the value in its format, or
+        precisely where that text would read as the bound ("852.051 s, expected <= 852.051 s")."""
         metric = METRICS[THRESHOLD_METRIC[self.name]]
-        bound, value = metric.in_words(self.threshold), metric.in_words(self.value)
-        if bound == value and self.value is not None and self.value != self.threshold:  # "852.051 s, expected <= 852.051 s"
-            return metric.in_words(self.threshold, precise=True), metric.in_words(self.value, precise=True)
+        bound, value = metric.in_words(self.threshold, precise=True), metric.in_words(self.value)
+        if self.value is not None and self.value != self.threshold and \
+                value in (bound, metric.in_words(self.threshold)):
+            value = metric.in_words(self.value, precise=True)
         return bound, value
 
     @property
