@@ -170,7 +170,7 @@ def test_plan_prints_its_recommendation(cli, trace, tmp_path):
     r = _plan(cli, trace, tmp_path / "c.toml")
     assert r.code == 0, r.err
     text = " ".join((r.out + r.err).split())
-    assert "4,860 candidates" in text and "overflow rate + 1 s.e. <= 0.50%" in text
+    assert "4,860 candidates" in text and "overflow rate + 1 s.e. <= 0.500%" in text
     # the four scheduler and spill options _tune replayed, a row each, with the one chosen
     options = text[text.index("the options on the search part"):]
     assert "then the Task Pool, then the spill:" in options and options.count("(chosen)") == 1

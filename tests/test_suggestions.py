@@ -242,16 +242,16 @@ def test_floor_sig3_cuts_to_what_the_tables_print():
 
 
 def test_a_precise_figure_keeps_its_format_s_decimals():
-    """Where a value and its bound would print alike, check writes both to ten significant digits,
-    but never with fewer decimals than the metric's format: a TPOT bound of 100 ms reads "100.0",
-    as the other rows do, not "100"."""
+    """A precise figure has at least ten significant digits, as many more as read it back, and
+    never fewer decimals than the metric's format: a TPOT bound of 100 ms reads "100.0", as the
+    other rows do, not "100"."""
     from odmactl.render.metrics import METRICS
 
     tpot, ttft, share = METRICS["tpot_p99"], METRICS["ttft_p99"], METRICS["kv_utilization"]
     assert [tpot.text(v, precise=True) for v in (0.1, 0.09999786952, 0.1000134267)] == ["100.0", "99.99786952",
                                                                                        "100.0134267"]
     assert (ttft.text(2.0, precise=True), ttft.text(852.0505, precise=True)) == ("2.000", "852.0505")
-    assert (share.text(0.5, precise=True), share.text(0.51234567891, precise=True)) == ("50.0%", "51.23456789%")
+    assert (share.text(0.5, precise=True), share.text(0.51234567891, precise=True)) == ("50.0%", "51.234567891%")
     assert METRICS["migration_rate"].text(0.005, precise=True) == "0.500%"
 
 
@@ -271,3 +271,23 @@ def test_a_bound_reads_as_it_was_set():
     assert texts("max_tpot_p99_s", 0.1, 0.0995612) == ("100.0 ms", "99.6 ms")
     assert texts("max_overflow_rate", 0.005, 0.00652) == ("0.500%", "0.652%")
     assert texts("max_overflow_rate", 0.00525, None) == ("0.525%", "n/a")
+    # ten digits were not always enough: a FAIL read "214.4842921 s, expected <= 214.4842921 s"
+    assert texts("max_ttft_p99_s", 214.4842921, 214.48429210833) == ("214.4842921 s", "214.48429210833 s")
+    assert texts("max_ttft_p99_s", 999999999.9999, 5.0) == ("999,999,999.9999 s", "5.000 s")  # not rounded up past it
+    assert texts("max_tpot_p99_s", 1e9, 0.05) == ("1,000,000,000,000.0 ms", "50.0 ms")  # no exponent
+    assert texts("max_overflow_rate", 1e-7, 0.0) == ("0.00001%", "0.000%")
+    assert texts("max_overflow_rate", 1e-12, 0.0)[0] == "1e-10%"  # past 1e-9 of its unit, an exponent
+    assert texts("min_tps_gain", -0.0, 0.1) == ("+0.0%", "+10.0%")
+    assert texts("min_tps_gain", 0.2, 120 / 100 - 1) == ("+20.0%", "+20.0%")  # equal but for rounding: meets, reads so
+
+
+def test_a_verdict_agrees_with_its_figures():
+    """A value past its bound by more than float rounding fails, however small the gap: a TPOT
+    p99 of 178.3437391 ms passed a 178.343739 ms limit (an absolute tolerance of 1e-9 s), and
+    82.52219502% passed a minimum of 82.52219505%."""
+    from odmactl.gate.thresholds import at_least, at_most
+
+    assert not at_most(0.1783437391, 0.178343739) and at_most(0.178343739, 0.178343739)
+    assert not at_least(0.8252219502, 0.8252219505)
+    assert at_least(120 / 100 - 1, 0.2) and at_most(0.1 + 0.2, 0.3) and at_most(0.0, 0.0)
+    assert not at_most(1e-300, 0.0)

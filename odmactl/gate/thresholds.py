@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from odmactl.render.metrics import METRICS
+from odmactl.render.metrics import compared
 from odmactl.run.config import LATENCY_THRESHOLDS, THRESHOLD_KEYS, Thresholds
 
 __all__ = ["THRESHOLD_KEYS", "THRESHOLD_METRIC", "Thresholds", "Verdict", "evaluate", "policies_needed",
@@ -57,14 +57,10 @@ class Verdict:
         return self._texts()[1]
 
     def _texts(self) -> tuple[str, str]:
-        """The bound as it was set (to ten significant digits: a 1.5 ms TTFT limit is "0.0015 s",
-        which the format's three decimals would write "0.002 s"), and the value in its format, or
-        precisely where that text would read as the bound ("852.051 s, expected <= 852.051 s")."""
-        metric = METRICS[THRESHOLD_METRIC[self.name]]
-        bound, value = metric.in_words(self.threshold, precise=True), metric.in_words(self.value)
-        if self.value is not None and self.value != self.threshold and \
-                value in (bound, metric.in_words(self.threshold)):
-            value = metric.in_words(self.value, precise=True)
+        """(the bound, the value) as render/metrics.compared writes them; a value equal to the
+        bound but for float rounding (`equal`) meets it and reads as it."""
+        value, bound = compared(THRESHOLD_METRIC[self.name], self.value, self.threshold,
+                                self.value is not None and equal(self.value, self.threshold))
         return bound, value
 
     @property
@@ -85,7 +81,20 @@ def rejection_rate(m: dict) -> float:
     return m["rejections"] / m["requests"] if m["requests"] else 0.0
 
 
-TOLERANCE = 1e-9  # a value equal to its threshold but for float rounding (120 / 100 - 1 < 0.2) meets it
+TOLERANCE = 1e-12  # relative: a value equal to its threshold but for float rounding (120 / 100 - 1 < 0.2) meets it
+
+
+def equal(value: float, bound: float) -> bool:
+    """Whether `value` is `bound` but for float rounding (TOLERANCE, relative to the larger)."""
+    return abs(value - bound) <= TOLERANCE * max(abs(value), abs(bound))
+
+
+def at_least(value: float, bound: float) -> bool:
+    return value >= bound or equal(value, bound)
+
+
+def at_most(value: float, bound: float) -> bool:
+    return value <= bound or equal(value, bound)
 
 
 def evaluate(doc: dict, policy: str, thresholds: Thresholds) -> list[Verdict]:
@@ -95,25 +104,25 @@ def evaluate(doc: dict, policy: str, thresholds: Thresholds) -> list[Verdict]:
     if thresholds.min_utilization is not None:
         v = m["kv_utilization"]
         out.append(Verdict("min_utilization", "kv_utilization", ">=", thresholds.min_utilization, v,
-                           v >= thresholds.min_utilization - TOLERANCE))
+                           at_least(v, thresholds.min_utilization)))
     for name, metric in (("max_migration_rate", "migration_rate"), ("max_overflow_rate", "overflow_rate")):
         bound = getattr(thresholds, name)
         if bound is not None:
             v = m[metric]
-            out.append(Verdict(name, metric, "<=", bound, v, v <= bound + TOLERANCE))
+            out.append(Verdict(name, metric, "<=", bound, v, at_most(v, bound)))
     if thresholds.max_rejection_rate is not None:
         v = rejection_rate(m)
         out.append(Verdict("max_rejection_rate", "rejection_rate", "<=", thresholds.max_rejection_rate, v,
-                           v <= thresholds.max_rejection_rate + TOLERANCE))
+                           at_most(v, thresholds.max_rejection_rate)))
     if thresholds.min_tps_gain is not None:
         base = doc["results"][thresholds.baseline]["metrics"]["tps"]
         v = m["tps"] / base - 1.0 if base > 0 else math.inf
         out.append(Verdict("min_tps_gain", f"tps gain over {thresholds.baseline}", ">=", thresholds.min_tps_gain, v,
-                           v >= thresholds.min_tps_gain - TOLERANCE))
+                           at_least(v, thresholds.min_tps_gain)))
     for name, metric in LATENCY_THRESHOLDS.items():
         bound = getattr(thresholds, name)
         if bound is not None:  # None: no request had it (one-token replies) or none completed, which fails
             v = m[metric]
             out.append(Verdict(name, metric, "<=", bound, v,
-                               v <= bound + TOLERANCE if v is not None else m["completed"] > 0))
+                               at_most(v, bound) if v is not None else m["completed"] > 0))
     return out

@@ -11,6 +11,7 @@ import math
 
 from odmactl.gate.thresholds import rejection_rate
 from odmactl.plan.spec import PlanSpec
+from odmactl.render.metrics import compared
 
 OVERFLOW_MARGIN_SE = 1.0  # a replay's overflow count plus one standard error must keep the limit
 
@@ -35,14 +36,15 @@ def _shortfalls(m: dict, spec: PlanSpec, margin: bool) -> list[tuple[float, str]
     objective a rate that meets the SLO."""
     overflow = overflow_bound(m) if margin else m["overflow_rate"]
     rejected = rejection_rate(m)
-    out = [(overflow - spec.max_overflow_rate, f"overflow rate{' + 1 s.e.' if margin else ''} {overflow:.3%} > "
-                                               f"{spec.max_overflow_rate:.3%}"),
-           (rejected - spec.max_rejection_rate, f"rejection rate {rejected:.3%} > {spec.max_rejection_rate:.3%}")]
+    out = [(overflow - spec.max_overflow_rate, f"overflow rate{' + 1 s.e.' if margin else ''} "
+                                               + " > ".join(compared("overflow_rate", overflow, spec.max_overflow_rate))),
+           (rejected - spec.max_rejection_rate,
+            "rejection rate " + " > ".join(compared("rejection_rate", rejected, spec.max_rejection_rate)))]
     if spec.ttft_p99_s is not None:
         if m["ttft_p99"] is None:  # no request completed: the limit cannot be shown to hold
             out.append((1.0, "no request completed, so TTFT p99 is unknown"))
         else:
-            out.append((m["ttft_p99"] / spec.ttft_p99_s - 1.0, f"TTFT p99 {m['ttft_p99']:.3g} s > {spec.ttft_p99_s:g} s"))
+            out.append((m["ttft_p99"] / spec.ttft_p99_s - 1.0, "TTFT p99 " + " > ".join(compared("ttft_p99", m["ttft_p99"], spec.ttft_p99_s))))
     if spec.objective == "capacity":
         out.append((1.0 if m["capacity_rate_scale"] <= 0 else 0.0, "no rate meets the SLO"))
     return [(excess, what) for excess, what in out if excess > 0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -196,9 +197,14 @@ def render_check(console: Console, doc: dict, policy: str, verdicts: list, passe
     """The verdict per threshold, then the replayed policies' metrics."""
     console.print(escape(f"{doc['trace']['path']}: {check_scope(doc, policy)}, policy {policy}, "
                          f"predictor {doc['predictor']}"), highlight=False)
-    table = Table(show_header=True, header_style="bold")
-    for title in ("check", "metric", "threshold", "value", "result"):
-        table.add_column(title, justify="left" if title in ("check", "metric") else "right")
+    table = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    # as render/tables.narrow_table's, no vertical rules; the check's name is the config key a reader looks up, and a name or figure cut short
+    # misleads: at 80 columns the metric wraps between words, and a long figure folds rather
+    # than end in "..."
+    table.add_column("check", no_wrap=True, min_width=max((len(v.name) for v in verdicts), default=5))
+    table.add_column("metric", min_width=max((len(w) for v in verdicts for w in v.metric.split()), default=6))
+    for title in ("threshold", "value", "result"):
+        table.add_column(title, justify="right", overflow="fold")
     for v in verdicts:
         table.add_row(v.name, escape(v.metric), f"{v.comparison} {v.threshold_text}", v.value_text,
                       "[green]pass[/]" if v.passed else "[bold red]FAIL[/]")
@@ -217,9 +223,10 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
     _wrapped(console, f"{t['path']}: {t['requests']:,} requests, {deployment(doc)}, predictor {doc['predictor']}; "
                       f"searched on the first {t['search_requests']:,}, validated on the last {t['holdout_requests']:,}",
              "default")
-    _wrapped(console, f"{search_counts(doc)}; objective {doc['objective']}, overflow rate + 1 s.e. <= "
-                      f"{doc['max_overflow_rate']:.2%}" + (f", TTFT p99 <= {doc['ttft_p99_s']:g} s" if doc["ttft_p99_s"] else ""),
-             "default")
+    limits = f"overflow rate + 1 s.e. <= {METRICS['overflow_rate'].text(doc['max_overflow_rate'], precise=True)}"
+    if doc["ttft_p99_s"]:
+        limits += f", TTFT p99 <= {METRICS['ttft_p99'].in_words(doc['ttft_p99_s'], precise=True)}"
+    _wrapped(console, f"{search_counts(doc)}; objective {doc['objective']}, {limits}", "default")
     a = doc["chosen"]["allocator"]
     bounds = a["boundaries_tokens"]
     merged = f" ({a['num_buckets'] - len(bounds)} of B merged: equal after rounding)" if len(bounds) < a["num_buckets"] else ""

@@ -13,6 +13,8 @@ import math
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from odmactl.core.units import sig3_decimals
 
 
@@ -31,19 +33,18 @@ class Metric:
     def header(self) -> str:
         return f"{self.title} ({self.unit})" if self.unit else self.title
 
-    def text(self, value: float | None, precise: bool = False) -> str:
+    def text(self, value: float | None, precise: bool = False, digits: int | None = None) -> str:
         """The value written; a missing or non-finite one (a gain over a baseline that served nothing) is n/a.
-        `precise`: to ten significant digits, for a value its format would write as its bound."""
+        `precise`: the value as it was set, for a bound and for a value its format would write as
+        that bound (`precise_text`); `digits`: at least that many significant digits."""
         if value is None or (isinstance(value, float) and not math.isfinite(value)):
             return "n/a"
         value = value * self.scale if self.scale != 1 else value
         if precise:  # the spec's sign and percent kept, and at least its decimals ("100.0 ms", not "100 ms")
-            sign, percent = "+" if self.spec.startswith("+") else "", self.spec.endswith("%")
-            shown = value * 100 if percent else value
-            text = format(shown, f"{sign},.10g")
+            percent = self.spec.endswith("%")
             least = re.search(r"\.(\d+)[f%]$", self.spec)
-            if least and "e" not in text and len(text.partition(".")[2]) < int(least.group(1)):
-                text = format(shown, f"{sign},.{least.group(1)}f")
+            text = precise_text(value * 100 if percent else value, "+" if self.spec.startswith("+") else "",
+                                int(least.group(1)) if least else 0, digits)
             return text + ("%" if percent else "")
         if self.spec == SIG3:  # three significant digits, never rounded to zero: 0.00234, 0.107, 1,235
             if value == 0:
@@ -56,11 +57,34 @@ class Metric:
             text = ("+" if self.spec.startswith("+") else "") + text[1:]
         return text
 
-    def in_words(self, value: float | None, precise: bool = False) -> str:
+    def in_words(self, value: float | None, precise: bool = False, digits: int | None = None) -> str:
         """The value with its unit, as a sentence writes it ("634.0 tok/s"; a share's text holds
         its %; n/a alone)."""
-        text = self.text(value, precise)
+        text = self.text(value, precise, digits)
         return text if text == "n/a" or self.unit in ("", "%") else f"{text} {self.unit}"
+
+
+PRECISE_DIGITS = 10  # the fewest significant digits a precise figure is written to
+ROUND_TRIP = 1e-15  # relative: a precise figure reads back as its value but for the float noise of a unit's scaling
+POSITIONAL = (1e-9, 1e15)  # a precise figure in that magnitude is written without an exponent
+
+
+def precise_text(x: float, sign: str = "", decimals: int = 0, digits: int | None = None) -> str:
+    """`x` to the fewest significant digits, from PRECISE_DIGITS (or `digits`) up to 17, that read
+    back as x within ROUND_TRIP ("999,999,999.9999", where ten digits would round it up to the next
+    whole number), with thousands separators and at least `decimals` decimals (zeros added, never
+    rounded: "100.0", not "100"); an exponent only outside POSITIONAL ("1e-10"). -0 is 0."""
+    x = x + 0.0  # -0.0 -> 0.0
+    d = max(digits or PRECISE_DIGITS, 1)
+    while d < 17 and x and abs(float(format(x, f".{d}g")) - x) > ROUND_TRIP * abs(x):
+        d += 1
+    if x and not POSITIONAL[0] <= abs(x) < POSITIONAL[1]:
+        return format(x, f"{sign}.{d}g")
+    whole, _, frac = np.format_float_positional(abs(x), precision=d, unique=False, fractional=False,
+                                                trim="-").partition(".")
+    frac += "0" * (decimals - len(frac))
+    text = format(int(whole), ",") + ("." + frac if frac else "")
+    return ("-" if x < 0 else sign if x > 0 or sign else "") + text
 
 
 SHARE, RATE, GAIN, COUNT, SIG3 = ".1%", ".3%", "+.1%", ",", "sig3"
@@ -120,6 +144,28 @@ CHECK_SUMMARY_KEYS = ("kv_utilization", "tps", "migration_rate", "overflow_rate"
 def plan_keys(objective: str) -> tuple[str, ...]:
     """plan's held-out table: PLAN_KEYS, and the rate at the SLO under the capacity objective."""
     return PLAN_KEYS + (("capacity_rate_scale",) if objective == "capacity" else ())
+
+
+def compared(key: str, value: float | None, bound: float, same: bool = False) -> tuple[str, str]:
+    """(the value, the bound) of metric `key` with their units, for a sentence or a table that
+    compares them (check's verdicts, plan's unmet constraints). The bound as it was set
+    (`precise_text`: a 1.5 ms TTFT limit is "0.0015 s", which the format's three decimals would
+    write "0.002 s"); the value in its format, or precisely where that text would read as the
+    bound ("852.051 s, expected <= 852.051 s"), to as many digits as tell the two apart. `same`:
+    the value is the bound but for float rounding, and reads as it."""
+    metric = METRICS[key]
+    bound_text, value_text = metric.in_words(bound, precise=True), metric.in_words(value)
+    if value is None or value == bound or value_text not in (bound_text, metric.in_words(bound)):
+        return value_text, bound_text
+    if same:
+        return bound_text, bound_text
+    digits = PRECISE_DIGITS
+    value_text = metric.in_words(value, precise=True)
+    while value_text == bound_text and digits < 17:
+        digits += 1
+        bound_text = metric.in_words(bound, precise=True, digits=digits)
+        value_text = metric.in_words(value, precise=True, digits=digits)
+    return value_text, bound_text
 
 
 def format_metric(key: str, value: float) -> str:

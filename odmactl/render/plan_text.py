@@ -106,9 +106,11 @@ def search_counts(doc: dict) -> str:
 def holdout_title(doc: dict) -> str:
     """The held-out table's title, with the gate's bounds."""
     g = doc["gate"]["thresholds"]
-    return (f"on the held-out later part (gate: overflow rate <= {format_metric('overflow_rate', g['max_overflow_rate'])}, "
-            f"rejected <= {format_metric('rejection_rate', g['max_rejection_rate'])}, KV util >= "
-            f"{format_metric('kv_utilization', g['min_utilization'])}):")
+    bound = {key: METRICS[key].text(g[name], precise=True) for key, name in
+             (("overflow_rate", "max_overflow_rate"), ("rejection_rate", "max_rejection_rate"),
+              ("kv_utilization", "min_utilization"))}
+    return (f"on the held-out later part (gate: overflow rate <= {bound['overflow_rate']}, "
+            f"rejected <= {bound['rejection_rate']}, KV util >= {bound['kv_utilization']}):")
 
 
 MORE_MEMORY = "a device with more memory serves more of them"

@@ -29,7 +29,8 @@ def check_scope(doc: dict, policy: str) -> str:
     t = doc["trace"]
     rate = doc["results"][policy]["queue"].get("arrival_rate_per_s")
     at = f", {rate:,.3g} req/s" if rate and "req/s" not in t["arrivals"] else ""  # a rescale says its rate
-    return f"{t['requests']:,} requests ({t['arrivals']}{at}) on one engine, {deployment(doc)}"
+    n = t["requests"]
+    return f"{n:,} request{'' if n == 1 else 's'} ({t['arrivals']}{at}) on one engine, {deployment(doc)}"
 
 
 def deployment(doc: dict) -> str:
