@@ -43,6 +43,7 @@ import odmactl.sim.cluster as cluster  # noqa: E402
 from odmactl.capacity.run import CapacitySpec, trace_rates  # noqa: E402
 from odmactl.capacity.slo import Slo  # noqa: E402
 from odmactl.core import native  # noqa: E402
+from odmactl.core.errors import OdmaError  # noqa: E402
 from odmactl.run.arrivals import with_arrivals  # noqa: E402
 from odmactl.run.config import read_config  # noqa: E402
 from odmactl.run.replay import prepare, replayed_together  # noqa: E402
@@ -51,6 +52,7 @@ from odmactl.sim.metrics import p50_p99  # noqa: E402
 
 SHIPPED_PICK = cluster.pick
 POLICIES = ("odma", "static+1024")
+LABEL = 60  # the routing column: the table fits 80 columns
 
 
 class Routing:
@@ -86,6 +88,10 @@ class Routing:
         return best
 
 
+def row(label: str, odma: float, static: float) -> None:
+    print(f"{label:{LABEL}s} {odma:6.1f} {static:11.1f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("work", type=Path, help="examples/capacity_tables.sh's work folder")
@@ -93,11 +99,15 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=None, help="Poisson gaps with this seed (default: the trace's own gaps)")
     ap.add_argument("--weights", default="0,256,1024,4096", help="the W of the same-for-both reading, tokens per request")
     args = ap.parse_args()
+    if not args.work.is_dir():
+        sys.exit(f"error: {args.work} is not a folder: give examples/capacity_tables.sh's work folder")
     for name in ("rest.parquet", "pred", "c.toml"):
         if not (args.work / name).exists():
             sys.exit(f"error: {args.work / name} is missing: run bash examples/capacity_tables.sh {args.work} first")
     if args.replicas < 1:
         sys.exit("error: --replicas expects at least 1 engine")
+    if args.seed is not None and args.seed < 0:
+        sys.exit("error: --seed expects a whole number of at least 0")
     try:
         weights = [int(w) for w in args.weights.split(",")]
     except ValueError:
@@ -105,7 +115,15 @@ def main() -> int:
     if min(weights) < 0:
         sys.exit("error: --weights expects token counts of at least 0")
     assert not any(s == "compiled" for s in native.status().values()), "the routing rule is compiled: nothing to replace"
+    try:
+        measure(args, weights)
+    except OdmaError as e:  # a bad predictor, config or trace in the work folder
+        sys.exit(f"error: {e}")
+    return 0
 
+
+def measure(args: argparse.Namespace, weights: list[int]) -> None:
+    """The table (the module docstring)."""
     spec = CapacitySpec(device="mlu370-x4", model="DeepSeek-R1-Distill-Qwen-7B", predictor=str(args.work / "pred"),
                         allow_mismatch=True, policies=("static", "odma"), tps=(1,),
                         slo=Slo.parse("ttft_p99=2s,tpot_p99=100ms"), max_migration_rate=0.01,
@@ -131,27 +149,26 @@ def main() -> int:
                 [r.metrics["requests"] for r in results])
 
     arrivals = "the trace's own gaps" if args.seed is None else f"Poisson gaps, seed {args.seed}"
-    print(f"{ctx.workload.size:,} requests at {target_rate:.3g} req/s ({arrivals}) on {args.replicas} MLU370-X4 "
-          f"engines, tp 1; pooled TPOT p99 (ms), limit 100")
-    print(f"{'routing':52s} {'odma':>7s} {'static+1024':>12s}")
+    print(f"{ctx.workload.size:,} requests at {target_rate:.3g} req/s ({arrivals})\n"
+          f"on {args.replicas} MLU370-X4 engines, tp 1: pooled TPOT p99 (ms), limit 100\n")
+    print(f"{'routing':{LABEL}s} {'odma':>6s} {'static+1024':>11s}")
     own, counts = {}, {}
     for name in POLICIES:
         routing.mode, routing.choices = "record", {}
         own[name], counts[name] = tpot_p99_ms(name)
         counts[name + " choices"] = routing.choices
-    print(f"{'least-kv, each by its own reservations':52s} {own['odma']:7.1f} {own['static+1024']:12.1f}")
+    row("least-kv, each by its own reservations", own["odma"], own["static+1024"])
     crossed = {}
     for name, other in zip(POLICIES, POLICIES[::-1]):
         routing.mode, routing.choices = "replay", counts[other + " choices"]
         crossed[name], engine_counts = tpot_p99_ms(name)
         assert engine_counts == counts[other], "the other's routing did not place the same requests"
-    print(f"{'least-kv as it routes odma':52s} {own['odma']:7.1f} {crossed['static+1024']:12.1f}")
-    print(f"{'least-kv as it routes static+1024':52s} {crossed['odma']:7.1f} {own['static+1024']:12.1f}")
+    row("the choices least-kv makes for odma", own["odma"], crossed["static+1024"])
+    row("the choices least-kv makes for static+1024", crossed["odma"], own["static+1024"])
     for w in weights:
         routing.mode, routing.weight_tokens = "weight", w
-        row = [tpot_p99_ms(name)[0] for name in POLICIES]
-        print(f"{f'prompts + {w:,} tokens per request, the same for both':52s} {row[0]:7.1f} {row[1]:12.1f}")
-    return 0
+        row(f"prompts + {w:,} tokens per request, for both", *(tpot_p99_ms(name)[0] for name in POLICIES))
+
 
 
 if __name__ == "__main__":
