@@ -89,6 +89,23 @@ def test_choose_holds_the_overflow_count_plus_one_standard_error_to_the_limit():
     assert choose([({}, _measured(0, 0.5))], PlanSpec(DEVICE, MODEL, max_overflow_rate=0.0)) == (0, True)
 
 
+def test_plan_reads_a_limit_as_check_does():
+    """A TTFT p99 equal to plan's --ttft-p99 but for float rounding meets it, as check's gate reads
+    it (plan refused 2,100.28839130503 s against 2,100.28839130482 s, 1e-13 apart); the limit has
+    check's range; -0 is written as 0."""
+    from odmactl.plan.choose import unmet
+
+    m = _measured(0, 0.8)
+    ttft = 2100.28839130503
+    assert unmet({**m, "ttft_p99": ttft}, PlanSpec(DEVICE, MODEL, ttft_p99_s=ttft * (1 - 1e-13))) == []
+    missed = unmet({**m, "ttft_p99": ttft}, PlanSpec(DEVICE, MODEL, ttft_p99_s=2100.2883))
+    assert missed == ["TTFT p99 2,100.2884 s > 2,100.2883 s"], missed  # not "2,100.288 s > 2,100.2883 s"
+    for bad in (1e-9, 2e9):
+        with pytest.raises(ConfigError, match="from 0.001 to 1,000,000,000"):
+            PlanSpec(DEVICE, MODEL, ttft_p99_s=bad)
+    assert math.copysign(1, PlanSpec(DEVICE, MODEL, max_overflow_rate=-0.0).max_overflow_rate) == 1
+
+
 def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
     out, report = tmp_path / "odma.toml", tmp_path / "plan.html"
     r = _plan(cli, trace, out, "--report", report, "--workers", "2", "--json")

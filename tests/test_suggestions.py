@@ -265,18 +265,23 @@ def test_a_bound_reads_as_it_was_set():
         return v.threshold_text, v.value_text
 
     assert texts("max_ttft_p99_s", 0.0015, 3140.389) == ("0.0015 s", "3,140.389 s")
-    assert texts("max_ttft_p99_s", 0.0015, 0.0016) == ("0.0015 s", "0.0016 s")  # "0.002" is the bound in format
+    assert texts("max_ttft_p99_s", 0.0015, 0.0016) == ("0.0015 s", "0.002 s")  # above the bound as written too
+    assert texts("max_ttft_p50_s", 98.6769203854715, 98.6769) == ("98.6769203854715 s", "98.6769 s")  # not "98.677"
+    assert texts("max_ttft_p50_s", 98.6769203854715, 98.6769203854715) == ("98.6769203854715 s",) * 2  # equal: alike
+    assert texts("max_tpot_p99_s", 0.1783, 0.178343739122684) == ("178.3 ms", "178.34 ms")  # no more digits than tell them apart
+    assert texts("max_ttft_p99_s", 1 / 3, 0.2) == ("0.3333333333333333 s", "0.200 s")
     assert texts("max_ttft_p99_s", 2.0, 2.0004) == ("2.000 s", "2.0004 s")  # "2.000 s" twice would read as a pass
     assert texts("max_ttft_p99_s", 2.0015, 2.0014) == ("2.0015 s", "2.001 s")
     assert texts("max_tpot_p99_s", 0.1, 0.0995612) == ("100.0 ms", "99.6 ms")
     assert texts("max_overflow_rate", 0.005, 0.00652) == ("0.500%", "0.652%")
     assert texts("max_overflow_rate", 0.00525, None) == ("0.525%", "n/a")
     # ten digits were not always enough: a FAIL read "214.4842921 s, expected <= 214.4842921 s"
-    assert texts("max_ttft_p99_s", 214.4842921, 214.48429210833) == ("214.4842921 s", "214.48429210833 s")
+    assert texts("max_ttft_p99_s", 214.4842921, 214.48429210833) == ("214.4842921 s", "214.4843 s")
     assert texts("max_ttft_p99_s", 999999999.9999, 5.0) == ("999,999,999.9999 s", "5.000 s")  # not rounded up past it
     assert texts("max_tpot_p99_s", 1e9, 0.05) == ("1,000,000,000,000.0 ms", "50.0 ms")  # no exponent
     assert texts("max_overflow_rate", 1e-7, 0.0) == ("0.00001%", "0.000%")
-    assert texts("max_overflow_rate", 1e-12, 0.0)[0] == "1e-10%"  # past 1e-9 of its unit, an exponent
+    assert texts("max_overflow_rate", 1e-12, 0.0)[0] == "1e-10%"  # past 1e-9 of its unit, an exponent, not "1e-010"
+    assert texts("max_overflow_rate", 1e-11, 0.0)[0] == "1e-9%"
     assert texts("min_tps_gain", -0.0, 0.1) == ("+0.0%", "+10.0%")
     assert texts("min_tps_gain", 0.2, 120 / 100 - 1) == ("+20.0%", "+20.0%")  # equal but for rounding: meets, reads so
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from odmactl.gate.thresholds import rejection_rate
+from odmactl.gate.thresholds import at_most, rejection_rate
 from odmactl.plan.spec import PlanSpec
 from odmactl.render.metrics import compared
 
@@ -36,15 +36,19 @@ def _shortfalls(m: dict, spec: PlanSpec, margin: bool) -> list[tuple[float, str]
     objective a rate that meets the SLO."""
     overflow = overflow_bound(m) if margin else m["overflow_rate"]
     rejected = rejection_rate(m)
-    out = [(overflow - spec.max_overflow_rate, f"overflow rate{' + 1 s.e.' if margin else ''} "
-                                               + " > ".join(compared("overflow_rate", overflow, spec.max_overflow_rate))),
-           (rejected - spec.max_rejection_rate,
+    # a figure equal to its limit but for float rounding meets it, as check's gate reads it (gate/thresholds.at_most)
+    out = [(0.0 if at_most(overflow, spec.max_overflow_rate) else overflow - spec.max_overflow_rate,
+            f"overflow rate{' + 1 s.e.' if margin else ''} " + " > ".join(compared("overflow_rate", overflow,
+                                                                                    spec.max_overflow_rate))),
+           (0.0 if at_most(rejected, spec.max_rejection_rate) else rejected - spec.max_rejection_rate,
             "rejection rate " + " > ".join(compared("rejection_rate", rejected, spec.max_rejection_rate)))]
     if spec.ttft_p99_s is not None:
         if m["ttft_p99"] is None:  # no request completed: the limit cannot be shown to hold
             out.append((1.0, "no request completed, so TTFT p99 is unknown"))
         else:
-            out.append((m["ttft_p99"] / spec.ttft_p99_s - 1.0, "TTFT p99 " + " > ".join(compared("ttft_p99", m["ttft_p99"], spec.ttft_p99_s))))
+            ttft = m["ttft_p99"]
+            out.append((0.0 if at_most(ttft, spec.ttft_p99_s) else ttft / spec.ttft_p99_s - 1.0,
+                        "TTFT p99 " + " > ".join(compared("ttft_p99", ttft, spec.ttft_p99_s))))
     if spec.objective == "capacity":
         out.append((1.0 if m["capacity_rate_scale"] <= 0 else 0.0, "no rate meets the SLO"))
     return [(excess, what) for excess, what in out if excess > 0]

@@ -197,18 +197,21 @@ def render_check(console: Console, doc: dict, policy: str, verdicts: list, passe
     """The verdict per threshold, then the replayed policies' metrics."""
     console.print(escape(f"{doc['trace']['path']}: {check_scope(doc, policy)}, policy {policy}, "
                          f"predictor {doc['predictor']}"), highlight=False)
-    table = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    # as render/tables.narrow_table's, no vertical rules; the check's name is the config key a reader looks up, and a name or figure cut short
-    # misleads: at 80 columns the metric wraps between words, and a long figure folds rather
-    # than end in "..."
-    table.add_column("check", no_wrap=True, min_width=max((len(v.name) for v in verdicts), default=5))
-    table.add_column("metric", min_width=max((len(w) for v in verdicts for w in v.metric.split()), default=6))
-    for title in ("threshold", "value", "result"):
-        table.add_column(title, justify="right", overflow="fold")
-    for v in verdicts:
-        table.add_row(v.name, escape(v.metric), f"{v.comparison} {v.threshold_text}", v.value_text,
-                      "[green]pass[/]" if v.passed else "[bold red]FAIL[/]")
-    console.print(table)
+    rows = [(v.name, v.metric, f"{v.comparison} {v.threshold_text}", v.value_text, "pass" if v.passed else "FAIL")
+            for v in verdicts]
+    headers = ("check", "metric", "threshold", "value", "result")
+    widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(headers)]
+    if sum(widths) + 2 * (len(widths) - 1) <= console.width:
+        # as render/tables.narrow_table's: no vertical rules, every cell whole
+        table = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        for j, title in enumerate(headers):
+            table.add_column(title, justify="left" if j < 2 else "right", no_wrap=True, min_width=widths[j])
+        for r in rows:
+            table.add_row(*(escape(c) for c in r[:4]), "[green]pass[/]" if r[4] == "pass" else "[bold red]FAIL[/]")
+        console.print(table)
+    else:  # a table that does not fit would cut a check's name or fold a figure mid-number: a line each
+        for v, r in zip(verdicts, rows):
+            _wrapped(console, f"{r[4]}  {v.name}: {v.text}", "green" if v.passed else "bold red")
     _print_policies(console, doc["results"], REPLAY_KEYS)
     _warn(console, check_warnings(doc, policy, verdicts))
     console.print("[bold green]PASS[/]" if passed else

@@ -35,17 +35,19 @@ class Metric:
 
     def text(self, value: float | None, precise: bool = False, digits: int | None = None) -> str:
         """The value written; a missing or non-finite one (a gain over a baseline that served nothing) is n/a.
-        `precise`: the value as it was set, for a bound and for a value its format would write as
-        that bound (`precise_text`); `digits`: at least that many significant digits."""
+        `precise`: to `digits` significant digits (`precise_text`), by default as many as the
+        value was set with (`set_digits`, counted before the unit's scaling, whose float noise
+        they leave out: 0.178343739 s is "178.343739" ms)."""
         if value is None or (isinstance(value, float) and not math.isfinite(value)):
             return "n/a"
-        value = value * self.scale if self.scale != 1 else value
         if precise:  # the spec's sign and percent kept, and at least its decimals ("100.0 ms", not "100 ms")
             percent = self.spec.endswith("%")
             least = re.search(r"\.(\d+)[f%]$", self.spec)
-            text = precise_text(value * 100 if percent else value, "+" if self.spec.startswith("+") else "",
-                                int(least.group(1)) if least else 0, digits)
+            shown = value * self.scale * (100 if percent else 1)
+            text = precise_text(shown, "+" if self.spec.startswith("+") else "", int(least.group(1)) if least else 0,
+                                digits or set_digits(value))
             return text + ("%" if percent else "")
+        value = value * self.scale if self.scale != 1 else value
         if self.spec == SIG3:  # three significant digits, never rounded to zero: 0.00234, 0.107, 1,235
             if value == 0:
                 return "0"
@@ -64,23 +66,26 @@ class Metric:
         return text if text == "n/a" or self.unit in ("", "%") else f"{text} {self.unit}"
 
 
-PRECISE_DIGITS = 10  # the fewest significant digits a precise figure is written to
-ROUND_TRIP = 1e-15  # relative: a precise figure reads back as its value but for the float noise of a unit's scaling
 POSITIONAL = (1e-9, 1e15)  # a precise figure in that magnitude is written without an exponent
 
 
-def precise_text(x: float, sign: str = "", decimals: int = 0, digits: int | None = None) -> str:
-    """`x` to the fewest significant digits, from PRECISE_DIGITS (or `digits`) up to 17, that read
-    back as x within ROUND_TRIP ("999,999,999.9999", where ten digits would round it up to the next
-    whole number), with thousands separators and at least `decimals` decimals (zeros added, never
-    rounded: "100.0", not "100"); an exponent only outside POSITIONAL ("1e-10"). -0 is 0."""
+def set_digits(x: float) -> int:
+    """The fewest significant digits (1 to 17) that write `x` as exactly the float it is: a limit
+    as it was set (0.0015 -> 2, 1 / 3 -> 16)."""
+    for d in range(1, 17):
+        if float(format(x, f".{d}g")) == x:
+            return d
+    return 17
+
+
+def precise_text(x: float, sign: str = "", decimals: int = 0, digits: int = 17) -> str:
+    """`x` to `digits` significant digits, with thousands separators and at least `decimals`
+    decimals (zeros added, never rounded: "100.0", not "100"); an exponent only outside
+    POSITIONAL ("1e-10", not "1e-05" for 0.00001). -0 is 0."""
     x = x + 0.0  # -0.0 -> 0.0
-    d = max(digits or PRECISE_DIGITS, 1)
-    while d < 17 and x and abs(float(format(x, f".{d}g")) - x) > ROUND_TRIP * abs(x):
-        d += 1
     if x and not POSITIONAL[0] <= abs(x) < POSITIONAL[1]:
-        return format(x, f"{sign}.{d}g")
-    whole, _, frac = np.format_float_positional(abs(x), precision=d, unique=False, fractional=False,
+        return re.sub(r"e([+-])0*(\d)", r"e\1\2", format(x, f"{sign}.{digits}g"))
+    whole, _, frac = np.format_float_positional(abs(x), precision=digits, unique=False, fractional=False,
                                                 trim="-").partition(".")
     frac += "0" * (decimals - len(frac))
     text = format(int(whole), ",") + ("." + frac if frac else "")
@@ -148,24 +153,29 @@ def plan_keys(objective: str) -> tuple[str, ...]:
 
 def compared(key: str, value: float | None, bound: float, same: bool = False) -> tuple[str, str]:
     """(the value, the bound) of metric `key` with their units, for a sentence or a table that
-    compares them (check's verdicts, plan's unmet constraints). The bound as it was set
-    (`precise_text`: a 1.5 ms TTFT limit is "0.0015 s", which the format's three decimals would
-    write "0.002 s"); the value in its format, or precisely where that text would read as the
-    bound ("852.051 s, expected <= 852.051 s"), to as many digits as tell the two apart. `same`:
-    the value is the bound but for float rounding, and reads as it."""
+    compares them (check's verdicts, plan's unmet constraints). The bound as it was set (a 1.5 ms
+    TTFT limit is "0.0015 s", which the format's three decimals would write "0.002 s"); the value
+    in its format where that text orders against the bound as the value does, else to the fewest
+    more digits that do ("98.6769 s" below "98.6769203854715 s", not "98.677"). A value equal to
+    the bound, or `same` (equal but for float rounding), reads as the bound."""
     metric = METRICS[key]
-    bound_text, value_text = metric.in_words(bound, precise=True), metric.in_words(value)
-    if value is None or value == bound or value_text not in (bound_text, metric.in_words(bound)):
-        return value_text, bound_text
-    if same:
+    bound_text = metric.in_words(bound, precise=True)
+    if value is None:
+        return metric.in_words(None), bound_text
+    if value == bound or same:
         return bound_text, bound_text
-    digits = PRECISE_DIGITS
-    value_text = metric.in_words(value, precise=True)
-    while value_text == bound_text and digits < 17:
+    value_text = metric.in_words(value)
+    digits = len(re.sub(r"^[0.]*", "", re.sub(r"[^0-9.]", "", value_text.split()[0])).replace(".", ""))
+    while digits < 17 and not _ordered(value_text, bound_text, value < bound):
         digits += 1
-        bound_text = metric.in_words(bound, precise=True, digits=digits)
         value_text = metric.in_words(value, precise=True, digits=digits)
     return value_text, bound_text
+
+
+def _ordered(value_text: str, bound_text: str, below: bool) -> bool:
+    """Whether the figures as written differ, in the order of the values they stand for."""
+    v, b = (float(re.sub(r"[^0-9.eE+-]", "", t.split()[0].replace("%", ""))) for t in (value_text, bound_text))
+    return v != b and (v < b) == below
 
 
 def format_metric(key: str, value: float) -> str:
