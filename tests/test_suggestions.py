@@ -281,7 +281,7 @@ def test_a_bound_reads_as_it_was_set():
     assert texts("max_tpot_p99_s", 1e9, 0.05) == ("1,000,000,000,000.0 ms", "50.0 ms")  # no exponent
     assert texts("max_overflow_rate", 1e-7, 0.0) == ("0.00001%", "0.000%")
     assert texts("max_overflow_rate", 1e-12, 0.0)[0] == "1e-10%"  # past 1e-9 of its unit, an exponent, not "1e-010"
-    assert texts("max_overflow_rate", 1e-11, 0.0)[0] == "1e-9%"
+    assert texts("max_overflow_rate", 1e-11, 0.0)[0] == "0.000000001%"  # at 1e-9 of the unit, none
     assert texts("min_tps_gain", -0.0, 0.1) == ("+0.0%", "+10.0%")
     assert texts("min_tps_gain", 0.2, 120 / 100 - 1) == ("+20.0%", "+20.0%")  # equal but for rounding: meets, reads so
 
@@ -296,3 +296,32 @@ def test_a_verdict_agrees_with_its_figures():
     assert not at_least(0.8252219502, 0.8252219505)
     assert at_least(120 / 100 - 1, 0.2) and at_most(0.1 + 0.2, 0.3) and at_most(0.0, 0.0)
     assert not at_most(1e-300, 0.0)
+
+
+def test_a_bound_typed_in_a_smaller_unit_reads_back_as_typed():
+    """36 ms was parsed as 36 * 0.001 = 0.036000000000000004 s and printed "36.000000000000007 ms";
+    a share's or a time's bound is scaled to % or ms in decimal, not in floats."""
+    from odmactl.core.units import parse_quantity
+    from odmactl.render.metrics import METRICS
+
+    assert [parse_quantity(t, "seconds") for t in ("36ms", "4.1ms", "1007us", "1000000000000000000ns")] == \
+        [0.036, 0.0041, 0.001007, 1e9]
+    assert parse_quantity("2 GiB", "bytes") == 2 ** 31
+    assert METRICS["tpot_p99"].text(parse_quantity("178.3ms", "seconds"), precise=True) == "178.3"
+    assert METRICS["kv_utilization"].text(0.8252219501518426, precise=True) == "82.52219501518426%"
+    assert METRICS["tps_gain"].text(1.9916577926316488, precise=True) == "+199.16577926316488%"
+    assert METRICS["overflow_rate"].text(1e-11, precise=True) == "0.000000001%"  # 1e-9 of the unit: no exponent
+
+
+def test_a_gain_over_nothing_served_by_either_fails():
+    """Where neither the policy nor its baseline served a token, the TPS gain is none, not
+    infinite: it fails and reads n/a (it passed, printed as its bound, "+500.0%")."""
+    from odmactl.gate.thresholds import Thresholds, evaluate
+
+    def doc(tps, base):
+        return {"results": {"odma": {"metrics": {"tps": tps}}, "static": {"metrics": {"tps": base}}}}
+
+    [v] = evaluate(doc(0.0, 0.0), "odma", Thresholds(min_tps_gain=5.0))
+    assert (v.passed, v.value, v.value_text, v.threshold_text) == (False, None, "n/a", "+500.0%")
+    [v] = evaluate(doc(10.0, 0.0), "odma", Thresholds(min_tps_gain=5.0))  # over a baseline that served nothing
+    assert v.passed and v.value_text == "n/a"

@@ -8,6 +8,7 @@ powers of 1000 and binary prefixes (KiB, MiB, GiB, TiB) powers of 1024, as the d
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 import re
 from decimal import ROUND_FLOOR, Decimal
 
@@ -80,7 +81,7 @@ def parse_quantity(text: object, kind: str, expected: str | None = None) -> floa
         if likely is not None:
             raise QuantityError(f"expected {expected}, got {text!r}", number, likely, space)
         raise QuantityError(f"expected {expected}, got {text!r}: '{unit}' is not a unit odmactl knows")
-    value = float(number) * units[unit]
+    value = float(Decimal(number) * Decimal(repr(units[unit])))  # exact, rounded once: 36 ms is 0.036 s, not 36 * 0.001
     if not math.isfinite(value):
         raise QuantityError(f"expected a finite value, got {text!r}")
     return value

@@ -44,7 +44,9 @@ class Verdict:
     metric: str
     comparison: str  # ">=" or "<="
     threshold: float
-    value: float | None  # None: a latency no request had (it meets its bound)
+    # None: a latency no request had (it meets its bound), or a TPS gain where neither policy served
+    # a token (it fails)
+    value: float | None
     passed: bool
 
     @property
@@ -86,7 +88,7 @@ TOLERANCE = 1e-12  # relative: a value equal to its threshold but for float roun
 
 def equal(value: float, bound: float) -> bool:
     """Whether `value` is `bound` but for float rounding (TOLERANCE, relative to the larger)."""
-    return abs(value - bound) <= TOLERANCE * max(abs(value), abs(bound))
+    return math.isfinite(value) and math.isfinite(bound) and abs(value - bound) <= TOLERANCE * max(abs(value), abs(bound))
 
 
 def at_least(value: float, bound: float) -> bool:
@@ -116,9 +118,10 @@ def evaluate(doc: dict, policy: str, thresholds: Thresholds) -> list[Verdict]:
                            at_most(v, thresholds.max_rejection_rate)))
     if thresholds.min_tps_gain is not None:
         base = doc["results"][thresholds.baseline]["metrics"]["tps"]
-        v = m["tps"] / base - 1.0 if base > 0 else math.inf
+        # over a baseline that served nothing, any gain; where neither served a token, none (it fails)
+        v = m["tps"] / base - 1.0 if base > 0 else math.inf if m["tps"] > 0 else None
         out.append(Verdict("min_tps_gain", f"tps gain over {thresholds.baseline}", ">=", thresholds.min_tps_gain, v,
-                           at_least(v, thresholds.min_tps_gain)))
+                           v is not None and at_least(v, thresholds.min_tps_gain)))
     for name, metric in LATENCY_THRESHOLDS.items():
         bound = getattr(thresholds, name)
         if bound is not None:  # None: no request had it (one-token replies) or none completed, which fails

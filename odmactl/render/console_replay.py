@@ -7,6 +7,7 @@ import textwrap
 from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from odmactl.allocator import ALLOCATORS
@@ -200,14 +201,13 @@ def render_check(console: Console, doc: dict, policy: str, verdicts: list, passe
     rows = [(v.name, v.metric, f"{v.comparison} {v.threshold_text}", v.value_text, "pass" if v.passed else "FAIL")
             for v in verdicts]
     headers = ("check", "metric", "threshold", "value", "result")
-    widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(headers)]
-    if sum(widths) + 2 * (len(widths) - 1) <= console.width:
-        # as render/tables.narrow_table's: no vertical rules, every cell whole
-        table = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-        for j, title in enumerate(headers):
-            table.add_column(title, justify="left" if j < 2 else "right", no_wrap=True, min_width=widths[j])
-        for r in rows:
-            table.add_row(*(escape(c) for c in r[:4]), "[green]pass[/]" if r[4] == "pass" else "[bold red]FAIL[/]")
+    # as render/tables.narrow_table's: no vertical rules, every cell whole
+    table = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for j, title in enumerate(headers):
+        table.add_column(title, justify="left" if j < 2 else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(*(escape(c) for c in r[:4]), "[green]pass[/]" if r[4] == "pass" else "[bold red]FAIL[/]")
+    if Measurement.get(console, console.options.update(max_width=1 << 16), table).maximum <= console.width:
         console.print(table)
     else:  # a table that does not fit would cut a check's name or fold a figure mid-number: a line each
         for v, r in zip(verdicts, rows):

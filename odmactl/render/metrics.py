@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-
-import numpy as np
+from decimal import Decimal
 
 from odmactl.core.units import sig3_decimals
 
@@ -43,9 +42,12 @@ class Metric:
         if precise:  # the spec's sign and percent kept, and at least its decimals ("100.0 ms", not "100 ms")
             percent = self.spec.endswith("%")
             least = re.search(r"\.(\d+)[f%]$", self.spec)
-            shown = value * self.scale * (100 if percent else 1)
-            text = precise_text(shown, "+" if self.spec.startswith("+") else "", int(least.group(1)) if least else 0,
-                                digits or set_digits(value))
+            factor = self.scale * (100 if percent else 1)
+            if digits is None:  # as set: its own digits, scaled in decimal (no float noise: 0.8252219501518426 is 82.52219501518426%)
+                shown = Decimal(format(value, f".{set_digits(value) - 1}e")) * Decimal(repr(factor))
+            else:
+                shown = Decimal(format(value * factor, f".{digits - 1}e"))
+            text = precise_text(shown, "+" if self.spec.startswith("+") else "", int(least.group(1)) if least else 0)
             return text + ("%" if percent else "")
         value = value * self.scale if self.scale != 1 else value
         if self.spec == SIG3:  # three significant digits, never rounded to zero: 0.00234, 0.107, 1,235
@@ -66,7 +68,7 @@ class Metric:
         return text if text == "n/a" or self.unit in ("", "%") else f"{text} {self.unit}"
 
 
-POSITIONAL = (1e-9, 1e15)  # a precise figure in that magnitude is written without an exponent
+POSITIONAL = (Decimal("1e-9"), Decimal("1e15"))  # a precise figure in that magnitude is written without an exponent
 
 
 def set_digits(x: float) -> int:
@@ -78,18 +80,19 @@ def set_digits(x: float) -> int:
     return 17
 
 
-def precise_text(x: float, sign: str = "", decimals: int = 0, digits: int = 17) -> str:
-    """`x` to `digits` significant digits, with thousands separators and at least `decimals`
-    decimals (zeros added, never rounded: "100.0", not "100"); an exponent only outside
-    POSITIONAL ("1e-10", not "1e-05" for 0.00001). -0 is 0."""
-    x = x + 0.0  # -0.0 -> 0.0
-    if x and not POSITIONAL[0] <= abs(x) < POSITIONAL[1]:
-        return re.sub(r"e([+-])0*(\d)", r"e\1\2", format(x, f"{sign}.{digits}g"))
-    whole, _, frac = np.format_float_positional(abs(x), precision=digits, unique=False, fractional=False,
-                                                trim="-").partition(".")
+def precise_text(x: Decimal, sign: str = "", decimals: int = 0) -> str:
+    """The decimal `x` written out, with thousands separators and at least `decimals` decimals
+    (zeros added, never rounded: "100.0", not "100"); an exponent only outside POSITIONAL ("1e-10",
+    not "1e-05" for 0.00001). -0 is 0."""
+    if not x:
+        return ("+" if sign else "") + "0" + ("." + "0" * decimals if decimals else "")
+    lead = "-" if x < 0 else sign
+    x = abs(x).normalize()
+    if not POSITIONAL[0] <= x < POSITIONAL[1]:
+        return lead + format(x, "e")
+    whole, _, frac = format(x, "f").partition(".")
     frac += "0" * (decimals - len(frac))
-    text = format(int(whole), ",") + ("." + frac if frac else "")
-    return ("-" if x < 0 else sign if x > 0 or sign else "") + text
+    return lead + format(int(whole), ",") + ("." + frac if frac else "")
 
 
 SHARE, RATE, GAIN, COUNT, SIG3 = ".1%", ".3%", "+.1%", ",", "sig3"
@@ -160,8 +163,8 @@ def compared(key: str, value: float | None, bound: float, same: bool = False) ->
     the bound, or `same` (equal but for float rounding), reads as the bound."""
     metric = METRICS[key]
     bound_text = metric.in_words(bound, precise=True)
-    if value is None:
-        return metric.in_words(None), bound_text
+    if value is None or not math.isfinite(value):  # n/a: a latency no request had, a gain over nothing served
+        return metric.in_words(value), bound_text
     if value == bound or same:
         return bound_text, bound_text
     value_text = metric.in_words(value)
