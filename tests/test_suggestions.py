@@ -325,3 +325,22 @@ def test_a_gain_over_nothing_served_by_either_fails():
     assert (v.passed, v.value, v.value_text, v.threshold_text) == (False, None, "n/a", "+500.0%")
     [v] = evaluate(doc(10.0, 0.0), "odma", Thresholds(min_tps_gain=5.0))  # over a baseline that served nothing
     assert v.passed and v.value_text == "n/a"
+
+
+def test_a_quantity_past_any_range_is_a_plain_error():
+    """Exponents past a float's range, either way, and whatever the unit, are an error naming what
+    was expected (1e999999 GiB raised decimal.Overflow: "internal error"); a 10,000-digit number is
+    quoted cut; the product with the unit is exact, then rounded once."""
+    from odmactl.core.units import QuantityError, format_seconds, parse_quantity
+
+    for text, kind, why in (("1e999999 GiB", "bytes", "past 1e+400"), ("1e99999999999999999999s", "seconds", "past 1e+400"),
+                            ("1e-99999999999999999999s", "seconds", "past 1e-400"), ("1e400GB", "bytes", "too large"),
+                            ("1e308 TB/s", "bandwidth", "too large"), ("1e-400 us", "seconds", "too small"),
+                            ("5e-330 s", "seconds", "too small"), ("1" * 10_000 + " s", "seconds", "past 1e+400")):
+        with pytest.raises(QuantityError) as e:
+            parse_quantity(text, kind)
+        assert why in str(e.value) and len(str(e.value)) < 200, str(e.value)
+    assert parse_quantity("9007199254740993.0000000000000000001 B", "bytes") == 9007199254740994.0
+    assert parse_quantity("1.00000000000000011102230246251 s", "seconds") == 1.0  # just below the midpoint
+    assert [format_seconds(s) for s in (0.178343739, 1234.5678, 0.1, 2.0, 1e9)] == \
+        ["178.343739 ms", "1234.5678 s", "100 ms", "2 s", "1000000000 s"]

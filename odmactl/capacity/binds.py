@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from odmactl.hw.cost import KvLayout
+from odmactl.render.metrics import compared
 from odmactl.run.replay import ReplayContext
 
 NEAR_FLOOR = 0.8  # a limit at most 1 / 0.8 = 1.25 times its floor (within 20%) is warned of
@@ -65,7 +66,7 @@ def floor_cause(floor: dict, limits: tuple[tuple[str, float], ...], chunked: boo
             why = (f"the longest prompt, {floor['longest_prompt_tokens']:,} tokens, prefills in "
                    f"{floor['longest_prefill_s']:.3g} s alone") if m.startswith("ttft") else \
                 "each a batch-1 decode step, its read of the weights and KV alone"
-            parts.append(f"{m} alone is {floor[m]:.3g} s against {limit:.3g} s ({why})")
+            parts.append(f"{m} alone is " + " against ".join(compared(m, floor[m], limit)) + f" ({why})")
         return "; ".join(parts) + ": a looser limit, a larger tp or a faster device lifts it"
     stall = "" if chunked else (f"; without chunked prefill a decode waits for every prefill that joins its batch "
                                 f"(the longest takes {floor['longest_prefill_s']:.3g} s): --engine vllm-v1 chunks them")

@@ -43,6 +43,7 @@ import numpy as np
 from odmactl.allocator import ALLOCATORS
 from odmactl.capacity.slo import Slo
 from odmactl.core.units import floor_sig3, round_sig3
+from odmactl.render.metrics import compared
 from odmactl.run.replay import ReplayContext, replay_policy, replayed_together
 from odmactl.sim.metrics import LATENCY_METRICS, MIN_COMPLETED, p50_p99
 from odmactl.sim.workload import CLOCK_LIMIT_PS, PS
@@ -220,7 +221,8 @@ def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: Capacity
     if lo is None:  # no rate the replay's clock can hold meets it: say which limit fails at the lowest
         last = probes[-1]
         metric, value, limit = last["failures"][0]
-        why = "the queue grows through the run" if metric == target.queue_flag else f"{metric} = {value:.4g} > {limit:.4g}"
+        why = "the queue grows through the run" if metric == target.queue_flag else \
+            f"{metric} = " + " > ".join(compared(metric, value, limit))
         return {"rate_scale": None, "next_rate_scale": last["rate_scale"], "metrics": last["metrics"], "monotone": True,
                 "failed_below_at_scale": None,
                 "infeasible": f"{why} even at {last['rate_scale']:.3g}x the trace's rate", "too_few_served": False,

@@ -8,7 +8,7 @@ powers of 1000 and binary prefixes (KiB, MiB, GiB, TiB) powers of 1024, as the d
 from __future__ import annotations
 
 import math
-from decimal import Decimal
+from decimal import Decimal, localcontext
 import re
 from decimal import ROUND_FLOOR, Decimal
 
@@ -68,23 +68,45 @@ def parse_quantity(text: object, kind: str, expected: str | None = None) -> floa
         raise QuantityError(f"expected {expected} (a string with its unit), got {text!r}")
     match = _QUANTITY.match(text)
     if not match:
-        raise QuantityError(f"expected {expected}, got {text!r}")
+        raise QuantityError(f"expected {expected}, got {_shown(text)}")
     number, space, unit = match.group(1), match.group(2), match.group(3)
     if not unit:
-        raise QuantityError(f"expected {expected}, got {text!r}: a number without its unit", number,
+        raise QuantityError(f"expected {expected}, got {_shown(text)}: a number without its unit", number,
                             BARE_UNIT.get(kind))
     if unit not in units:
         other = next((k for k, (table, _) in KINDS.items() if unit in table), None)
         if other is not None:
-            raise QuantityError(f"expected {expected}, got {text!r}: '{unit}' is a unit of {other}")
+            raise QuantityError(f"expected {expected}, got {_shown(text)}: '{unit}' is a unit of {other}")
         likely = _likely_unit(unit, units)
         if likely is not None:
-            raise QuantityError(f"expected {expected}, got {text!r}", number, likely, space)
-        raise QuantityError(f"expected {expected}, got {text!r}: '{unit}' is not a unit odmactl knows")
-    value = float(Decimal(number) * Decimal(repr(units[unit])))  # exact, rounded once: 36 ms is 0.036 s, not 36 * 0.001
-    if not math.isfinite(value):
-        raise QuantityError(f"expected a finite value, got {text!r}")
+            raise QuantityError(f"expected {expected}, got {_shown(text)}", number, likely, space)
+        raise QuantityError(f"expected {expected}, got {_shown(text)}: '{unit}' is not a unit odmactl knows")
+    exponent = number.lower().partition("e")[2]
+    exact = Decimal(number) if len(exponent.lstrip("+-")) <= 6 else None  # past that, Decimal refuses it
+    if exact is None or exact and not -MAX_EXPONENT <= exact.adjusted() <= MAX_EXPONENT:
+        big = not exponent.startswith("-") if exact is None else exact > 1
+        raise QuantityError(f"expected {expected}, got {_shown(text)}: a number past 1e{'+' if big else '-'}"
+                            f"{MAX_EXPONENT} is out of any range odmactl reads")
+    with localcontext() as ctx:  # the product exact (the factor has at most 17 digits), then rounded once
+        ctx.prec = len(exact.as_tuple().digits) + 20
+        value = float(exact * Decimal(repr(units[unit])))  # 36 ms is 0.036 s, not 36 * 0.001 = 0.036000000000000004
+    if not math.isfinite(value) or (exact and not value):
+        raise QuantityError(f"expected {expected}, got {_shown(text)}: too {'large' if value else 'small'} for a float")
     return value
+
+
+MAX_EXPONENT = 400  # a number's decimal exponent past this is out of any float's range, whatever its unit
+
+
+def _shown(text: str) -> str:
+    """`text` as a message quotes it: cut in the middle past 40 characters (a 10,000-digit number)."""
+    return repr(text) if len(text) <= 40 else repr(text[:24] + "..." + text[-12:])
+
+
+def decimal_text(x: float, scale: int = 1) -> str:
+    """x times `scale` written out in full, to the digits x was set with (its shortest round trip),
+    without the noise a float product adds: 0.178343739 x 1000 is "178.343739", 0.1 x 1000 "100"."""
+    return format((Decimal(repr(x)) * scale).normalize(), "f")
 
 
 def format_bytes(num_bytes: float, binary: bool = True) -> str:
@@ -108,8 +130,9 @@ def format_rate(value: float, unit: str) -> str:
 
 
 def format_seconds(seconds: float, space: str = " ") -> str:
-    """A duration the way an SLO is written: "100 ms" below a second, "2 s" from one up."""
-    return f"{seconds * 1000:g}{space}ms" if seconds < 1 else f"{seconds:g}{space}s"
+    """A duration the way an SLO is written, to the digits it was set with: "100 ms" below a
+    second, "2 s" from one up, "178.343739 ms", "1234.5678 s"."""
+    return f"{decimal_text(seconds, 1000)}{space}ms" if seconds < 1 else f"{decimal_text(seconds)}{space}s"
 
 
 def sig3_decimals(value: float) -> int:
