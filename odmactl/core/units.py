@@ -8,9 +8,8 @@ powers of 1000 and binary prefixes (KiB, MiB, GiB, TiB) powers of 1024, as the d
 from __future__ import annotations
 
 import math
-from decimal import Decimal, localcontext
 import re
-from decimal import ROUND_FLOOR, Decimal
+from decimal import ROUND_FLOOR, Decimal, localcontext
 
 _DECIMAL = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}

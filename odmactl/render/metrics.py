@@ -35,16 +35,16 @@ class Metric:
     def text(self, value: float | None, precise: bool = False, digits: int | None = None) -> str:
         """The value written; a missing or non-finite one (a gain over a baseline that served nothing) is n/a.
         `precise`: to `digits` significant digits (`precise_text`), by default as many as the
-        value was set with (`set_digits`, counted before the unit's scaling, whose float noise
-        they leave out: 0.178343739 s is "178.343739" ms)."""
+        value was set with (its shortest round trip, counted before the unit's scaling, whose float
+        noise they leave out: 0.178343739 s is "178.343739" ms)."""
         if value is None or (isinstance(value, float) and not math.isfinite(value)):
             return "n/a"
         if precise:  # the spec's sign and percent kept, and at least its decimals ("100.0 ms", not "100 ms")
             percent = self.spec.endswith("%")
             least = re.search(r"\.(\d+)[f%]$", self.spec)
             factor = self.scale * (100 if percent else 1)
-            if digits is None:  # as set: its own digits, scaled in decimal (no float noise: 0.8252219501518426 is 82.52219501518426%)
-                shown = Decimal(format(value, f".{set_digits(value) - 1}e")) * Decimal(repr(factor))
+            if digits is None:  # as set: its shortest round trip, scaled in decimal, so no float noise is
+                shown = Decimal(repr(value)) * Decimal(repr(factor))  # added (0.8252219501518426 is 82.52219501518426%)
             else:
                 shown = Decimal(format(value * factor, f".{digits - 1}e"))
             text = precise_text(shown, "+" if self.spec.startswith("+") else "", int(least.group(1)) if least else 0)
@@ -69,15 +69,6 @@ class Metric:
 
 
 POSITIONAL = (Decimal("1e-9"), Decimal("1e15"))  # a precise figure in that magnitude is written without an exponent
-
-
-def set_digits(x: float) -> int:
-    """The fewest significant digits (1 to 17) that write `x` as exactly the float it is: a limit
-    as it was set (0.0015 -> 2, 1 / 3 -> 16)."""
-    for d in range(1, 17):
-        if float(format(x, f".{d}g")) == x:
-            return d
-    return 17
 
 
 def precise_text(x: Decimal, sign: str = "", decimals: int = 0) -> str:
