@@ -21,7 +21,8 @@ from odmactl.render.metrics import (
     metric_rows,
     plan_keys,
 )
-from odmactl.render.plan_text import holdout_title, plan_headline, search_counts, stressed_pool, tuning_keys, tuning_rule
+from odmactl.render.plan_text import (holdout_title, plan_headline, search_counts, search_limits, stressed_pool,
+                                      tuning_keys, tuning_rule)
 from odmactl.render.tables import check_scope, deployment, narrow_table
 from odmactl.render.warnings import check_warnings, mismatch_lines, replay_warnings
 from odmactl.run.serving import static_legend
@@ -226,10 +227,7 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
     _wrapped(console, f"{t['path']}: {t['requests']:,} requests, {deployment(doc)}, predictor {doc['predictor']}; "
                       f"searched on the first {t['search_requests']:,}, validated on the last {t['holdout_requests']:,}",
              "default")
-    limits = f"overflow rate + 1 s.e. <= {METRICS['overflow_rate'].text(doc['max_overflow_rate'], precise=True)}"
-    if doc["ttft_p99_s"]:
-        limits += f", TTFT p99 <= {METRICS['ttft_p99'].in_words(doc['ttft_p99_s'], precise=True)}"
-    _wrapped(console, f"{search_counts(doc)}; objective {doc['objective']}, {limits}", "default")
+    _wrapped(console, f"{search_counts(doc)}; objective {doc['objective']}, {search_limits(doc)}", "default")
     a = doc["chosen"]["allocator"]
     bounds = a["boundaries_tokens"]
     merged = f" ({a['num_buckets'] - len(bounds)} of B merged: equal after rounding)" if len(bounds) < a["num_buckets"] else ""

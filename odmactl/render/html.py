@@ -16,8 +16,8 @@ from odmactl.core.stops import uninterrupted
 from odmactl.core.units import format_bytes
 from odmactl.render.metrics import CAPACITY_KEYS, METRICS, format_metric, metric_rows, plan_keys
 from odmactl.render.plan_plots import boundaries_png, occupancy_png, pareto_png
-from odmactl.render.plan_text import (failure_message, holdout_title, plan_headline, search_counts, stressed_pool,
-                                      tuning_keys, tuning_rule)
+from odmactl.render.plan_text import (failure_message, holdout_title, plan_headline, search_counts, search_limits,
+                                      stressed_pool, tuning_keys, tuning_rule)
 from odmactl.render.tables import deployment
 from odmactl.render.warnings import mismatch_lines
 
@@ -94,7 +94,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child{{t
 <code>{esc(doc['predictor'])}</code>; KV pool {format_bytes(doc['kv_pool_bytes'])}; max_model_len {doc['max_model_len']:,}.
 Searched on the first {t['search_requests']:,} requests, validated on the last {t['holdout_requests']:,}.</p>
 <p>{esc(search_counts(doc))}; objective
-<b>{esc(doc['objective'])}</b>, overflow rate (migrations + preemptions per request) at most {doc['max_overflow_rate']:.2%}.
+<b>{esc(doc['objective'])}</b>, {esc(search_limits(doc))} (overflows: migrations + preemptions per request).
 {'Recommended' if holds else 'Closest candidate (no config written)'}: <b>{esc(doc['chosen']['label'])}</b>{'' if doc['constraints_met_on_search'] else
 ' (no replayed candidate met every constraint: the closest is shown)'}.</p>
 <h2>Held-out later part: the recommendation against the baselines</h2>

@@ -103,6 +103,14 @@ def search_counts(doc: dict) -> str:
     return f"{head}{alike}, and {which}"
 
 
+def search_limits(doc: dict) -> str:
+    """The limits plan's search held its candidates to, as the console and the report say them."""
+    text = f"overflow rate + 1 s.e. <= {METRICS['overflow_rate'].text(doc['max_overflow_rate'], precise=True)}"
+    if doc["ttft_p99_s"]:
+        text += f", TTFT p99 <= {METRICS['ttft_p99'].in_words(doc['ttft_p99_s'], precise=True)}"
+    return text
+
+
 def holdout_title(doc: dict) -> str:
     """The held-out table's title, with the gate's bounds."""
     g = doc["gate"]["thresholds"]
