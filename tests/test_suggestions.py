@@ -193,6 +193,10 @@ def test_profiles_list_piped_and_at_80_columns_keeps_names_whole():
      "several values go in one argument, separated by commas: --tp 1,2,4"),
     (["replay", "T", "--device", DEVICE, "--model", MODEL, "--compare", "paged", "odma"],
      "separated by commas: --compare paged,odma"),
+    # the shell split a number from its unit: not "--slo ttft_p99=2,s"
+    (["check", "T", "--config", "C", "--device", DEVICE, "--model", MODEL, "--slo", "ttft_p99=2", "s"],
+     'a value and its unit go in one argument: --slo ttft_p99=2s (or quote it: "ttft_p99=2 s")'),
+    (["replay", "T", "--device", DEVICE, "--model", MODEL, "--kv-pool", "2", "GiB"], "--kv-pool 2GiB"),
 ])
 def test_a_list_given_as_several_arguments_says_how_to_give_it(cli, trace, args, hint):
     r = cli(*[str(trace) if a == "T" else a for a in args])

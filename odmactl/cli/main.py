@@ -217,10 +217,16 @@ def _list_hint(argv: list[str], message: str) -> str | None:
     found = re.search(r"unexpected extra argument(?:s|\(s\))? \((.*)\)", message)
     if found is None:
         return None
+    from odmactl.core.units import KINDS
+
     extras = found.group(1).split()
     for i, arg in enumerate(argv[:-1]):
         if arg.startswith("--") and "=" not in arg and argv[i + 2:i + 2 + len(extras)] == extras:
-            return f"several values go in one argument, separated by commas: {arg} {','.join([argv[i + 1], *extras])}"
+            value = argv[i + 1]
+            if len(extras) == 1 and value[-1:].isdigit() and any(extras[0] in units for units, _ in KINDS.values()):
+                # `--slo ttft_p99=2 s`: the shell split a number from its unit
+                return f"a value and its unit go in one argument: {arg} {value}{extras[0]} (or quote it: \"{value} {extras[0]}\")"
+            return f"several values go in one argument, separated by commas: {arg} {','.join([value, *extras])}"
     return None
 
 
