@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import re
 from pathlib import Path
 
 from odmactl.core.stops import uninterrupted
@@ -37,6 +38,17 @@ HEADLINE_COLOURS = {"default": "#222", "bold red": "#b00020", "bold yellow": "#8
 
 
 @uninterrupted
+def _setting(value) -> str:
+    """An engine setting's cell: a command line (serve_args) as code, left-aligned, each flag with
+    its value kept on one line, so that a wrapped line never splits "--enable-chunked-prefill"."""
+    text = str(value)
+    if not text.startswith("--"):
+        return html.escape(text)
+    flags = re.split(r" (?=--)", text)
+    return ('<code style="display:block;text-align:left">'
+            + " ".join(f'<span style="white-space:nowrap">{html.escape(f)}</span>' for f in flags) + "</code>")
+
+
 def write_plan_report(doc: dict, config: dict, path: Path) -> None:
     """The report; `config` is the config plan made, written only when it holds (doc["holds"]):
     otherwise the report says why and shows the closest candidate's settings."""
@@ -55,18 +67,21 @@ def write_plan_report(doc: dict, config: dict, path: Path) -> None:
     if not holds:
         headline += f'<p style="color:#b00020"><b>{esc(failure_message(doc))}</b></p>'
     engine = "" if not holds else "<h2>[engine.vllm]: the vLLM launch settings</h2><table>" + "".join(
-        f"<tr><td>{esc(k)}</td><td>{esc(str(v))}</td></tr>" for k, v in config["engine"]["vllm"].items()) + "</table>"
-    replays = "".join(f"<tr><td>{esc(r['label'])}</td><td>{format_metric('kv_utilization', r['estimate']['kv_utilization'])}</td>"
+        f"<tr><td>{esc(k)}</td><td>{_setting(v)}</td></tr>" for k, v in config["engine"]["vllm"].items()) + "</table>"
+    bold = ' style="font-weight:bold"'
+    chosen = next((i for i, r in enumerate(doc["search"]["replays"]) if r["label"] == doc["chosen"]["label"]), None)
+    replays = "".join(f"<tr{bold if i == chosen else ''}><td>{esc(r['label'])}</td>"
+                      f"<td>{format_metric('kv_utilization', r['estimate']['kv_utilization'])}</td>"
                       f"<td>{format_metric('overflow_rate', r['estimate']['overflow_rate'])}</td>"
                       f"<td>{format_metric('kv_utilization', r['measured']['kv_utilization'])}</td>"
                       f"<td>{format_metric('overflow_rate', r['measured']['overflow_rate'])}</td>"
                       f"<td>{format_metric('tps', r['measured']['tps'])}</td>"
-                      f"<td>{format_metric('rejections', r['measured']['rejections'])}</td></tr>"
-                      for r in doc["search"]["replays"])
+                      f"<td>{format_metric('rejections', r['measured']['rejections'])}</td>"
+                      f"<td>{'chosen' if i == chosen else ''}</td></tr>"
+                      for i, r in enumerate(doc["search"]["replays"]))
     allocator = "".join(f"<tr><td>{esc(k)}</td><td style=\"text-align:left\">{esc(str(v).lower() if isinstance(v, bool) else str(v))}"
                         "</td></tr>" for k, v in config["allocator"].items())  # as the TOML spells it
     option_keys = ("tps", "kv_utilization", "ttft_p99", "overflow_rate", "stalls")
-    bold = ' style="font-weight:bold"'
     tuning = doc["tuning"]
     smaller = stressed_pool(tuning)
     # the same option with the smaller large pool _tune also tries: what picks among the options
@@ -110,7 +125,7 @@ to the main pool: {esc(tuning_rule(tuning))}.</p>
 <h2>Bucket boundaries over the held-out lengths</h2><img src="data:image/png;base64,{boundaries_png(doc)}">
 <h2>Pool occupancy over time (held-out part)</h2><img src="data:image/png;base64,{occupancy_png(doc)}">
 <h2>Replayed candidates (search part)</h2>
-<table><tr><th>candidate</th><th>est. KV util</th><th>est. overflow rate</th><th>KV util</th><th>overflow rate</th><th>TPS (tok/s)</th><th>rejected</th></tr>
+<table><tr><th>candidate</th><th>est. KV util</th><th>est. overflow rate</th><th>KV util</th><th>overflow rate</th><th>TPS (tok/s)</th><th>rejected</th><th></th></tr>
 {replays}</table>
 </body></html>
 """
