@@ -348,3 +348,11 @@ def test_a_quantity_past_any_range_is_a_plain_error():
     assert parse_quantity("1.00000000000000011102230246251 s", "seconds") == 1.0  # just below the midpoint
     assert [format_seconds(s) for s in (0.178343739, 1234.5678, 0.1, 2.0, 1e9)] == \
         ["178.343739 ms", "1234.5678 s", "100 ms", "2 s", "1000000000 s"]
+
+
+def test_an_unknown_option_suggests_only_options_like_it(cli, trace):
+    """click compared option names with their dashes, and '--bogus' drew 'Possible options: --out'."""
+    r = cli("check", str(trace), "--bogus")
+    assert r.code == 2 and "No such option: --bogus" in r.err and "Possible options" not in r.err
+    r = cli("check", str(trace), "--confg", "x.toml")
+    assert r.code == 2 and "(Possible options: --config)" in r.err

@@ -180,6 +180,8 @@ def _outcome(exc: BaseException, argv: list[str] | None) -> int:
             exc.message = f"{exc.message}; {hint}"
         if exc.ctx is None:  # click's parser raises "Option '--slo' requires an argument." without one
             exc.ctx = _context_for(args)
+        if getattr(exc, "possibilities", None):  # NoSuchOption: the options like the one typed
+            exc.possibilities = _like(exc.option_name, exc.possibilities)
         exc.show()
         return exc.exit_code
     except click_exception as exc:
@@ -209,6 +211,15 @@ def _context_for(argv: list[str]):
             continue
         command, ctx = sub, sub.make_context(word, [], parent=ctx, resilient_parsing=True)
     return ctx
+
+
+def _like(name: str, options: list[str]) -> list[str]:
+    """The options like `name`, compared without their dashes: click compares them with, and the
+    shared "--" made "--bogus" look like "--out" (difflib's ratio 0.67 with, 0.25 without)."""
+    import difflib
+
+    bare = {option.lstrip("-"): option for option in options}
+    return [bare[b] for b in difflib.get_close_matches(name.lstrip("-"), list(bare), n=3, cutoff=0.6)]
 
 
 def _list_hint(argv: list[str], message: str) -> str | None:
