@@ -356,3 +356,14 @@ def test_an_unknown_option_suggests_only_options_like_it(cli, trace):
     assert r.code == 2 and "No such option: --bogus" in r.err and "Possible options" not in r.err
     r = cli("check", str(trace), "--confg", "x.toml")
     assert r.code == 2 and "(Possible options: --config)" in r.err
+
+
+def test_the_json_lists_the_warnings_the_console_gives(cli, trace):
+    """A CI reading check's or replay's --json saw `queue.overloaded` but not the warning lines."""
+    import json
+
+    r = cli("replay", str(trace), "--device", DEVICE, "--model", MODEL, "--predictor", "oracle", "--limit", "300",
+            "--rate", "50", "--json")
+    doc = json.loads(r.out)
+    assert r.code == 0 and doc["results"]["odma"]["queue"]["overloaded"]
+    assert [w for w in doc["warnings"] if w.startswith("overloaded:")] and "overloaded:" in r.err

@@ -88,7 +88,8 @@ def check(
     setup = prepare_check(config, policy, flags)
     check_policy_names(setup.policies)
     check_outputs([metrics_out, junit, markdown_path, out_path], force, input_paths(trace_path, config, predictor, device, model))
-    print_warnings(profile_warnings(device))
+    warned = profile_warnings(device)
+    print_warnings(warned)
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                       prefix_caching=prefix_caching,
                       max_new_tokens=max_new_tokens, predictor=predictor, config=config,
@@ -100,10 +101,12 @@ def check(
                             sustainable=sustainable_scale)
     doc = outcome.doc
     doc["trace"]["path"] = str(trace_path)
+    warnings = check_warnings(doc, policy, outcome.verdicts)
+    summary = {**outcome.document(policy, config), "warnings": warned + warnings}  # --json: what the console warns of too
     outputs = []
     if out_path is not None:  # the replay, with the verdicts
-        summary = outcome.document(policy, config)
-        replayed = to_json({**doc, "passed": summary["passed"], "verdicts": summary["verdicts"]}) + "\n"
+        replayed = to_json({**doc, "passed": summary["passed"], "verdicts": summary["verdicts"],
+                            "warnings": summary["warnings"]}) + "\n"
         outputs.append((out_path, lambda tmp: tmp.write_text(replayed)))
     if metrics_out is not None:
         from odmactl.render.prometheus import metrics_text
@@ -112,14 +115,14 @@ def check(
     if junit is not None:
         outputs.append((junit, lambda tmp: tmp.write_text(
             junit_xml(outcome.verdicts, f"{trace_path.name} / {config.name} / {policy}", outcome.seconds,
-                      check_warnings(doc, policy, outcome.verdicts)), encoding="utf-8")))
+                      warnings), encoding="utf-8")))
     if markdown_path is not None:
         outputs.append((markdown_path, lambda tmp: tmp.write_text(check_markdown(outcome.verdicts, doc, policy, config),
                                                                   encoding="utf-8")))
     write_outputs(outputs, force=force)
     if json_out:  # stdout is the JSON alone; the warnings the console would show go to stderr
-        print(to_json(outcome.document(policy, config)))
-        print_warnings(check_warnings(doc, policy, outcome.verdicts))
+        print(to_json(summary))
+        print_warnings(warnings)
     else:
         render_check(out, doc, policy, outcome.verdicts, outcome.passed)
     print_written([path for path, _ in outputs])

@@ -92,7 +92,8 @@ def replay(
         device = profile if profile is not None else str(measured_profile(torch_device).path)
     elif profile is not None or scale != 1.0:
         raise OdmaError("--profile and --scale apply to --on-device replays only")
-    print_warnings(profile_warnings(device))
+    warned = profile_warnings(device)
+    print_warnings(warned)
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                       prefix_caching=prefix_caching,
                       max_new_tokens=max_new_tokens, predictor=predictor, config=config,
@@ -112,6 +113,7 @@ def replay(
 
             doc = replay_on_device(frame, policies, spec, device_spec, progress=progress)
     doc["trace"]["path"] = str(trace_path)
+    doc["warnings"] = warned + replay_warnings(doc)  # what the console warns of, for a reader of the JSON
     text = to_json(doc)
     outputs = []
     if out_path is not None:
@@ -125,7 +127,7 @@ def replay(
     write_outputs(outputs, force=force)
     if json_out:  # stdout is the JSON alone; the warnings the console would show go to stderr
         print(text)
-        print_warnings(replay_warnings(doc))
+        print_warnings(doc["warnings"][len(warned):])
     else:
         render_replay(out, doc)
     print_written([path for path, _ in outputs])

@@ -1,7 +1,7 @@
 """What a replay's reader must not miss, as plain lines: a config applied to another deployment
 than it was planned for, a policy whose queue grew through the run (overload), and for check a
 latency judged from a handful of requests. The console, the markdown summary and the JUnit XML
-print the same lines (on stderr with --json)."""
+print the same lines (on stderr with --json); replay's and check's JSON list them as `warnings`."""
 
 from __future__ import annotations
 
