@@ -375,6 +375,15 @@ def test_a_stop_while_a_figure_is_drawn_is_raised_once_it_is_drawn(tmp_path, mon
         assert stops.pending() is None
 
 
+def test_every_figure_writer_draws_inside_the_deferral():
+    """The writers that draw with matplotlib are `uninterrupted` (the test above shows why): a helper
+    added above write_plan_report once took its decorator, and nothing failed."""
+    from odmactl.render import html, plots
+
+    for writer in (html.write_plan_report, html.write_capacity_report, plots.write_capacity_plot, plots.write_replay_plot):
+        assert writer.__code__ is not getattr(writer, "__wrapped__", writer).__code__, writer.__name__
+
+
 def test_a_stop_while_the_parent_waits_for_its_workers_is_raised_between_waits(monkeypatch):
     """CI once ended a SIGTERM to `plan` with "RuntimeError: release unlocked lock" printed by the
     worker pool's result thread above the stop's message: raised inside `as_completed`'s wait, the

@@ -37,7 +37,6 @@ HEADLINE_COLOURS = {"default": "#222", "bold red": "#b00020", "bold yellow": "#8
                     "green": "#1b6e20"}
 
 
-@uninterrupted
 def _setting(value) -> str:
     """An engine setting's cell: a command line (serve_args) as code, left-aligned, each flag with
     its value kept on one line, so that a wrapped line never splits "--enable-chunked-prefill"."""
@@ -49,6 +48,7 @@ def _setting(value) -> str:
             + " ".join(f'<span style="white-space:nowrap">{html.escape(f)}</span>' for f in flags) + "</code>")
 
 
+@uninterrupted
 def write_plan_report(doc: dict, config: dict, path: Path) -> None:
     """The report; `config` is the config plan made, written only when it holds (doc["holds"]):
     otherwise the report says why and shows the closest candidate's settings."""
