@@ -203,7 +203,7 @@ def _context_for(argv: list[str]):
     argv names no command."""
     import typer.main
 
-    command, ctx = typer.main.get_command(app), None
+    command = typer.main.get_command(app)
     ctx = command.make_context("odmactl", [], resilient_parsing=True)
     for word in argv:
         sub = getattr(command, "commands", {}).get(word)

@@ -113,7 +113,8 @@ def replay(
 
             doc = replay_on_device(frame, policies, spec, device_spec, progress=progress)
     doc["trace"]["path"] = str(trace_path)
-    doc["warnings"] = warned + replay_warnings(doc)  # what the console warns of, for a reader of the JSON
+    replayed = replay_warnings(doc)
+    doc["warnings"] = warned + replayed  # what the console warns of, for a reader of the JSON
     text = to_json(doc)
     outputs = []
     if out_path is not None:
@@ -127,7 +128,7 @@ def replay(
     write_outputs(outputs, force=force)
     if json_out:  # stdout is the JSON alone; the warnings the console would show go to stderr
         print(text)
-        print_warnings(doc["warnings"][len(warned):])
+        print_warnings(replayed)
     else:
         render_replay(out, doc)
     print_written([path for path, _ in outputs])

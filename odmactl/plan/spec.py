@@ -9,7 +9,7 @@ from odmactl.core.errors import ConfigError
 from odmactl.core.limits import HOLDOUT_RANGE, MAX_REPLAYS, MAX_WORKERS, check_whole
 from odmactl.run.executors import EXECUTORS
 from odmactl.run.spec import ServingSpec
-from odmactl.sim.metrics import LATENCY_LIMIT_MAX_S, LATENCY_LIMIT_MIN_S, latency_limit_ok
+from odmactl.sim.metrics import LATENCY_LIMIT_SECONDS, latency_limit_ok
 
 OBJECTIVES = ("tps", "utilization", "capacity")
 DEFAULT_BASELINES = ("paged", "s3")
@@ -43,8 +43,7 @@ class PlanSpec(ServingSpec):
         if not 0.0 <= self.max_rejection_rate < 1.0:
             raise ConfigError(f"--max-rejection-rate must be in [0, 1), got {self.max_rejection_rate}")
         if self.ttft_p99_s is not None and not latency_limit_ok(self.ttft_p99_s):
-            raise ConfigError(f"--ttft-p99 expects a time in seconds from {LATENCY_LIMIT_MIN_S:g} to "
-                              f"{LATENCY_LIMIT_MAX_S:,.0f} (as check's limits), got {self.ttft_p99_s}")
+            raise ConfigError(f"--ttft-p99 expects {LATENCY_LIMIT_SECONDS} (as check's limits), got {self.ttft_p99_s}")
         for name in ("max_overflow_rate", "max_rejection_rate"):  # -0.0 would be written to the config as such
             object.__setattr__(self, name, getattr(self, name) + 0.0)
         low, high = HOLDOUT_RANGE

@@ -27,7 +27,7 @@ from odmactl.core.tomltable import TomlTable, load_toml
 from odmactl.hw.profiles import kv_dtype_problem
 from odmactl.predict.source import PREDICTOR_CHOICES
 from odmactl.run.serving import Serving
-from odmactl.sim.metrics import LATENCY_LIMIT_MAX_S, LATENCY_LIMIT_MIN_S, LATENCY_METRICS, latency_limit_ok
+from odmactl.sim.metrics import LATENCY_LIMIT_SECONDS, LATENCY_METRICS, latency_limit_ok
 from odmactl.sim.settings import SchedulerSettings
 
 CONFIG_TABLES = ("allocator", "scheduler", "thresholds")
@@ -73,8 +73,7 @@ class Thresholds:
         for name in LATENCY_THRESHOLDS:
             value = getattr(self, name)
             if value is not None and not latency_limit_ok(value):
-                raise ConfigError(f"expected a time in seconds from {LATENCY_LIMIT_MIN_S:g} to "
-                                  f"{LATENCY_LIMIT_MAX_S:,.0f}, got {value}", key=name)
+                raise ConfigError(f"expected {LATENCY_LIMIT_SECONDS}, got {value}", key=name)
         problem = unknown_policy(self.baseline)
         if problem is not None:
             raise ConfigError(problem, key="baseline")

@@ -110,6 +110,8 @@ LATENCY_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")
 LATENCY_LIMIT_MAX_S = 1e9
 # the smallest (1 ms): the reports write TTFT to the millisecond, so a smaller limit read "<= 0.000 s"
 LATENCY_LIMIT_MIN_S = 1e-3
+# what a limit in seconds is expected to be, as a config key or a flag in seconds says it
+LATENCY_LIMIT_SECONDS = f"a time in seconds from {LATENCY_LIMIT_MIN_S:g} to {LATENCY_LIMIT_MAX_S:,.0f}"
 
 
 def latency_limit_ok(seconds: float) -> bool:
