@@ -205,6 +205,16 @@ def test_queue_growth_by_hand():
     assert not queue_growth(_timeline(np.zeros(100), np.linspace(0.1, 20.0, 100)))["overloaded"]  # offline
 
 
+def test_plans_json_lists_the_overload_the_console_warns_of(planned):
+    """The sample's own rate swamps one MLU370, so the held-out replays are overloaded: plan's
+    console said so, its JSON had only the `queue` sections."""
+    doc, _ = planned
+    overloaded = [p for p, r in doc["validation"].items() if r["queue"]["overloaded"]]
+    assert overloaded
+    said = [w for w in doc["warnings"] if w.startswith("overloaded:")]
+    assert len(said) == 1 and all(p in said[0] for p in overloaded)
+
+
 def test_an_overloaded_replay_says_so_with_the_rate_it_sustains(cli, trace):
     """The sample at 20 req/s swamps an MLU370: the replay flags it and finds, by replay, the scale
     at which the queue stops growing; at that rate it is not flagged; offline is not judged."""

@@ -90,13 +90,15 @@ def capacity(
     from odmactl.render.html import write_capacity_report
     from odmactl.render.json import to_json
     from odmactl.render.plots import write_capacity_plot
+    from odmactl.render.warnings import capacity_warnings
     from odmactl.trace.schema import read_trace
 
     chosen = parse_policies(policies, None, flag="--policies")
     if plot is not None and plot.suffix.lower() != ".png":
         raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
     check_outputs([metrics_out, out_path, plot, report, markdown_path], force, input_paths(trace_path, config, predictor, device, model))
-    print_warnings(profile_warnings(device))
+    warned = profile_warnings(device)
+    print_warnings(warned)
     spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                         prefix_caching=prefix_caching,
                         max_new_tokens=max_new_tokens, predictor=predictor,
@@ -111,6 +113,8 @@ def capacity(
     with progress_for(json_out, lines_when_piped=True) as progress:
         doc = run_capacity(frame, spec, progress=progress)
     doc = {"trace": {"path": str(trace_path), **doc["trace"]}, **{k: v for k, v in doc.items() if k != "trace"}}
+    found = capacity_warnings(doc)
+    doc["warnings"] = warned + found  # what the console warns of, for a reader of the JSON
     outputs = []
     if plot is not None:
         outputs.append((plot, lambda tmp: write_capacity_plot(doc, tmp)))
@@ -127,8 +131,9 @@ def capacity(
 
         outputs.append((markdown_path, lambda tmp: tmp.write_text(capacity_markdown(doc), encoding="utf-8")))
     write_outputs(outputs, force=force)
-    if json_out:
+    if json_out:  # stdout is the JSON alone; the warnings the console would show go to stderr
         print(to_json(doc))
+        print_warnings(found)
     else:
         render_capacity(out, doc)
     print_written([path for path, _ in outputs])

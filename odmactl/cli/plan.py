@@ -60,11 +60,13 @@ def plan(
     from odmactl.render.html import write_plan_report
     from odmactl.render.json import to_json
     from odmactl.render.plan_text import config_heading, failure_message
+    from odmactl.render.warnings import plan_warnings
     from odmactl.run.config import predictor_for_config
     from odmactl.trace.schema import read_trace
 
     check_outputs([out_path, report], force, input_paths(trace_path, predictor, device, model))
-    print_warnings(profile_warnings(device))
+    warned = profile_warnings(device)
+    print_warnings(warned)
     from odmactl.capacity.slo import Slo
 
     spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
@@ -80,6 +82,7 @@ def plan(
     with progress_for(json_out) as progress:
         doc, setup = run_plan(frame, spec, progress=progress)
     doc["trace"]["path"] = str(trace_path)
+    doc["warnings"] = warned + plan_warnings(doc)  # what the console warns of, for a reader of the JSON
     config = config_document(doc, setup, plan_command(trace_path, spec, out_path),
                              predictor_for_config(predictor, out_path), str(trace_path),
                              AllocatorConfig.from_mapping(doc["validation"]["odma"]["config"]))
@@ -90,8 +93,9 @@ def plan(
     if holds:
         outputs.append((out_path, lambda tmp: tmp.write_text(text, encoding="utf-8")))
     write_outputs(outputs, force=force)
-    if json_out:
+    if json_out:  # stdout is the JSON alone; the warnings the console would show go to stderr
         print(to_json({"out": str(out_path) if holds else None, **doc}))
+        print_warnings(plan_warnings(doc))
     else:
         render_plan(out, doc, [str(p) for p in written])
     if not holds:

@@ -24,7 +24,7 @@ from odmactl.render.metrics import (
 from odmactl.render.plan_text import (holdout_title, plan_headline, search_counts, search_limits, stressed_pool,
                                       tuning_keys, tuning_rule)
 from odmactl.render.tables import check_scope, deployment, narrow_table
-from odmactl.render.warnings import check_warnings, mismatch_lines, replay_warnings
+from odmactl.render.warnings import capacity_warnings, check_warnings, replay_warnings
 from odmactl.run.serving import static_legend
 
 LABEL_CHARS = 16  # the metric column of a policies table wraps past this
@@ -394,8 +394,8 @@ def queue_lines(doc: dict) -> list[str]:
 
 
 def binding_lines(doc: dict) -> list[str]:
-    """What binds: memory per tp, the limit that breaks above each row's rate, the floor warnings,
-    and why devices x rate need not give the target."""
+    """What binds: memory per tp, the limit that breaks above each row's rate, and why devices x
+    rate need not give the target (the warnings are render/warnings.capacity_warnings)."""
     lines = []
     for tp, binds in doc.get("memory_binds", {}).items():
         devices = sorted({r["devices_for_target"] for r in doc["rows"] if str(r["tp"]) == tp} - {None})
@@ -425,29 +425,10 @@ def binding_lines(doc: dict) -> list[str]:
             breaks.setdefault(", ".join(r["breaks_above"]), []).append(f"{r['policy']} tp {r['tp']}")
     for what, where in breaks.items():
         lines.append(f"above the rate found, {what} breaks first: {', '.join(where)}")
-    limits = doc.get("slo", {})
-    warned = set()
-    for r in doc["rows"]:
-        floor = doc.get("zero_load", {}).get(str(r["tp"]))
-        for metric in r.get("near_floor", ()):
-            if (metric, r["tp"]) in warned or floor is None:
-                continue
-            warned.add((metric, r["tp"]))
-            if floor[metric] > limits[metric]:
-                lines.append(f"warning: tp {r['tp']}: the {metric} limit ({limits[metric]:.3g} s) is under its zero-load "
-                             f"floor ({floor[metric]:.3g} s, each request alone): one engine meets it at no rate")
-            else:
-                lines.append(f"warning: tp {r['tp']}: the {metric} limit ({limits[metric]:.3g} s) is within 20% of its "
-                             f"zero-load floor ({floor[metric]:.3g} s, each request alone): the answer moves with small "
-                             "changes of it")
     over = [f"{r['policy']} tp {r['tp']}" for r in doc["rows"] if r["devices_for_target"] is None]
     if over:
         lines.append(f"no devices for the target within --max-replicas engines for {', '.join(over)}: more engines "
                      "than that, or none meets it")
-    replay_s = doc.get("target_replay_s")
-    if replay_s is not None and replay_s < 120:
-        lines.append(f"warning: at the target the trace replays in {replay_s:.3g} s: too short for the overload test "
-                     "to judge a queue, so devices for such a target may not follow the rate (replay a longer trace)")
     lines += gate_lines(doc)
     lines.append("devices for the target come from replaying the target traffic on that many engines behind the "
                  "router; the rate per engine is one engine on the whole trace")
@@ -530,11 +511,7 @@ def render_capacity(console: Console, doc: dict) -> None:
         console.print(escape(line), highlight=False)
     for line in binding_lines(doc):
         console.print(escape(line), highlight=False)
-    odd = [f"{r['policy']} tp {r['tp']}" for r in doc["rows"] if not r["monotone"]]
-    if odd:
-        console.print(escape(f"warning: the SLO failed below the reported rate for {', '.join(odd)} (not monotone): "
-                             "see failed_below_at_scale in --json"), highlight=False)
-    _warn(console, mismatch_lines(doc))
+    _warn(console, capacity_warnings(doc))
     legend = static_legend(r["policy"] for r in doc["rows"])
     if legend:
         console.print(escape(legend), highlight=False)

@@ -45,7 +45,7 @@ def capacity_markdown(doc: dict) -> str:
     from odmactl.render.console_replay import (binding_lines, capacity_headline, capacity_value, headline_detail,
                                                infeasible_lines)
     from odmactl.render.metrics import CAPACITY_KEYS, METRICS
-    from odmactl.render.warnings import mismatch_lines
+    from odmactl.render.warnings import capacity_warnings
 
     t = doc["trace"]
     said = capacity_headline(doc)
@@ -60,7 +60,9 @@ def capacity_markdown(doc: dict) -> str:
     lines += markdown_table(["policy", *(METRICS[k].header for k in CAPACITY_KEYS)],
                             [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k) for k in CAPACITY_KEYS)]
                              for r in doc["rows"]])
-    notes = infeasible_lines(doc) + binding_lines(doc) + [f"warning: {line}" for line in mismatch_lines(doc)]
+    notes = infeasible_lines(doc) + binding_lines(doc)
     if notes:
         lines += [""] + [f"- {line}" for line in notes]
+    for line in capacity_warnings(doc):
+        lines += ["", f"> **warning:** {line}"]
     return "\n".join(lines) + "\n"

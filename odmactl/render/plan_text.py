@@ -6,7 +6,7 @@ from __future__ import annotations
 from odmactl.core.units import format_bytes
 from odmactl.render.metrics import METRICS, format_metric
 from odmactl.render.tables import deployment
-from odmactl.render.warnings import overload_line
+from odmactl.render.warnings import plan_warnings
 
 
 def plan_headline(doc: dict) -> list[tuple[str, str]]:
@@ -75,9 +75,7 @@ def plan_headline(doc: dict) -> list[tuple[str, str]]:
     elif not doc["constraints_met_on_search"]:
         lines.append(("bold red", "on the search part no replayed candidate met every constraint; the closest "
                                   f"missed: {'; '.join(doc['unmet_on_search']) or 'the margin for sampling noise'}"))
-    line = overload_line(doc["validation"])
-    if line is not None:
-        lines.append(("yellow", line))
+    lines += [("yellow", line) for line in plan_warnings(doc)]
     return lines
 
 

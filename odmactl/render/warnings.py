@@ -1,7 +1,9 @@
-"""What a replay's reader must not miss, as plain lines: a config applied to another deployment
-than it was planned for, a policy whose queue grew through the run (overload), and for check a
-latency judged from a handful of requests. The console, the markdown summary and the JUnit XML
-print the same lines (on stderr with --json); replay's and check's JSON list them as `warnings`."""
+"""What a reader must not miss, as plain lines: a config applied to another deployment than it
+was planned for, a policy whose queue grew through the run (overload), for check a latency judged
+from a handful of requests, and for capacity an SLO near its zero-load floor, a target replayed too
+briefly to judge a queue, a rate past which the SLO failed below it. The console, the markdown, the
+HTML report and the JUnit XML print the same lines (on stderr with --json); the JSON of replay,
+check, capacity and plan lists them as `warnings`."""
 
 from __future__ import annotations
 
@@ -57,3 +59,40 @@ def replay_warnings(doc: dict) -> list[str]:
     if line is not None:
         lines.append(line)
     return lines
+
+
+def capacity_warnings(doc: dict) -> list[str]:
+    """capacity's warnings (capacity/run.capacity's document): mismatches, an SLO term under or near
+    its zero-load floor (each row's `near_floor`, once per term and tp), a rate past which the SLO
+    failed below it (`monotone`), and a target that replays too briefly for the overload test."""
+    lines = mismatch_lines(doc)
+    limits, warned = doc.get("slo", {}), set()
+    for r in doc["rows"]:
+        floor = doc.get("zero_load", {}).get(str(r["tp"]))
+        for metric in r.get("near_floor", ()):
+            if (metric, r["tp"]) in warned or floor is None:
+                continue
+            warned.add((metric, r["tp"]))
+            if floor[metric] > limits[metric]:
+                lines.append(f"tp {r['tp']}: the {metric} limit ({limits[metric]:.3g} s) is under its zero-load floor "
+                             f"({floor[metric]:.3g} s, each request alone): one engine meets it at no rate")
+            else:
+                lines.append(f"tp {r['tp']}: the {metric} limit ({limits[metric]:.3g} s) is within 20% of its zero-load "
+                             f"floor ({floor[metric]:.3g} s, each request alone): the answer moves with small changes "
+                             "of it")
+    odd = [f"{r['policy']} tp {r['tp']}" for r in doc["rows"] if not r["monotone"]]
+    if odd:
+        lines.append(f"the SLO failed below the reported rate for {', '.join(odd)} (not monotone): see "
+                     "failed_below_at_scale in --json")
+    replay_s = doc.get("target_replay_s")
+    if replay_s is not None and replay_s < 120:
+        lines.append(f"at the target the trace replays in {replay_s:.3g} s: too short for the overload test to judge "
+                     "a queue, so devices for such a target may not follow the rate (replay a longer trace)")
+    return lines
+
+
+def plan_warnings(doc: dict) -> list[str]:
+    """plan's warnings (plan/search.plan's document): a validated policy whose queue grew through
+    the held-out replay (`overload_line`)."""
+    line = overload_line(doc["validation"])
+    return [line] if line is not None else []
