@@ -171,7 +171,7 @@ def test_the_console_table_and_the_plot(cli, small, tmp_path):
     (["--slo", SLO, "--router", "random"], ("--router expects one of round-robin, least-outstanding",)),
     (["--slo", SLO, "--router", "round-robin-redy"], ("round-robin-ready", "did you mean 'round-robin-ready'")),
     (["--slo", SLO, "--router", "least-kv,round-robin"], ("it takes one router: run capacity once per router",)),
-    (["--slo", SLO, "--engine", "vllm-v3"], ("--engine must be one of vllm-v0, vllm-v1",)),
+    (["--slo", SLO, "--engine", "vllm-v3"], ("--engine expects one of vllm-v0, vllm-v1",)),
     (["--slo", SLO, "--arrivals", "bursty"], ("--arrivals expects one of trace, poisson, gamma:CV",)),
     (["--slo", SLO, "--arrivals", "gamma:0"], ("--arrivals gamma:CV", "coefficient of variation")),
     (["--slo", SLO, "--arrivals", "gamma:x"], ("--arrivals gamma:CV",)),

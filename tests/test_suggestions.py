@@ -367,3 +367,25 @@ def test_the_json_lists_the_warnings_the_console_gives(cli, trace):
     doc = json.loads(r.out)
     assert r.code == 0 and doc["results"]["odma"]["queue"]["overloaded"]
     assert [w for w in doc["warnings"] if w.startswith("overloaded:")] and "overloaded:" in r.err
+
+
+def test_every_choice_flag_names_its_choices_and_the_close_one(cli, trace):
+    """--router and --policies suggested the close name, --engine, --objective, --executor and
+    --split-by did not (and --engine said "must be" where the others say "expects")."""
+    base = [str(trace), "--device", DEVICE, "--model", MODEL, "--predictor", "oracle"]
+    cases = [
+        (["replay", *base, "--engine", "VLLM-V1"], "--engine expects one of vllm-v0, vllm-v1, got 'VLLM-V1'",
+         "'vllm-v1'"),
+        (["plan", *base, "--objective", "TPS", "--out", "x.toml"], "--objective expects one of", "'tps'"),
+        (["plan", *base, "--executor", "proces", "--out", "x.toml"], "--executor expects one of process, ray",
+         "'process'"),
+        (["capacity", *base, "--slo", "ttft_p99=2s", "--executor", "Ray"], "--executor expects one of", "'ray'"),
+        (["capacity", *base, "--slo", "ttft_p99=2s", "--router", "Least-KV"], "--router expects one of", "'least-kv'"),
+        (["capacity", *base, "--slo", "ttft_p99=2s", "--arrivals", "Poison"], "--arrivals expects one of",
+         "'poisson'"),
+        (["fit", str(trace), "--split-by", "Time", "--out", "p"], "--split-by expects one of prompt, time", "'time'"),
+    ]
+    for args, said, near in cases:
+        r = cli(*args)
+        text = " ".join(r.err.split())
+        assert r.code == 1 and said in text and f"did you mean {near}" in text, (args, r.err)

@@ -187,7 +187,7 @@ def test_what_vllm_refuses_is_refused_with_its_reason(cli, conv_sample_head, tmp
     r = cli(*base, "--device", "h100-sxm", "--block-size", "8")
     assert r.code == 1 and "--block-size 8" in r.err and "multiples of 16" in r.err
     r = cli(*base, "--device", "h100-sxm", "--engine", "vllm-v2")
-    assert r.code == 1 and "--engine must be one of vllm-v0, vllm-v1" in r.err
+    assert r.code == 1 and "--engine expects one of vllm-v0, vllm-v1" in r.err
     bad = tmp_path / "c.toml"
     bad.write_text('[scheduler]\nengine = "vllm-v9"\n')
     r = cli(*base, "--device", "h100-sxm", "--config", bad)

@@ -14,7 +14,7 @@ import polars as pl
 from odmactl.capacity.binds import breaking, floor_cause, headline, memory_binding, near_floor, rates_differ, zero_load
 from odmactl.capacity.search import MAX_SCALE_STEPS, CapacityTarget, capacity_job, lowest_scale
 from odmactl.capacity.slo import Slo
-from odmactl.core.errors import ConfigError, did_you_mean
+from odmactl.core.errors import ConfigError, not_one_of
 from odmactl.core.limits import MAX_TP, MAX_WORKERS, check_seed, check_whole
 from odmactl.run.arrivals import label as arrival_label
 from odmactl.run.arrivals import canonical, parse_arrivals, with_arrivals
@@ -63,14 +63,13 @@ class CapacitySpec(ServingSpec):
         check_whole(self.workers, 1, MAX_WORKERS, "--workers")
         check_whole(self.max_replicas, 1, 4096, "--max-replicas")
         if self.router not in ROUTERS:
-            near = "it takes one router: run capacity once per router" if "," in str(self.router) else \
-                did_you_mean(str(self.router), ROUTERS)
-            raise ConfigError(f"--router expects one of {', '.join(ROUTERS)}, got {self.router!r}"
-                              + (f"; {near}" if near else ""))
+            raise ConfigError(f"--router expects one of {', '.join(ROUTERS)}, got '{self.router}'; it takes one router: "
+                              "run capacity once per router" if "," in str(self.router) else
+                              not_one_of("--router", self.router, ROUTERS))
         parse_arrivals(self.arrivals)
         check_seed(self.seed)
         if self.executor not in EXECUTORS:
-            raise ConfigError(f"--executor expects one of {', '.join(EXECUTORS)}, got '{self.executor}'")
+            raise ConfigError(not_one_of("--executor", self.executor, EXECUTORS))
 
 
 def trace_rates(arrival_s: np.ndarray) -> tuple[float, float]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from odmactl import __version__
 from odmactl.core.stops import import_whole
-from odmactl.core.errors import ProfileError, did_you_mean
+from odmactl.core.errors import ProfileError, not_one_of
 from odmactl.core.limits import check_seed
 from odmactl.rules.engines import DEFAULT_ENGINE, VLLM_V1
 from odmactl.core.units import format_bytes, format_rate
@@ -84,9 +84,7 @@ def resolve_device(name: str) -> str:
     """'auto' picks cuda, then mlu, then cpu (any case: CUDA is cuda); an explicit device that is
     not there is an error, and a name that is none of them suggests the close ones."""
     if name.casefold() not in DEVICES:
-        near = did_you_mean(name, DEVICES)
-        raise ProfileError(f"--device expects one of {', '.join(DEVICES)}, got '{name}'"
-                           + (f"; {near}" if near else ""),
+        raise ProfileError(not_one_of("--device", name, DEVICES),
                            hint="the torch device to measure on; a profile name (`odmactl profiles list`) is for "
                                 "replays without --on-device")
     name = name.casefold()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from odmactl.capacity.slo import Slo
-from odmactl.core.errors import ConfigError
+from odmactl.core.errors import ConfigError, not_one_of
 from odmactl.core.limits import HOLDOUT_RANGE, MAX_REPLAYS, MAX_WORKERS, check_whole
 from odmactl.run.executors import EXECUTORS
 from odmactl.run.spec import ServingSpec
@@ -37,7 +37,7 @@ class PlanSpec(ServingSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.objective not in OBJECTIVES:
-            raise ConfigError(f"--objective expects one of {', '.join(OBJECTIVES)}, got '{self.objective}'")
+            raise ConfigError(not_one_of("--objective", self.objective, OBJECTIVES))
         if not 0.0 <= self.max_overflow_rate <= 1.0:
             raise ConfigError(f"--max-migration-rate must be in [0, 1], got {self.max_overflow_rate}")
         if not 0.0 <= self.max_rejection_rate < 1.0:
@@ -52,7 +52,7 @@ class PlanSpec(ServingSpec):
         check_whole(self.replays, 1, MAX_REPLAYS, "--replays")
         check_whole(self.workers, 1, MAX_WORKERS, "--workers")
         if self.executor not in EXECUTORS:
-            raise ConfigError(f"--executor expects one of {', '.join(EXECUTORS)}, got '{self.executor}'")
+            raise ConfigError(not_one_of("--executor", self.executor, EXECUTORS))
         from odmactl.allocator import ALLOCATORS
 
         if not self.baselines:

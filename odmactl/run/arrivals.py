@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from odmactl.core.errors import ConfigError
+from odmactl.core.errors import ConfigError, not_one_of
 from odmactl.sim.workload import Workload
 
 ARRIVALS = ("trace", "poisson", "gamma:CV")
@@ -40,7 +40,7 @@ def parse_arrivals(text: str) -> tuple[str, float | None]:
             return "gamma", cv
         raise ConfigError(f"--arrivals gamma:CV expects a coefficient of variation from {MIN_CV:g} to {MAX_CV:g}, "
                           f"got '{text}'")
-    raise ConfigError(f"--arrivals expects one of {', '.join(ARRIVALS)}, got '{text}'")
+    raise ConfigError(not_one_of("--arrivals", text, ARRIVALS))
 
 
 def canonical(kind: str, cv: float | None) -> str:

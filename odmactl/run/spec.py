@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from odmactl.core.errors import ConfigError
+from odmactl.core.errors import ConfigError, not_one_of
 from odmactl.core.limits import MAX_NUM_SEQS, MAX_REQUESTS, MAX_TOKENS, MAX_TP, check_seed, check_whole
 from odmactl.hw.cost import PAGED_BLOCK_TOKENS
 from odmactl.rules.engines import ENGINES
@@ -86,7 +86,7 @@ class ServingSpec:
         _positive_int(self.kv_pool_bytes, "--kv-pool (in bytes)", None)  # the profile bounds it
         _positive_int(self.max_new_tokens, "--max-new-tokens", MAX_TOKENS)
         if self.engine is not None and self.engine not in ENGINES:
-            raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+            raise ConfigError(not_one_of("--engine", self.engine, ENGINES))
         if self.block_size_tokens is not None and self.block_size_tokens not in PAGED_BLOCK_TOKENS:
             raise ConfigError(f"--block-size must be one of {', '.join(map(str, PAGED_BLOCK_TOKENS))} (the block sizes "
                               f"vLLM's attention kernels take), got {self.block_size_tokens!r}")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from odmactl.core.errors import TraceError
+from odmactl.core.errors import TraceError, not_one_of
 
 SPLITS = ("prompt", "time")
 
@@ -40,7 +40,7 @@ def split_trace(frame: pl.DataFrame, holdout: float, by: str = "prompt", seed: i
     out; "time": the last `holdout` share of rows by arrival is held out and earlier rows with a
     held-out prompt are dropped from training."""
     if by not in SPLITS:
-        raise TraceError(f"--split-by must be one of {', '.join(SPLITS)}, got '{by}'")
+        raise TraceError(not_one_of("--split-by", by, SPLITS))
     if not 0.0 < holdout < 1.0:
         raise TraceError(f"--holdout must be a fraction between 0 and 1, got {holdout}")
     keys = prompt_keys(frame)
