@@ -11,7 +11,7 @@ from rich.table import Table
 from odmactl.core.units import format_bytes, format_rate
 from odmactl.device.calibrate import COPY_SPREAD_LIMIT, EFFICIENCY_DIP, GATHER_PAST_COPY, NOISY_SHARE, NOISY_SPREAD
 from odmactl.hw.profiles import profiles_dir
-from odmactl.render.tables import narrow_table
+from odmactl.render.tables import narrow_table, print_warnings
 
 
 def _short_path(file: str) -> str:
@@ -98,7 +98,7 @@ def render_device(console: Console, d: dict) -> None:
         bw.add_row(format_bytes(row["chunk_bytes"]), f"{row['efficiency']:.4f}")
     console.print(bw)
     console.print(escape(f"source: {src.get('bandwidth.scattered', '-')}"))
-    _warn(console, noise_lines(d.get("calibration") or {}))  # a measured profile's run was disturbed
+    print_warnings(console, noise_lines(d.get("calibration") or {}))  # a measured profile's run was disturbed
     k = d["kernels"]
     if k is None:
         console.print(escape("kernels: no [kernels] table: GEMMs and prefill attention at the sequential share of "
@@ -179,11 +179,6 @@ def _and(names: list[str]) -> str:
     return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
 
 
-def _warn(console: Console, lines: list[str]) -> None:
-    for line in lines:
-        console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False)
-
-
 def render_calibration(console: Console, out_path: str, doc: dict, seconds: float) -> None:
     cal = doc["calibration"]
     console.print(escape(f"measured {doc['measurement']['device']} in {seconds:,.1f} s -> {out_path}"))
@@ -217,7 +212,7 @@ def render_calibration(console: Console, out_path: str, doc: dict, seconds: floa
         for row in gemm["rows"]:
             g.add_row(f"{row['tokens']:,}", f"{row['seconds'] * 1e3:.3f} ms", f"{row['efficiency']:.4f}")
         console.print(g)
-    _warn(console, noise_lines(cal))
+    print_warnings(console, noise_lines(cal))
 
 
 def render_kernels(console: Console, doc: dict) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
-
 from rich import box
 from rich.console import Console
 from rich.markup import escape
@@ -23,16 +21,11 @@ from odmactl.render.metrics import (
 )
 from odmactl.render.plan_text import (holdout_title, plan_headline, search_counts, search_limits, stressed_pool,
                                       tuning_keys, tuning_rule)
-from odmactl.render.tables import check_scope, deployment, narrow_table
+from odmactl.render.tables import check_scope, deployment, narrow_table, print_warnings, print_wrapped
 from odmactl.render.warnings import capacity_warnings, check_warnings, replay_warnings
 from odmactl.run.serving import static_legend
 
 LABEL_CHARS = 16  # the metric column of a policies table wraps past this
-
-
-def _warn(console: Console, lines: list[str]) -> None:
-    for line in lines:
-        _wrapped(console, f"warning: {line}", "yellow")
 
 
 def _sized_by(sized_by: str) -> str:
@@ -56,14 +49,8 @@ def _print_tuning(console: Console, doc: dict) -> None:
             for o in t["options"]]
     pools = (f"with the planned large pool and with a smaller one ({smaller})" if smaller else
              "with the planned large pool (one largest block: no smaller one to try)")
-    _wrapped(console, f"the options on the search part, {pools}, {tuning_rule(t)}:", "default")
+    print_wrapped(console, f"the options on the search part, {pools}, {tuning_rule(t)}:", "default")
     console.print(narrow_table(None, tuple(headers), rows, key="option"))
-
-
-def _wrapped(console: Console, line: str, style: str) -> None:
-    """A long line in `style`, wrapped at the console's width without trailing spaces."""
-    for piece in textwrap.wrap(line, width=max(console.width, 40), break_on_hyphens=False) or [""]:
-        console.print(f"[{style}]{escape(piece)}[/]", highlight=False, soft_wrap=True)
 
 
 def _print_policies(console: Console, results: dict, keys: tuple[str, ...], title: str | None = None) -> None:
@@ -157,7 +144,7 @@ def render_replay(console: Console, doc: dict) -> None:
     measured = {p: r["on_device"] for p, r in doc["results"].items() if "on_device" in r}
     if measured:
         _render_on_device(console, measured)
-    _warn(console, replay_warnings(doc))
+    print_warnings(console, replay_warnings(doc))
 
 
 def _render_on_device(console: Console, measured: dict[str, dict]) -> None:
@@ -212,9 +199,9 @@ def render_check(console: Console, doc: dict, policy: str, verdicts: list, passe
         console.print(table)
     else:  # a table that does not fit would cut a check's name or fold a figure mid-number: a line each
         for v, r in zip(verdicts, rows):
-            _wrapped(console, f"{r[4]}  {v.name}: {v.text}", "green" if v.passed else "bold red")
+            print_wrapped(console, f"{r[4]}  {v.name}: {v.text}", "green" if v.passed else "bold red")
     _print_policies(console, doc["results"], REPLAY_KEYS)
-    _warn(console, check_warnings(doc, policy, verdicts))
+    print_warnings(console, check_warnings(doc, policy, verdicts))
     console.print("[bold green]PASS[/]" if passed else
                   f"[bold red]FAIL[/]: {sum(not v.passed for v in verdicts)} of {len(verdicts)} thresholds violated")
 
@@ -222,12 +209,12 @@ def render_check(console: Console, doc: dict, policy: str, verdicts: list, passe
 def render_plan(console: Console, doc: dict, written: list[str]) -> None:
     """The headline (`plan_headline`), the recommendation, then every policy on the held-out part."""
     for style, line in plan_headline(doc):
-        _wrapped(console, line, style)
+        print_wrapped(console, line, style)
     t = doc["trace"]
-    _wrapped(console, f"{t['path']}: {t['requests']:,} requests, {deployment(doc)}, predictor {doc['predictor']}; "
+    print_wrapped(console, f"{t['path']}: {t['requests']:,} requests, {deployment(doc)}, predictor {doc['predictor']}; "
                       f"searched on the first {t['search_requests']:,}, validated on the last {t['holdout_requests']:,}",
              "default")
-    _wrapped(console, f"{search_counts(doc)}; objective {doc['objective']}, {search_limits(doc)}", "default")
+    print_wrapped(console, f"{search_counts(doc)}; objective {doc['objective']}, {search_limits(doc)}", "default")
     a = doc["chosen"]["allocator"]
     bounds = a["boundaries_tokens"]
     merged = f" ({a['num_buckets'] - len(bounds)} of B merged: equal after rounding)" if len(bounds) < a["num_buckets"] else ""
@@ -235,7 +222,7 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
         f"{len(bounds)} boundaries{merged} from {bounds[0]:,} to {bounds[-1]:,} tokens (all in the config)"
     large, blocks = doc["chosen"]["large_pool_bytes"], doc["chosen"]["large_pool_blocks"]
     what = "recommended" if doc["holds"] else "closest candidate (no config written)"
-    _wrapped(console, f"{what}: {doc['chosen']['label']}; {shown}; max_model_len "
+    print_wrapped(console, f"{what}: {doc['chosen']['label']}; {shown}; max_model_len "
                       f"{doc['max_model_len']:,}; large pool {large / doc['kv_pool_bytes']:.1%} of the KV pool "
                       f"({blocks:,} block{'s' if blocks != 1 else ''} of {_block(doc['chosen']['large_block_tokens'])} "
                       f"tokens, sized after the search from {_sized_by(doc['tuning']['sized_by'])}, at least one "
@@ -250,11 +237,11 @@ def render_plan(console: Console, doc: dict, written: list[str]) -> None:
         console.print(escape(f"capacity objective: the pick sustains {chosen['measured']['capacity_rate_scale']:.3f}x the "
                              f"search part's arrival rate within {limits} (bisected by replay)"), highlight=False)
     keys = plan_keys(doc["objective"])
-    _wrapped(console, holdout_title(doc), "default")
+    print_wrapped(console, holdout_title(doc), "default")
     _print_policies(console, doc["validation"], keys)
     legend = static_legend(doc["validation"])
     if legend:
-        _wrapped(console, legend, "default")
+        print_wrapped(console, legend, "default")
     console.print(escape(f"wrote {', '.join(written)}" if written else "wrote nothing"), highlight=False)
 
 
@@ -490,7 +477,7 @@ def render_capacity(console: Console, doc: dict) -> None:
                   highlight=False)
     said = capacity_headline(doc)
     if said:
-        _wrapped(console, said, "bold")
+        print_wrapped(console, said, "bold")
         for line in headline_detail(doc):
             console.print(escape(line), highlight=False)
     rows = [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k) for k in CAPACITY_KEYS)] for r in doc["rows"]]
@@ -511,7 +498,7 @@ def render_capacity(console: Console, doc: dict) -> None:
         console.print(escape(line), highlight=False)
     for line in binding_lines(doc):
         console.print(escape(line), highlight=False)
-    _warn(console, capacity_warnings(doc))
+    print_warnings(console, capacity_warnings(doc))
     legend = static_legend(r["policy"] for r in doc["rows"])
     if legend:
         console.print(escape(legend), highlight=False)

@@ -1,9 +1,26 @@
-"""Console tables that fit a narrow terminal."""
+"""Console tables and lines that fit a narrow terminal."""
 
 from __future__ import annotations
 
+import textwrap
+
 from rich import box
+from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+
+def print_wrapped(console: Console, line: str, style: str) -> None:
+    """A long line in `style`, wrapped at the console's width without trailing spaces."""
+    for piece in textwrap.wrap(line, width=max(console.width, 40), break_on_hyphens=False) or [""]:
+        console.print(f"[{style}]{escape(piece)}[/]", highlight=False, soft_wrap=True)
+
+
+def print_warnings(console: Console, lines: list[str]) -> None:
+    """The one console form of a warning (render/warnings.py's lines, a profile's noise lines):
+    "warning: ..." in yellow, wrapped at the console's width."""
+    for line in lines:
+        print_wrapped(console, f"warning: {line}", "yellow")
 
 
 def narrow_table(title: str, headers: tuple[str, ...], rows: list[list[str]], key: str | None = None) -> Table:
