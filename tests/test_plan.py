@@ -106,19 +106,6 @@ def test_plan_reads_a_limit_as_check_does():
     assert math.copysign(1, PlanSpec(DEVICE, MODEL, max_overflow_rate=-0.0).max_overflow_rate) == 1
 
 
-def test_a_ttft_limit_plan_was_given_is_written_into_the_gate(cli, trace, tmp_path):
-    """plan held its search to --ttft-p99 but wrote [thresholds] without it, so `check` with the
-    config never gated TTFT. Now the held-out gate has it, and so does the config."""
-    out = tmp_path / "odma.toml"
-    r = _plan(cli, trace, out, "--ttft-p99", "1e6", "--json")
-    assert r.code == 0, r.err
-    doc = json.loads(r.out)
-    assert [v["metric"] for v in doc["gate"]["verdicts"] if v["metric"] == "ttft_p99"] == ["ttft_p99"]
-    assert tomllib.loads(out.read_text())["thresholds"]["max_ttft_p99_s"] == 1e6
-    r = cli("check", trace, "--config", out, "--device", DEVICE, "--model", MODEL, "--skip", "1050", "--json")
-    assert r.code == 0 and "max_ttft_p99_s" in [v["name"] for v in json.loads(r.out)["verdicts"]], r.err
-
-
 def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
     out, report = tmp_path / "odma.toml", tmp_path / "plan.html"
     r = _plan(cli, trace, out, "--report", report, "--workers", "2", "--json")

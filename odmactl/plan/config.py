@@ -41,12 +41,10 @@ _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 def thresholds(spec: PlanSpec, expected_utilization: float) -> Thresholds:
     """The gate plan holds its recommendation to and writes as [thresholds]: the migration-rate and
-    rejection limits it was given, its --ttft-p99 when given (a limit the search was held to is one
-    the deployment is gated by), and UTILIZATION_SLACK of the utilization expected (rounded down to
-    0.1%)."""
+    rejection limits it was given, and UTILIZATION_SLACK of the utilization expected (rounded down
+    to 0.1%)."""
     return Thresholds(min_utilization=math.floor(expected_utilization * UTILIZATION_SLACK * 1000) / 1000,
-                      max_overflow_rate=spec.max_overflow_rate, max_rejection_rate=spec.max_rejection_rate,
-                      max_ttft_p99_s=spec.ttft_p99_s)
+                      max_overflow_rate=spec.max_overflow_rate, max_rejection_rate=spec.max_rejection_rate)
 
 
 def config_document(doc: dict, setup: Serving, command: str, predictor: str, trace: str,
