@@ -106,6 +106,20 @@ def test_plan_reads_a_limit_as_check_does():
     assert math.copysign(1, PlanSpec(DEVICE, MODEL, max_overflow_rate=-0.0).max_overflow_rate) == 1
 
 
+def test_a_ttft_limit_missed_on_an_overloaded_replay_says_what_it_was_judged_at(cli, trace, tmp_path):
+    """A new user asked plan for a 2 s TTFT p99 and read 'TTFT p99 2,097 s > 2 s': the limit is
+    judged at the trace's own rate on one engine, which this trace overloads. The message says so
+    and names the option that plans for a latency; --ttft-p99 takes a time as --slo writes it."""
+    out = tmp_path / "odma.toml"
+    r = _plan(cli, trace, out, "--ttft-p99", "2s", "--predictor", "oracle")
+    said = " ".join(r.err.split())
+    assert r.code == 1 and not out.exists() and "missed on the search part: TTFT p99" in said, r.err
+    assert "judged at the trace's own rate on one engine, which does not keep up (odma keeps up at" in said
+    assert "--objective capacity --slo ttft_p99=2s" in said
+    r = _plan(cli, trace, out, "--ttft-p99", "2 parsecs", "--predictor", "oracle")
+    assert r.code == 1 and "--ttft-p99: expected a time" in r.err and "'parsecs' is not a unit" in r.err
+
+
 def test_plan_end_to_end_replay_and_check_read_its_config(cli, trace, tmp_path):
     out, report = tmp_path / "odma.toml", tmp_path / "plan.html"
     r = _plan(cli, trace, out, "--report", report, "--workers", "2", "--json")

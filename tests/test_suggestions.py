@@ -389,3 +389,18 @@ def test_every_choice_flag_names_its_choices_and_the_close_one(cli, trace):
         r = cli(*args)
         text = " ".join(r.err.split())
         assert r.code == 1 and said in text and f"did you mean {near}" in text, (args, r.err)
+
+
+def test_a_wrapped_line_keeps_each_figure_with_its_unit_and_bound():
+    """At 80 columns a new user read '<= 2.000' on one line and 's' on the next: lines wrap between
+    words, never between a figure and its unit or a bound's sign and its figure."""
+    from odmactl.render.tables import wrapped_lines
+
+    line = ("error: check failed: 2 of 5 thresholds violated: max_ttft_p99_s: ttft_p99 1,053.863 s, expected "
+            "<= 2.000 s; max_tpot_p99_s: tpot_p99 144.8 ms, expected <= 100.0 ms; a pool of 8 GiB at 0.3 req/s")
+    for width in range(40, 121):
+        lines = wrapped_lines(line, width)
+        assert " ".join(lines) == line and all(len(x) <= width or " " not in x for x in lines)
+        for x in lines:
+            assert not x.endswith(("<=", " 2.000", " 100.0", " 8", " 0.3", "1,053.863", "144.8")), (width, lines)
+            assert not x.startswith(("s;", "s,", "ms", "GiB", "req/s")), (width, lines)

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from odmactl import __version__
+from odmactl.render.tables import wrapped_lines
 
 app = typer.Typer(
     name="odmactl",
@@ -132,9 +133,20 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
+def _labelled(label: str, style: str, message: str) -> None:
+    """`label: message` on stderr, printed as written (never read as markup): one line in a pipe or
+    a file (one message to grep), wrapped between words at a terminal's width (render/tables.
+    wrapped_lines), where the terminal would cut a word or a figure from its unit."""
+    text = f"{label}: {printable(message)}"
+    lines = wrapped_lines(text, err.width) if err.is_terminal else [text]
+    for n, line in enumerate(lines):
+        head = f"{label}: " if n == 0 else ""
+        err.print(Text.assemble((head, style), line[len(head):]), highlight=False, soft_wrap=True)
+
+
 def print_error(message: str, label: str = "error") -> None:
-    """One message on stderr, on one line, printed as written (never read as markup)."""
-    err.print(Text.assemble((f"{label}: ", "bold red"), printable(message)), highlight=False, soft_wrap=True)
+    """One message on stderr (`_labelled`)."""
+    _labelled(label, "bold red", message)
 
 
 def print_note(message: str, label: str | None = None) -> None:
@@ -142,8 +154,10 @@ def print_note(message: str, label: str | None = None) -> None:
     JSON): one that cannot be written (`2>/dev/full`) is dropped, so it cannot turn a passed check
     or a finished run into a failure."""
     try:
-        text = Text.assemble((f"{label}: ", "bold yellow"), printable(message)) if label else Text(printable(message))
-        err.print(text, highlight=False, soft_wrap=True)
+        if label:
+            _labelled(label, "bold yellow", message)
+        else:
+            err.print(Text(printable(message)), highlight=False, soft_wrap=True)
     except OSError:
         pass
 

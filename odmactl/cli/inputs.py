@@ -79,6 +79,21 @@ def parse_kv_pool(kv_pool: str | None) -> int | None:
     return int(value)
 
 
+def parse_seconds(text: str | None, flag: str) -> float | None:
+    """A time limit as seconds (None when not given): a time with its unit as --slo writes it
+    ('2s', '500 ms'), or a bare number of seconds (what the flag took before it took units)."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return parse_quantity(text, "seconds")
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
 def input_paths(*values: str | Path | None) -> list[Path]:
     """The values that name an existing file or directory: the inputs an output must not touch
     (a --device or --model given as a path, a --predictor folder, a trace, a config), and what

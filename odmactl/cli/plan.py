@@ -9,7 +9,7 @@ import typer
 
 from odmactl.allocator import ALLOCATORS
 from odmactl.cli.app import app, out, print_warnings, progress_for
-from odmactl.cli.inputs import BlockSizeOption, EngineOption, KvDtypeOption, MaxNumBatchedTokensOption, MaxNumSeqsOption, PrefixCachingOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool, profile_warnings
+from odmactl.cli.inputs import BlockSizeOption, EngineOption, KvDtypeOption, MaxNumBatchedTokensOption, MaxNumSeqsOption, PrefixCachingOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool, parse_seconds, profile_warnings
 
 
 @app.command(short_help="Search ODMA's settings; write a config that passes its gate.")  # the line `odmactl --help` lists
@@ -24,7 +24,10 @@ def plan(
     slo: Annotated[Optional[list[str]], typer.Option(metavar="<metric=time,...>", help="with --objective capacity: latency limits, e.g. ttft_p99=2s,tpot_p99=100ms")] = None,
     max_migration_rate: Annotated[float, typer.Option(help="most overflows (migrations + preemptions) per request the recommendation may cause")] = 0.005,
     max_rejection_rate: Annotated[float, typer.Option(help="most rejected requests (prompts past max_model_len) per request")] = 0.0,
-    ttft_p99: Annotated[Optional[float], typer.Option(help="most seconds of TTFT p99 the recommendation may cause")] = None,
+    ttft_p99: Annotated[Optional[str], typer.Option(metavar="<time>", help="most TTFT p99 the recommendation may cause "
+                                                    "(2s, 500ms; a bare number is seconds), judged where plan replays: "
+                                                    "the trace at its own rate on one engine; for a latency limit at "
+                                                    "the rate an engine serves, --objective capacity --slo")] = None,
     holdout: Annotated[float, typer.Option(help="share of the trace, at its end, held out to validate on")] = 0.3,
     replays: Annotated[int, typer.Option(help="candidates replayed after the cheap bounds")] = 12,
     workers: Annotated[int, typer.Option(help="worker processes for the cheap bounds and the replays")] = 1,
@@ -73,7 +76,7 @@ def plan(
                     prefix_caching=prefix_caching,
                     max_new_tokens=max_new_tokens, predictor=predictor, objective=objective,
                     slo=Slo.from_flags(slo) if slo else None,
-                    max_overflow_rate=max_migration_rate, max_rejection_rate=max_rejection_rate, ttft_p99_s=ttft_p99, holdout=holdout, replays=replays,
+                    max_overflow_rate=max_migration_rate, max_rejection_rate=max_rejection_rate, ttft_p99_s=parse_seconds(ttft_p99, "--ttft-p99"), holdout=holdout, replays=replays,
                     workers=workers, executor=executor, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens,
                     kv_pool_bytes=parse_kv_pool(kv_pool), tp=tp,

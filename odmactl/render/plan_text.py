@@ -3,7 +3,7 @@ title with the gate's bounds, why no config was written, and the config's openin
 
 from __future__ import annotations
 
-from odmactl.core.units import format_bytes
+from odmactl.core.units import format_bytes, format_seconds
 from odmactl.render.metrics import METRICS, format_metric
 from odmactl.render.tables import deployment
 from odmactl.render.warnings import plan_warnings
@@ -151,7 +151,22 @@ def failure_message(doc: dict, out_path=None) -> str:
     if advice is not None and fit["over_max_model_len"] > 0:
         fix = f" ({fit['over_max_model_len']:.1%} of the requests do not fit; {advice})"
     written = "no config written" + (f" to {out_path}" if out_path is not None else "")
-    return f"{written}: the closest candidate, {doc['chosen']['label']}, {where}{fix}"
+    return f"{written}: the closest candidate, {doc['chosen']['label']}, {where}{fix}{_ttft_where(doc)}"
+
+
+def _ttft_where(doc: dict) -> str:
+    """Where --ttft-p99 failed on a replay whose queue grew, what it was judged at: the trace's own
+    rate on one engine, where TTFT is the backlog's, not a serving latency (a new user asked for
+    2 s and read 2,097 s); the way to plan for a latency at a rate one engine serves."""
+    queue = doc["validation"]["odma"].get("queue", {})
+    if doc.get("ttft_p99_s") is None or not queue.get("overloaded") or \
+            not any(s.startswith("TTFT p99") for s in doc.get("unmet_on_search", [])):
+        return ""
+    found = queue.get("sustainable") or {}
+    keeps = f" (odma keeps up at {found['rate_scale']:.3g}x it)" if found.get("rate_scale") else ""
+    return (f". --ttft-p99 is judged at the trace's own rate on one engine, which does not keep up{keeps}, so its "
+            "TTFT p99 is the backlog's; for a latency limit at the rate an engine serves, plan with --objective "
+            f"capacity --slo ttft_p99={format_seconds(doc['ttft_p99_s']).replace(' ', '')} (docs/plan.md)")
 
 
 def config_heading(doc: dict) -> str:

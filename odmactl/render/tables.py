@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 from rich import box
@@ -10,9 +11,22 @@ from rich.markup import escape
 from rich.table import Table
 
 
+# the space between a figure and its unit, or a bound's sign and its figure, where a wrapped line
+# must not break ("2.000 s", "8 GiB", "<= 100.0")
+_UNIT_GAP = re.compile(r"(?<=\d) (?=(?:[KMGT]i?B|B|s|ms|us|ns|req/s|tok/s|[KMGT]?B/s)(?![\w/]))|(?<=[<>]=) (?=[\d-])")
+_GLUE = "\u00a0"  # textwrap breaks only at ASCII whitespace, so a no-break space holds the two together
+
+
+def wrapped_lines(line: str, width: int) -> list[str]:
+    """`line` wrapped at `width` between words, never between a figure and its unit (or a bound's
+    sign), never at a hyphen (names such as least-kv stay whole), without trailing spaces."""
+    pieces = textwrap.wrap(_UNIT_GAP.sub(_GLUE, line), width=max(width, 40), break_on_hyphens=False)
+    return [piece.replace(_GLUE, " ") for piece in pieces] or [""]
+
+
 def print_wrapped(console: Console, line: str, style: str) -> None:
-    """A long line in `style`, wrapped at the console's width without trailing spaces."""
-    for piece in textwrap.wrap(line, width=max(console.width, 40), break_on_hyphens=False) or [""]:
+    """A long line in `style`, wrapped at the console's width (`wrapped_lines`)."""
+    for piece in wrapped_lines(line, console.width):
         console.print(f"[{style}]{escape(piece)}[/]", highlight=False, soft_wrap=True)
 
 
