@@ -94,7 +94,7 @@ def _case_wrong_format(tmp):
 
 
 def _case_unknown_format(tmp):
-    return [azure(tmp, GOOD)], ["--format", "sharegpt"], ("unknown format 'sharegpt'",)
+    return [azure(tmp, GOOD)], ["--format", "sharegpt"], ("--format expects one of", "got 'sharegpt'")
 
 
 def _case_undetectable(tmp):

@@ -48,7 +48,7 @@ def test_block_size_outside_what_vllm_takes_is_refused(cli, trace, value, tmp_pa
                  "plan": ("--out", tmp_path / "o.toml")}.get(command, ())
         r = cli(command, trace, "--device", DEVICE, "--model", MODEL, "--predictor", "oracle", "--block-size", value,
                 *extra)
-        assert r.code == 1 and "--block-size must be one of 8, 16, 32" in r.err, (command, r.err)
+        assert r.code == 1 and "--block-size expects one of 8, 16, 32" in r.err, (command, r.err)
         assert "Traceback" not in r.err
 
 

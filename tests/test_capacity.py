@@ -442,8 +442,21 @@ def test_the_headline_says_why_engines_times_rate_is_not_the_target(replicas, ra
     doc = {"headline": {"policy": "paged", "tp": 2}, "rows": [row], "target_rate_per_s": 4.56,
            "slo": {"ttft_p99": 2.0, "tpot_p99": 0.1}}
     lines = headline_detail(doc)
-    assert "ttft_p99 1.5 s (25% under its limit)" in lines[0] and "tpot_p99 50 ms (50% under its limit)" in lines[0]
+    assert "ttft_p99 1.500 s (25% under its limit)" in lines[0] and "tpot_p99 50.0 ms (50% under its limit)" in lines[0]
     assert said in lines[1]
+
+
+def test_an_slo_on_p50s_is_shown_by_its_own_terms(cli, small, tmp_path):
+    """An SLO on p50s was reported with p99 figures (the headline's 'tpot_p99 75.5 ms' beside a
+    71 ms p50 limit looked like a violation; the table's columns were the p99s)."""
+    r = cli("capacity", small, *DEVICE, "--slo", "ttft_p50=2s,tpot_p50=100ms", "--predictor", "oracle", "--policies",
+            "paged", "--tp", "2", "--markdown", tmp_path / "c.md")
+    text = " ".join(r.out.split())
+    assert r.code == 0 and "ttft_p50" in text, r.err
+    detail = text[text.index("at the target on"):].split(" engines:")[1].split("under its limit)")[:2]
+    assert "ttft_p50" in detail[0] and "tpot_p50" in detail[1] and "p99" not in "".join(detail), detail
+    header = next(line for line in (tmp_path / "c.md").read_text().splitlines() if line.startswith("| policy"))
+    assert "TTFT p50 (s)" in header and "TPOT p50 (ms)" in header and "p99" not in header, header
 
 
 @pytest.mark.parametrize("case, args, said", [

@@ -132,3 +132,20 @@ def test_read_trace_rejects_unsorted_parquet(tmp_path):
     frame.write_parquet(tmp_path / "u.parquet")
     with pytest.raises(TraceError, match="row 2.*arrival_s"):
         read_trace(tmp_path / "u.parquet")
+
+
+@pytest.mark.parametrize("value, said", [
+    ("true", "holds true/false where line 1 holds a number"),
+    ("[1]", "holds a list where line 1 holds a number"),
+    ('{"a": 1}', "holds an object where line 1 holds a number"),
+    ('"ten"', "expected an integer token count >= 1, got 'ten'"),  # polars reads text; the check names it
+    ("1e400", "a number past the range of a float"),
+])
+def test_a_jsonl_column_that_changes_kind_is_named_with_its_line(cli, tmp_path, value, said):
+    """polars refuses such a file, and the message was only 'could not be read as JSON lines'."""
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}\n\n'
+                    f'{{"arrival_s": 1, "prompt_tokens": {value}, "output_tokens": 5}}\n')
+    r = cli("ingest", path, "--out", tmp_path / "t.parquet")
+    assert r.code == 1 and "row 3, column 'prompt_tokens'" in r.err and said in r.err, r.err
+    assert not (tmp_path / "t.parquet").exists()

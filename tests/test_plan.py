@@ -190,8 +190,18 @@ def test_plan_is_deterministic_whatever_the_workers(cli, trace, tmp_path):
 def test_plan_on_ray_makes_the_same_plan_as_local_workers(cli, trace, tmp_path):
     """--executor ray runs the same replays as Ray tasks (a local Ray instance here): same plan."""
     ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+    import glob
+    import tempfile
+
+    def sessions() -> set[str]:  # Ray keeps a session folder per start under its temp folder
+        return set(glob.glob("/tmp/ray/session_*")) | set(glob.glob(f"{tempfile.gettempdir()}/odmactl-ray-*"))
+
+    before = sessions()
     try:
         _same_plan(cli, trace, tmp_path, "--executor", ("process", "ray"))
+        # the instance the run started is gone, and so is its session folder (the red-team trial
+        # counted one more /tmp/ray/session_* after every run)
+        assert not ray.is_initialized() and sessions() == before
     finally:
         ray.shutdown()
 

@@ -115,9 +115,10 @@ def check(
     if junit is not None:
         outputs.append((junit, lambda tmp: tmp.write_text(
             junit_xml(outcome.verdicts, f"{trace_path.name} / {config.name} / {policy}", outcome.seconds,
-                      warnings), encoding="utf-8")))
+                      summary["warnings"]), encoding="utf-8")))
     if markdown_path is not None:
-        outputs.append((markdown_path, lambda tmp: tmp.write_text(check_markdown(outcome.verdicts, doc, policy, config),
+        outputs.append((markdown_path, lambda tmp: tmp.write_text(check_markdown(outcome.verdicts, doc, policy, config,
+                                                                                 summary["warnings"]),
                                                                   encoding="utf-8")))
     write_outputs(outputs, force=force)
     if json_out:  # stdout is the JSON alone; the warnings the console would show go to stderr

@@ -149,10 +149,13 @@ def check_outputs(outputs: list[Path | None], force: bool, inputs: list[Path | N
                   directory_owned: Callable[[Path], str | None] | None = None) -> None:
     """Every output can be written (and replaced only with --force), before any expensive work; no
     output is, contains or lies inside an input (not even with --force), or is another output, or
-    is `-` (read as stdout by many tools; it would be a file of that name).
+    is `-` (read as stdout by many tools; it would be a file of that name), or is empty or `.`.
     With `directory_owned` the outputs are directories, which --force replaces only where it
     returns None (core/atomic.py, check_writable_dir)."""
     for p in outputs:
+        if p is not None and str(p) in ("", "."):  # `--out ''` arrives as Path('.'): said as an input it held
+            raise OutputError("is empty or the current directory, not a path to write", file=p,
+                              hint="name the file (or folder) to write")
         if p is not None and str(p) == "-":  # many tools read it as stdout; here it would be a file named "-"
             raise OutputError("is not standard output here: odmactl writes its outputs as files", file=p,
                               hint="name a file (one called '-' by its full path, as ./- reads as -); --json, where a "

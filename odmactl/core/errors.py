@@ -68,12 +68,18 @@ def did_you_mean(given: str, choices: Iterable[str]) -> str | None:
     return "did you mean " + (", ".join(quoted[:-1]) + " or " if len(quoted) > 1 else "") + quoted[-1] + "?"
 
 
+def quoted(text: str) -> str:
+    """`text` as a message quotes it: its repr (quotes and control characters escaped), cut in the
+    middle past 40 characters (a 10,000-digit number, a 100,000-character value)."""
+    return repr(text) if len(text) <= 40 else repr(text[:24] + "..." + text[-12:])
+
+
 def not_one_of(flag: str, given: object, choices: Iterable[object]) -> str:
     """The one message for a setting that names none of its choices: "--engine expects one of
     vllm-v0, vllm-v1, got 'VLLM-V2'; did you mean 'vllm-v1'?" (the suggestion where one is close)."""
     names = [str(c) for c in choices]
     near = did_you_mean(str(given), names)
-    return f"{flag} expects one of {', '.join(names)}, got '{given}'" + (f"; {near}" if near else "")
+    return f"{flag} expects one of {', '.join(names)}, got {quoted(str(given))}" + (f"; {near}" if near else "")
 
 
 class TraceError(OdmaError):

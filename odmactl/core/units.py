@@ -11,6 +11,8 @@ import math
 import re
 from decimal import ROUND_FLOOR, Decimal, localcontext
 
+from odmactl.core.errors import quoted
+
 _DECIMAL = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
@@ -67,39 +69,34 @@ def parse_quantity(text: object, kind: str, expected: str | None = None) -> floa
         raise QuantityError(f"expected {expected} (a string with its unit), got {text!r}")
     match = _QUANTITY.match(text)
     if not match:
-        raise QuantityError(f"expected {expected}, got {_shown(text)}")
+        raise QuantityError(f"expected {expected}, got {quoted(text)}")
     number, space, unit = match.group(1), match.group(2), match.group(3)
     if not unit:
-        raise QuantityError(f"expected {expected}, got {_shown(text)}: a number without its unit", number,
+        raise QuantityError(f"expected {expected}, got {quoted(text)}: a number without its unit", number,
                             BARE_UNIT.get(kind))
     if unit not in units:
         other = next((k for k, (table, _) in KINDS.items() if unit in table), None)
         if other is not None:
-            raise QuantityError(f"expected {expected}, got {_shown(text)}: '{unit}' is a unit of {other}")
+            raise QuantityError(f"expected {expected}, got {quoted(text)}: '{unit}' is a unit of {other}")
         likely = _likely_unit(unit, units)
         if likely is not None:
-            raise QuantityError(f"expected {expected}, got {_shown(text)}", number, likely, space)
-        raise QuantityError(f"expected {expected}, got {_shown(text)}: '{unit}' is not a unit odmactl knows")
+            raise QuantityError(f"expected {expected}, got {quoted(text)}", number, likely, space)
+        raise QuantityError(f"expected {expected}, got {quoted(text)}: '{unit}' is not a unit odmactl knows")
     exponent = number.lower().partition("e")[2]
     exact = Decimal(number) if len(exponent.lstrip("+-")) <= 6 else None  # past that, Decimal refuses it
     if exact is None or exact and not -MAX_EXPONENT <= exact.adjusted() <= MAX_EXPONENT:
         big = not exponent.startswith("-") if exact is None else exact > 1
-        raise QuantityError(f"expected {expected}, got {_shown(text)}: a number past 1e{'+' if big else '-'}"
+        raise QuantityError(f"expected {expected}, got {quoted(text)}: a number past 1e{'+' if big else '-'}"
                             f"{MAX_EXPONENT} is out of any range odmactl reads")
     with localcontext() as ctx:  # the product exact (the factor has at most 17 digits), then rounded once
         ctx.prec = len(exact.as_tuple().digits) + 20
         value = float(exact * Decimal(repr(units[unit])))  # 36 ms is 0.036 s, not 36 * 0.001 = 0.036000000000000004
     if not math.isfinite(value) or (exact and not value):
-        raise QuantityError(f"expected {expected}, got {_shown(text)}: too {'large' if value else 'small'} for a float")
+        raise QuantityError(f"expected {expected}, got {quoted(text)}: too {'large' if value else 'small'} for a float")
     return value
 
 
 MAX_EXPONENT = 400  # a number's decimal exponent past this is out of any float's range, whatever its unit
-
-
-def _shown(text: str) -> str:
-    """`text` as a message quotes it: cut in the middle past 40 characters (a 10,000-digit number)."""
-    return repr(text) if len(text) <= 40 else repr(text[:24] + "..." + text[-12:])
 
 
 def decimal_text(x: float, scale: int = 1) -> str:

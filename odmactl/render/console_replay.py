@@ -11,7 +11,7 @@ from rich.table import Table
 from odmactl.allocator import ALLOCATORS
 from odmactl.core.units import format_bytes, format_seconds
 from odmactl.render.metrics import (
-    CAPACITY_KEYS,
+    capacity_keys,
     METRICS,
     REPLAY_IF_ANY,
     REPLAY_KEYS,
@@ -24,6 +24,7 @@ from odmactl.render.plan_text import (holdout_title, plan_headline, search_count
 from odmactl.render.tables import check_scope, deployment, narrow_table, print_warnings, print_wrapped
 from odmactl.render.warnings import capacity_warnings, check_warnings, replay_warnings
 from odmactl.run.serving import static_legend
+from odmactl.sim.metrics import LATENCY_METRICS
 
 LABEL_CHARS = 16  # the metric column of a policies table wraps past this
 
@@ -249,7 +250,7 @@ def capacity_value(row: dict, key: str) -> str:
     """A capacity row's value for `key`: the row's own figure, or a latency at the capacity."""
     if row["rate_scale"] is None and key not in ("rejected_never_fit", "devices_for_target"):
         return "none" if key == "max_rate_per_replica" else "-"
-    value = row["metrics_at_capacity"][key] if key in ("ttft_p99", "tpot_p99") else row[key]
+    value = row["metrics_at_capacity"][key] if key in LATENCY_METRICS else row[key]
     if value is None:
         return "none" if key == "devices_for_target" else "n/a"
     return format_metric(key, value)
@@ -295,9 +296,9 @@ def headline_detail(doc: dict) -> list[str]:
     m = row.get("metrics_at_target") or {}
     slo = doc.get("slo", {})
     parts = []
-    for metric, unit, scale in (("ttft_p99", "s", 1.0), ("tpot_p99", "ms", 1e3)):
+    for metric in tuple(slo) or ("ttft_p99", "tpot_p99"):  # the terms the SLO bounds
         if m.get(metric) is not None:
-            text = f"{metric} {m[metric] * scale:.3g} {unit}"
+            text = f"{metric} {METRICS[metric].in_words(m[metric])}"
             if metric in slo:
                 text += f" ({1 - m[metric] / slo[metric]:.0%} under its limit)"
             parts.append(text)
@@ -370,8 +371,8 @@ def queue_lines(doc: dict) -> list[str]:
         within, keeping = [], []
         for r in (r for r in doc["rows"] if r["tp"] == tp):
             keeps, slo = r.get("keeps_up_rate_per_replica"), r["max_rate_per_replica"]
-            if keeps and (slo is None or keeps > (1 + tolerance) * slo):
-                within.append(f"{r['policy']} " + ("none" if slo is None else format_metric("max_rate_per_replica", slo)))
+            if keeps and slo is not None and keeps > (1 + tolerance) * slo:  # no rate: said by headline_detail
+                within.append(f"{r['policy']} {format_metric('max_rate_per_replica', slo)}")
                 keeping.append(f"{r['policy']} {format_metric('max_rate_per_replica', keeps)}")
         if within:
             lines.append(f"tp {tp}: the SLO binds, not the queue: one engine meets the SLO up to {', '.join(within)} "
@@ -480,14 +481,15 @@ def render_capacity(console: Console, doc: dict) -> None:
         print_wrapped(console, said, "bold")
         for line in headline_detail(doc):
             console.print(escape(line), highlight=False)
-    rows = [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k) for k in CAPACITY_KEYS)] for r in doc["rows"]]
+    keys = capacity_keys(doc.get("slo", {}))
+    rows = [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k) for k in keys)] for r in doc["rows"]]
     target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (peak 10 min)" if doc["target_is_peak"] else "") \
         + f", {doc['router']} router"  # short: the title wraps to the table's width
     console.print(narrow_table(f"at the SLO; devices for {target}",
-                               tuple(METRICS[k].header for k in CAPACITY_KEYS), rows, key="policy"))
+                               tuple(METRICS[k].header for k in keys), rows, key="policy"))
     for r in doc["rows"]:
         hits = (r.get("metrics_at_capacity") or {}).get("prefix_hit_rate")
-        if hits is not None:
+        if hits is not None and r["rate_scale"] is not None:  # "at its rate": a row with none has no such figure
             console.print(escape(f"{r['policy']} tp {r['tp']}: prefix hits {format_metric('prefix_hit_rate', hits)} of "
                                  "the prompt tokens at its rate (vLLM's prefix caching)"), highlight=False)
         if r["unbounded"]:

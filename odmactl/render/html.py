@@ -15,7 +15,7 @@ from pathlib import Path
 
 from odmactl.core.stops import uninterrupted
 from odmactl.core.units import format_bytes
-from odmactl.render.metrics import CAPACITY_KEYS, METRICS, format_metric, metric_rows, plan_keys
+from odmactl.render.metrics import METRICS, capacity_keys, format_metric, metric_rows, plan_keys
 from odmactl.render.plan_plots import boundaries_png, occupancy_png, pareto_png
 from odmactl.render.plan_text import (failure_message, holdout_title, plan_headline, search_counts, search_limits,
                                       stressed_pool, tuning_keys, tuning_rule)
@@ -141,9 +141,10 @@ def write_capacity_report(doc: dict, path: Path) -> None:
 
     esc = html.escape
     t = doc["trace"]
-    head = "".join(f"<th>{esc(METRICS[k].header)}</th>" for k in CAPACITY_KEYS)
+    keys = capacity_keys(doc.get("slo", {}))
+    head = "".join(f"<th>{esc(METRICS[k].header)}</th>" for k in keys)
     body = "".join(f"<tr><td>{esc(r['policy'])} tp {r['tp']}</td>"
-                   + "".join(f"<td>{esc(capacity_value(r, k))}</td>" for k in CAPACITY_KEYS) + "</tr>"
+                   + "".join(f"<td>{esc(capacity_value(r, k))}</td>" for k in keys) + "</tr>"
                    for r in doc["rows"])
     notes = "".join(f"<li>{esc(line)}</li>" for line in infeasible_lines(doc))
     notes += "".join(f"<li>{esc(line)}</li>" for line in binding_lines(doc))
@@ -151,7 +152,7 @@ def write_capacity_report(doc: dict, path: Path) -> None:
     headline = (f"<p><b>{esc(said)}</b></p>" + "".join(f"<p>{esc(line)}</p>" for line in headline_detail(doc))) \
         if said else ""
     target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the trace's busiest 10 minutes)" if doc["target_is_peak"] else "")
-    warned = "".join(f'<p style="color:#8a6d00"><b>warning: {esc(line)}</b></p>' for line in capacity_warnings(doc))
+    warned = "".join(f'<p style="color:#8a6d00"><b>warning: {esc(line)}</b></p>' for line in doc.get("warnings", capacity_warnings(doc)))
     text = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>odmactl capacity: {esc(t['path'])}</title>
 <style>body{{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from odmactl.render.metrics import CHECK_SUMMARY_KEYS, METRICS, metric_rows
 from odmactl.render.tables import check_scope
-from odmactl.render.warnings import check_warnings
+
+
+def code(text: object) -> str:
+    """`text` as a Markdown code span that no backtick in it can end (CommonMark: a fence longer
+    than any run of backticks inside, padded where the text starts or ends with one)."""
+    text = str(text)
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    pad = " " if longest else ""
+    return f"{'`' * (longest + 1)}{pad}{text}{pad}{'`' * (longest + 1)}"
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -17,13 +26,14 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return [cells(headers), "|" + "---|" * len(headers), *(cells(r) for r in rows)]
 
 
-def check_markdown(verdicts: list, doc: dict, policy: str, config: Path | None) -> str:
-    """A pull-request summary: the verdict, the thresholds table, and the compared policies' metrics."""
+def check_markdown(verdicts: list, doc: dict, policy: str, config: Path | None, warnings: list[str]) -> str:
+    """A pull-request summary: the verdict, the thresholds table, the compared policies' metrics,
+    and `warnings` (the JSON's list: a noisy measured profile's, then render/warnings.check_warnings)."""
     passed = all(v.passed for v in verdicts)
     t = doc["trace"]
     lines = [f"### odmactl check: {'PASS' if passed else 'FAIL'}", "",
-             f"`{t['path']}`: {check_scope(doc, policy)}, policy `{policy}`"
-             + (f", config `{config}`" if config else "") + f", predictor `{doc['predictor']}`", ""]
+             f"{code(t['path'])}: {check_scope(doc, policy)}, policy {code(policy)}"
+             + (f", config {code(config)}" if config else "") + f", predictor {code(doc['predictor'])}", ""]
     lines += markdown_table(["check", "metric", "threshold", "value", "result"],
                             [[v.name, v.metric, f"{v.comparison} {v.threshold_text}", v.value_text,
                               "pass" if v.passed else "**FAIL**"] for v in verdicts])
@@ -32,10 +42,8 @@ def check_markdown(verdicts: list, doc: dict, policy: str, config: Path | None) 
                                  if v.metric in METRICS and v.metric in measured and v.metric not in CHECK_SUMMARY_KEYS))
     lines += [""] + markdown_table(["metric", *doc["results"]],
                                    metric_rows(doc["results"], CHECK_SUMMARY_KEYS + judged))
-    warnings = check_warnings(doc, policy, verdicts)
-    if warnings:
-        for line in warnings:
-            lines += ["", f"> **warning:** {line}"]
+    for line in warnings:
+        lines += ["", f"> **warning:** {line}"]
     return "\n".join(lines) + "\n"
 
 
@@ -44,7 +52,7 @@ def capacity_markdown(doc: dict) -> str:
     a planning document (the same lines as the console and the HTML report)."""
     from odmactl.render.console_replay import (binding_lines, capacity_headline, capacity_value, headline_detail,
                                                infeasible_lines)
-    from odmactl.render.metrics import CAPACITY_KEYS, METRICS
+    from odmactl.render.metrics import METRICS, capacity_keys
     from odmactl.render.warnings import capacity_warnings
 
     t = doc["trace"]
@@ -52,17 +60,18 @@ def capacity_markdown(doc: dict) -> str:
     lines = ["### odmactl capacity", ""]
     if said:
         lines += [f"**{said}**", ""] + [f"{line}  " for line in headline_detail(doc)] + [""]
-    lines += [f"`{t['path']}`: {t['requests']:,} requests at {t['mean_rate_per_s']:,.3f} req/s; {doc['model']} on "
-              f"{doc['device']}; predictor `{doc['predictor']}`; engine {doc['scheduler'].get('engine')}; arrivals: "
+    lines += [f"{code(t['path'])}: {t['requests']:,} requests at {t['mean_rate_per_s']:,.3f} req/s; {doc['model']} on "
+              f"{doc['device']}; predictor {code(doc['predictor'])}; engine {doc['scheduler'].get('engine')}; arrivals: "
               f"{doc.get('arrivals', {}).get('label', 'the trace')}; SLO {doc['slo_label']}; devices for "
               f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the busiest 10 minutes)" if doc["target_is_peak"] else "")
               + f" behind the {doc['router']} router", ""]
-    lines += markdown_table(["policy", *(METRICS[k].header for k in CAPACITY_KEYS)],
-                            [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k) for k in CAPACITY_KEYS)]
+    keys = capacity_keys(doc.get("slo", {}))
+    lines += markdown_table(["policy", *(METRICS[k].header for k in keys)],
+                            [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k) for k in keys)]
                              for r in doc["rows"]])
     notes = infeasible_lines(doc) + binding_lines(doc)
     if notes:
         lines += [""] + [f"- {line}" for line in notes]
-    for line in capacity_warnings(doc):
+    for line in doc.get("warnings", capacity_warnings(doc)):  # the JSON's list: a noisy profile's first
         lines += ["", f"> **warning:** {line}"]
     return "\n".join(lines) + "\n"

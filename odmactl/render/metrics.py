@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from odmactl.core.units import sig3_decimals
+from odmactl.sim.metrics import LATENCY_METRICS
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,17 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
     Metric("rejected_never_fit", "never fit", "", COUNT),
 )}
 
-CAPACITY_KEYS = ("max_rate_per_replica", "max_rate_per_device", "output_tps_per_device", "ttft_p99", "tpot_p99",
-                 "devices_for_target", "devices_saved_vs_static", "rejected_never_fit")
+# capacity's table: these, the latencies at each row's rate (`capacity_keys`), then the devices
+_CAPACITY_RATES = ("max_rate_per_replica", "max_rate_per_device", "output_tps_per_device")
+_CAPACITY_DEVICES = ("devices_for_target", "devices_saved_vs_static", "rejected_never_fit")
+
+
+def capacity_keys(slo: dict) -> tuple[str, ...]:
+    """capacity's table columns: the rates, the latencies the SLO bounds (`slo`: metric -> limit;
+    TTFT p99 and TPOT p99 where it bounds none), then the devices. An SLO on p50s showed p99s,
+    which looked like a violation beside a p50 limit."""
+    latencies = tuple(m for m in LATENCY_METRICS if m in slo) or ("ttft_p99", "tpot_p99")
+    return _CAPACITY_RATES + latencies + _CAPACITY_DEVICES
 
 REPLAY_KEYS = ("kv_utilization", "pool_occupancy", "tps", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
                "migration_rate", "overflow_rate", "preemptions", "rejections", "peak_concurrency", "completed",

@@ -75,7 +75,7 @@ def plan_headline(doc: dict) -> list[tuple[str, str]]:
     elif not doc["constraints_met_on_search"]:
         lines.append(("bold red", "on the search part no replayed candidate met every constraint; the closest "
                                   f"missed: {'; '.join(doc['unmet_on_search']) or 'the margin for sampling noise'}"))
-    lines += [("yellow", line) for line in plan_warnings(doc)]
+    lines += [("yellow", f"warning: {line}") for line in plan_warnings(doc)]
     return lines
 
 

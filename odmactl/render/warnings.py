@@ -7,6 +7,7 @@ check, capacity and plan lists them as `warnings`."""
 
 from __future__ import annotations
 
+from odmactl.render.metrics import compared
 from odmactl.sim.metrics import LATENCY_METRICS, MIN_COMPLETED
 
 
@@ -73,13 +74,14 @@ def capacity_warnings(doc: dict) -> list[str]:
             if (metric, r["tp"]) in warned or floor is None:
                 continue
             warned.add((metric, r["tp"]))
+            # as check writes a bound: the limit as set, the floor to the digits that tell them apart
+            floor_text, limit_text = compared(metric, floor[metric], limits[metric])
             if floor[metric] > limits[metric]:
-                lines.append(f"tp {r['tp']}: the {metric} limit ({limits[metric]:.3g} s) is under its zero-load floor "
-                             f"({floor[metric]:.3g} s, each request alone): one engine meets it at no rate")
+                lines.append(f"tp {r['tp']}: the {metric} limit ({limit_text}) is under its zero-load floor "
+                             f"({floor_text}, each request alone): one engine meets it at no rate")
             else:
-                lines.append(f"tp {r['tp']}: the {metric} limit ({limits[metric]:.3g} s) is within 20% of its zero-load "
-                             f"floor ({floor[metric]:.3g} s, each request alone): the answer moves with small changes "
-                             "of it")
+                lines.append(f"tp {r['tp']}: the {metric} limit ({limit_text}) is within 20% of its zero-load "
+                             f"floor ({floor_text}, each request alone): the answer moves with small changes of it")
     odd = [f"{r['policy']} tp {r['tp']}" for r in doc["rows"] if not r["monotone"]]
     if odd:
         lines.append(f"the SLO failed below the reported rate for {', '.join(odd)} (not monotone): see "

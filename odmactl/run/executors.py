@@ -8,8 +8,10 @@ import ctypes
 import multiprocessing
 import os
 import queue
+import shutil
 import signal
 import sys
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -139,12 +141,29 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 def run_on_ray(jobs: list[tuple], fn, label: str, progress=None) -> list:
     """The same jobs as Ray tasks; a job's first item (its ReplayContext) is put in the object store
-    once however many jobs share it."""
+    once however many jobs share it. Where no Ray is running and none is named (RAY_ADDRESS), Ray
+    starts one for this run: its session folder (logs, sockets; Ray keeps one per start under
+    /tmp/ray) goes in a temporary folder, and the instance and the folder go when the jobs are done
+    or stopped, so no temp file outlives the run. A cluster that was there before is left as it was."""
     try:
         import ray
     except ImportError:
         raise ConfigError("--executor ray needs Ray installed", hint="pip install 'odmactl[ray]'") from None
-    ray.init(ignore_reinit_error=True)
+    ours = None if ray.is_initialized() or os.environ.get("RAY_ADDRESS") else tempfile.mkdtemp(prefix="odmactl-ray-")
+    try:
+        if ours is None:
+            ray.init(ignore_reinit_error=True)
+        else:
+            ray.init(_temp_dir=ours)
+        return _ray_jobs(ray, jobs, fn, label, progress)
+    finally:
+        if ours is not None:
+            ray.shutdown()
+            shutil.rmtree(ours, ignore_errors=True)
+
+
+def _ray_jobs(ray, jobs: list[tuple], fn, label: str, progress=None) -> list:
+    """`run_on_ray`'s jobs on the Ray instance it set up."""
     remote = ray.remote(fn)
     shared: dict[int, object] = {}
     refs = []

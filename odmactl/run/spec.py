@@ -88,8 +88,8 @@ class ServingSpec:
         if self.engine is not None and self.engine not in ENGINES:
             raise ConfigError(not_one_of("--engine", self.engine, ENGINES))
         if self.block_size_tokens is not None and self.block_size_tokens not in PAGED_BLOCK_TOKENS:
-            raise ConfigError(f"--block-size must be one of {', '.join(map(str, PAGED_BLOCK_TOKENS))} (the block sizes "
-                              f"vLLM's attention kernels take), got {self.block_size_tokens!r}")
+            raise ConfigError(not_one_of("--block-size", self.block_size_tokens, PAGED_BLOCK_TOKENS)
+                              + " (the block sizes vLLM's attention kernels take)")
 
 
 @dataclass(frozen=True)

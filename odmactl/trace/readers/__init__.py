@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from odmactl.core.errors import TraceError
+from odmactl.core.errors import TraceError, not_one_of
 from odmactl.trace.readers.common import csv_header, peek_text, require_file
 from odmactl.trace.readers.options import ReadOptions
 from odmactl.trace.readers.servegen import is_servegen_dir, read_servegen
@@ -97,7 +97,7 @@ def read_sources(paths: list[Path], fmt: str, opts: ReadOptions,
     A source format without timestamps needs `arrivals` to say how they are set: checked before
     any source is read (a text dataset's tokenization takes a while)."""
     if fmt not in FORMAT_CHOICES:
-        raise TraceError(f"unknown format '{fmt}' (one of {', '.join(FORMAT_CHOICES)})")
+        raise TraceError(not_one_of("--format", fmt, FORMAT_CHOICES))
     formats = [detect_format(p, opts.column_map) if fmt == "auto" else fmt for p in paths]
     for path, f in zip(paths, formats):
         if f in UNTIMED_FORMATS:

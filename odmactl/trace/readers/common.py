@@ -7,6 +7,7 @@ import csv
 import gzip
 import io
 import json
+import math
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -152,11 +153,38 @@ def json_records(path: Path) -> list[tuple[int, dict]]:
     return records
 
 
-def _diagnose_jsonl(path: Path) -> TraceError:
+def _json_kind(value: object) -> str | None:
+    """What a JSON value is, as a message names it (None for null, which any column takes)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {str: "text", list: "a list", dict: "an object"}[type(value)]
+
+
+def _diagnose_jsonl(path: Path, columns: list[str]) -> TraceError:
+    """Why polars could not read `columns` of a JSON-lines file, with the line and column: a broken
+    line, a number past any float (1e400), or a column whose values change kind (a number in the
+    first lines, true or a list later)."""
     try:
-        json_records(path)
+        records = json_records(path)
     except TraceError as exc:
         return exc
+    first: dict[str, tuple[str, int]] = {}
+    for number, record in records:
+        for column in columns:
+            value = record.get(column)
+            if isinstance(value, float) and not math.isfinite(value):
+                return TraceError("a number past the range of a float", file=path, row=number, column=column)
+            kind = _json_kind(value)
+            if kind is None:
+                continue
+            seen, line = first.setdefault(column, (kind, number))
+            if kind != seen:
+                return TraceError(f"holds {kind} where line {line} holds {seen}: a column takes one kind of value",
+                                  file=path, row=number, column=column)
     return TraceError("could not be read as JSON lines", file=path)
 
 
@@ -172,7 +200,7 @@ def scan_jsonl(path: Path, columns: list[str], infer_rows: int | None = 10000) -
         lf = lf.select([c for c in columns if c in present])
         frame = lf.with_row_index("_row", offset=1).with_columns(pl.col("_row").cast(pl.Int64)).collect()
     except (pl.exceptions.PolarsError, OSError) as exc:
-        raise _diagnose_jsonl(path) from exc
+        raise _diagnose_jsonl(path, columns) from exc
     lines = data.rstrip(b"\n").split(b"\n")  # JSON text may hold U+2028 etc.: split on newlines only
     if any(not line.strip() for line in lines):
         # polars skips blank lines; recompute line numbers so rows point at the file

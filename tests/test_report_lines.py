@@ -1,0 +1,54 @@
+"""What each output says where a red-team trial found it wrong: a row with no rate is not written as
+the figure "none", a floor warning writes the limit as it was set and the floor to the digits that
+tell them apart, a Markdown code span survives backticks in a file name, and the files (markdown,
+HTML) carry the warnings the JSON lists, a noisy measured profile's included."""
+
+from __future__ import annotations
+
+from odmactl.render.console_replay import queue_lines
+from odmactl.render.markdown import capacity_markdown, code
+from odmactl.render.warnings import capacity_warnings
+
+
+def _capacity_doc(**extra) -> dict:
+    row = {"policy": "paged", "tp": 1, "max_rate_per_replica": None, "keeps_up_rate_per_replica": 0.98,
+           "rate_scale": None, "devices_for_target": None, "monotone": True, "near_floor": ["ttft_p99"],
+           "rejected_never_fit": 0, "breaks_above": [], "metrics_at_capacity": {}, "infeasible": "ttft_p99 breaks",
+           "floor_cause": None, "too_few_served": None, "unbounded": False, "devices_saved_vs_static": None,
+           "max_rate_per_device": None, "output_tps_per_device": None, "gate_rate_per_replica": None,
+           "replicas_for_target": None}
+    return {"tolerance": 0.02, "rows": [row], "slo": {"ttft_p99": 0.794}, "zero_load": {"1": {"ttft_p99": 0.7941}},
+            "trace": {"path": "we`ird|<b>x.parquet", "requests": 300, "mean_rate_per_s": 3.5},
+            "model": "M", "device": "D", "predictor": "oracle", "scheduler": {"engine": "vllm-v0"},
+            "arrivals": {"label": "the trace"}, "slo_label": "ttft_p99 <= 794 ms", "target_rate_per_s": 3.5,
+            "target_is_peak": True, "router": "least-kv", "memory_binds": {}, **extra}
+
+
+def test_a_row_with_no_rate_is_not_a_figure():
+    """'one engine meets the SLO up to paged none req/s' followed 'meets the SLO at no rate'."""
+    assert queue_lines(_capacity_doc()) == []
+
+
+def test_a_floor_warning_tells_the_limit_from_the_floor():
+    """A 794 ms limit under a 794.1 ms floor read 'the ttft_p99 limit (0.794 s) is under its
+    zero-load floor (0.794 s ...)'."""
+    (line,) = capacity_warnings(_capacity_doc())
+    assert "limit (0.794 s) is under its zero-load floor (0.7941 s," in line, line
+
+
+def test_a_code_span_holds_any_file_name():
+    assert code("a.parquet") == "`a.parquet`"
+    assert code("we`ird|<b>x.parquet") == "`` we`ird|<b>x.parquet ``"
+    assert code("a``b") == "``` a``b ```"
+    text = capacity_markdown(_capacity_doc())
+    assert "`` we`ird|<b>x.parquet ``:" in text
+
+
+def test_the_files_carry_the_warnings_the_json_lists():
+    """A noisy measured profile's warning reached capacity's and check's JSON and stderr, not
+    their markdown, HTML or JUnit."""
+    noisy = "device profile p.toml: scattered reads were disturbed: run calibrate again on an idle machine"
+    doc = _capacity_doc(warnings=[noisy])
+    assert f"> **warning:** {noisy}" in capacity_markdown(doc)
+    assert "> **warning:** tp 1: the ttft_p99 limit" not in capacity_markdown(doc)  # the list is the whole story
+    # check's markdown and JUnit take the list the CLI gives its JSON (cli/check.py: summary["warnings"])
