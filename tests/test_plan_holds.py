@@ -215,6 +215,20 @@ def test_plans_json_lists_the_overload_the_console_warns_of(planned):
     assert len(said) == 1 and all(p in said[0] for p in overloaded)
 
 
+def test_plans_report_carries_the_warnings_its_json_lists(planned, tmp_path):
+    """A noisy measured profile's warning reached plan's JSON (cli/plan.py puts it first), not its
+    HTML report, to which cli/plan.py now passes it; the overload line is there once, in the
+    headline."""
+    from odmactl.render.html import write_plan_report
+
+    doc, out = planned
+    noisy = "device profile p.toml: scattered reads were disturbed: run calibrate again on an idle machine"
+    report = tmp_path / "plan.html"
+    write_plan_report(doc, tomllib.loads(out.read_text()), report, [noisy])
+    text = report.read_text()
+    assert text.count(f"warning: {noisy}") == 1 and text.count("warning: overloaded:") == 1
+
+
 def test_an_overloaded_replay_says_so_with_the_rate_it_sustains(cli, trace):
     """The sample at 20 req/s swamps an MLU370: the replay flags it and finds, by replay, the scale
     at which the queue stops growing; at that rate it is not flagged; offline is not judged."""

@@ -52,3 +52,4 @@ def test_the_files_carry_the_warnings_the_json_lists():
     assert f"> **warning:** {noisy}" in capacity_markdown(doc)
     assert "> **warning:** tp 1: the ttft_p99 limit" not in capacity_markdown(doc)  # the list is the whole story
     # check's markdown and JUnit take the list the CLI gives its JSON (cli/check.py: summary["warnings"])
+

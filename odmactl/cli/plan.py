@@ -92,7 +92,7 @@ def plan(
     text = config_text(config, config_heading(doc))
     holds = doc["holds"]
     written = [p for p in (report, out_path if holds else None) if p is not None]
-    outputs = [(report, lambda tmp: write_plan_report(doc, config, tmp))] if report is not None else []
+    outputs = [(report, lambda tmp: write_plan_report(doc, config, tmp, warned))] if report is not None else []
     if holds:
         outputs.append((out_path, lambda tmp: tmp.write_text(text, encoding="utf-8")))
     write_outputs(outputs, force=force)

@@ -49,9 +49,10 @@ def _setting(value) -> str:
 
 
 @uninterrupted
-def write_plan_report(doc: dict, config: dict, path: Path) -> None:
+def write_plan_report(doc: dict, config: dict, path: Path, before: list[str] = ()) -> None:
     """The report; `config` is the config plan made, written only when it holds (doc["holds"]):
-    otherwise the report says why and shows the closest candidate's settings."""
+    otherwise the report says why and shows the closest candidate's settings. `before`: warnings
+    said above the headline (a noisy measured profile's)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -61,8 +62,11 @@ def write_plan_report(doc: dict, config: dict, path: Path) -> None:
     keys = plan_keys(doc["objective"])
     body = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>"
                    for row in metric_rows(doc["validation"], keys))
-    headline = "".join(f'<p style="color:{HEADLINE_COLOURS[style]}"><b>{esc(line)}</b></p>'
-                       for style, line in plan_headline(doc))
+    # the warnings of the JSON's list that the headline does not give (`before`: a noisy measured
+    # profile's, which the console says on stderr before the search)
+    headline = "".join(f'<p style="color:#8a6d00"><b>warning: {esc(line)}</b></p>' for line in before)
+    headline += "".join(f'<p style="color:{HEADLINE_COLOURS[style]}"><b>{esc(line)}</b></p>'
+                        for style, line in plan_headline(doc))
     holds = doc["holds"]
     if not holds:
         headline += f'<p style="color:#b00020"><b>{esc(failure_message(doc))}</b></p>'
