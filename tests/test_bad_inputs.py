@@ -56,6 +56,12 @@ def _case_fractional(tmp):
     return [azure(tmp, GOOD[:2] + ["2023-11-16 18:17:06.0,7.5,5"])], [], ("row 3", "column 'ContextTokens'", "fractional")
 
 
+def _case_huge_tokens(tmp):
+    """1e30 was shown as 1000000000000000019884624838656, digits the file never had."""
+    return [azure(tmp, GOOD[:2] + ["2023-11-16 18:17:06.0,1e30,5"])], [], ("row 3", "column 'ContextTokens'",
+                                                                            "above 2^31-1 (1e+30)")
+
+
 def _case_missing_value(tmp):
     return [azure(tmp, GOOD[:2] + ["2023-11-16 18:17:06.0,,5"])], [], ("row 3", "column 'ContextTokens'", "missing")
 

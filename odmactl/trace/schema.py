@@ -141,8 +141,11 @@ def _validate_tokens(sf: SourceFrame, column: str) -> None:
     for mask, what in checks:
         row = _first_row(sf.frame, mask)
         if row is not None:
-            got = row[column]
-            shown = int(got) if math.isfinite(got) and got == int(got) else got
+            got, text = row[column], row.get(raw) if has_raw else None
+            # as written where the source had text; a whole number in full only below 1e15 (1e30 was
+            # printed as 1000000000000000019884624838656, a float's digits the file never had)
+            shown = text if text not in (None, "") else \
+                int(got) if math.isfinite(got) and got == int(got) and abs(got) < 1e15 else f"{got:g}"
             raise TraceError(f"expected an integer token count >= 1, {what} ({shown})", file=sf.path, row=row["_row"], column=src)
 
 
