@@ -196,11 +196,16 @@ def test_plan_on_ray_makes_the_same_plan_as_local_workers(cli, trace, tmp_path):
     def sessions() -> set[str]:  # Ray keeps a session folder per start under its temp folder
         return set(glob.glob("/tmp/ray/session_*")) | set(glob.glob(f"{tempfile.gettempdir()}/odmactl-ray-*"))
 
+    from odmactl.run.executors import _STARTED, close_ray
+
     before = sessions()
     try:
         _same_plan(cli, trace, tmp_path, "--executor", ("process", "ray"))
-        # the instance the run started is gone, and so is its session folder (the red-team trial
-        # counted one more /tmp/ray/session_* after every run)
+        # one instance for the process however many searches ran (plan started three), its session
+        # folder in a temporary one; at exit (here, by hand) both go (the red-team trial counted one
+        # more /tmp/ray/session_* after every run)
+        assert ray.is_initialized() and len(_STARTED) == 1
+        close_ray()
         assert not ray.is_initialized() and sessions() == before
     finally:
         ray.shutdown()

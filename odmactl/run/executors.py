@@ -4,6 +4,7 @@ the executor or the number of workers."""
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import multiprocessing
 import os
@@ -140,26 +141,101 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def run_on_ray(jobs: list[tuple], fn, label: str, progress=None) -> list:
-    """The same jobs as Ray tasks; a job's first item (its ReplayContext) is put in the object store
-    once however many jobs share it. Where no Ray is running and none is named (RAY_ADDRESS), Ray
-    starts one for this run: its session folder (logs, sockets; Ray keeps one per start under
-    /tmp/ray) goes in a temporary folder, and the instance and the folder go when the jobs are done
-    or stopped, so no temp file outlives the run. A cluster that was there before is left as it was."""
+    """The same jobs as Ray tasks (on `ray_session`'s Ray); a job's first item (its ReplayContext)
+    is put in the object store once however many jobs share it."""
+    return _ray_jobs(ray_session(), jobs, fn, label, progress)
+
+
+_STARTED: list[str] = []  # the session folder of the Ray instance this process started, while it runs
+
+
+def ray_session():
+    """Ray, connected: the instance already up in this process; else the cluster RAY_ADDRESS names,
+    or one running on this machine (`ray start --head`), as `ray.init()` finds them, left as they
+    are; else a local instance started for this process, once however many searches it runs (plan
+    runs three). Ray keeps a session folder (logs, sockets) per start under /tmp/ray; this one's
+    goes in a temporary folder, and `close_ray` stops the instance and removes the folder at exit,
+    after a stop too, so no temp file outlives the run."""
     try:
         import ray
     except ImportError:
         raise ConfigError("--executor ray needs Ray installed", hint="pip install 'odmactl[ray]'") from None
-    ours = None if ray.is_initialized() or os.environ.get("RAY_ADDRESS") else tempfile.mkdtemp(prefix="odmactl-ray-")
+    if ray.is_initialized():
+        return ray
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init()
+        return ray
     try:
-        if ours is None:
-            ray.init(ignore_reinit_error=True)
-        else:
-            ray.init(_temp_dir=ours)
-        return _ray_jobs(ray, jobs, fn, label, progress)
-    finally:
-        if ours is not None:
-            ray.shutdown()
-            shutil.rmtree(ours, ignore_errors=True)
+        ray.init(address="auto")
+        return ray
+    except ConnectionError:  # none running here
+        pass
+    folder = tempfile.mkdtemp(prefix="odmactl-ray-")
+    _STARTED.append(folder)
+    atexit.register(close_ray)
+    ray.init(_temp_dir=folder, include_dashboard=False)
+    return ray
+
+
+def close_ray() -> None:
+    """Stop the Ray instance `ray_session` started, and every process it left (Ray's agents outlive
+    its shutdown by up to a minute, writing logs into the folder), then remove its session folder.
+    Nothing where this process started none."""
+    if not _STARTED:
+        return
+    import ray
+
+    folder = _STARTED.pop()
+    left = _ray_processes(folder)
+    ray.shutdown()
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:  # gone already
+            pass
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _ray_processes(folder: str) -> list[int]:
+    """The processes of the Ray instance whose session folder is `folder`: this process's children
+    started with it on their command line (GCS, raylet, monitors, dashboard), and all below them
+    (the agents and workers, whose command lines Ray rewrites to ray::...). Not this process's
+    other children."""
+    found: list[int] = []
+    for pid in _descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                command = fh.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        if folder in command and pid not in found:
+            found += [pid] + [p for p in _descendants(pid) if p not in found]
+    return found
+
+
+def _descendants(root: int) -> list[int]:
+    """The processes below `root` (Linux: from /proc; none elsewhere)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])  # after the name, which may hold spaces: state, ppid
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def _ray_jobs(ray, jobs: list[tuple], fn, label: str, progress=None) -> list:
