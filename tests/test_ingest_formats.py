@@ -139,7 +139,7 @@ def test_read_trace_rejects_unsorted_parquet(tmp_path):
     ("[1]", "holds a list where line 1 holds a number"),
     ('{"a": 1}', "holds an object where line 1 holds a number"),
     ('"ten"', "expected an integer token count >= 1, got 'ten'"),  # polars reads text; the check names it
-    ("1e400", "a number past the range of a float"),
+    ("1e400", "holds an infinite number (Infinity, or past a float's range), which no column type holds"),
 ])
 def test_a_jsonl_column_that_changes_kind_is_named_with_its_line(cli, tmp_path, value, said):
     """polars refuses such a file, and the message was only 'could not be read as JSON lines'."""
@@ -149,3 +149,31 @@ def test_a_jsonl_column_that_changes_kind_is_named_with_its_line(cli, tmp_path, 
     r = cli("ingest", path, "--out", tmp_path / "t.parquet")
     assert r.code == 1 and "row 3, column 'prompt_tokens'" in r.err and said in r.err, r.err
     assert not (tmp_path / "t.parquet").exists()
+
+
+@pytest.mark.parametrize("lines, row, column, said", [
+    # a column polars reads as text (a number after text) is not blamed; the one it cannot read is
+    (['"tenant": "a", "x": 1', '"tenant": 5, "x": 1', '"tenant": "b", "x": [1]'], 3, "x",
+     "holds a list where line 1 holds a number"),
+    (['"x": 1', '"x": NaN'], 2, "x", "holds NaN, which no column type holds"),
+    (['"x": 1', '"x": 1' + "0" * 400], 2, "x", "holds an integer past 64 bits"),
+    (['"hash_ids": [1, 2]', '"hash_ids": [[1]]'], 2, "hash_ids[]", "holds a list where line 1 holds a number"),
+    (['"tenant": {"a": 1}', '"tenant": {"a": [1]}'], 2, "tenant.a", "holds a list where line 1 holds a number"),
+])
+def test_the_jsonl_column_polars_cannot_read_is_the_one_named(cli, tmp_path, lines, row, column, said):
+    """The second red-team trial: a column polars reads (text after a number) was blamed for one it
+    cannot (a list in an unused column); unused columns, list items, object fields, NaN and
+    400-digit integers still gave the bare 'could not be read as JSON lines'."""
+    path = tmp_path / "t.jsonl"
+    base = '"arrival_s": {t}, "prompt_tokens": 10, "output_tokens": 5'
+    path.write_text("".join("{" + base.format(t=i) + ", " + extra + "}\n" for i, extra in enumerate(lines)))
+    r = cli("ingest", path, "--out", tmp_path / "t.parquet")
+    assert r.code == 1 and f"row {row}, column '{column}'" in r.err and said in r.err, r.err
+
+
+def test_bytes_that_are_not_utf8_are_named_with_their_line(cli, tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}\n'
+                     b'{"arrival_s": 1, "prompt_tokens": 10, "output_tokens": 5, "x": "\xff\xfe"}\n')
+    r = cli("ingest", path, "--out", tmp_path / "t.parquet")
+    assert r.code == 1 and "row 2" in r.err and "not UTF-8 text (byte 0xff)" in r.err, r.err

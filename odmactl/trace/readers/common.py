@@ -153,38 +153,62 @@ def json_records(path: Path) -> list[tuple[int, dict]]:
     return records
 
 
-def _json_kind(value: object) -> str | None:
-    """What a JSON value is, as a message names it (None for null, which any column takes)."""
+def _json_kinds(value: object, path: str) -> Iterator[tuple[str, str]]:
+    """(path, kind) for a JSON value and everything in it: `path` the column, with ".key" into an
+    object and "[]" into a list's items; kind as a message names it ("an object", "a list", "a
+    number", ...). null gives nothing (any column takes it)."""
     if value is None:
-        return None
-    if isinstance(value, bool):
-        return "true/false"
-    if isinstance(value, (int, float)):
-        return "a number"
-    return {str: "text", list: "a list", dict: "an object"}[type(value)]
+        return
+    if isinstance(value, dict):
+        yield path, "an object"
+        for key, item in value.items():
+            yield from _json_kinds(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        yield path, "a list"
+        for item in value:
+            yield from _json_kinds(item, f"{path}[]")
+    elif isinstance(value, bool):
+        yield path, "true/false"
+    elif isinstance(value, float) and math.isnan(value):
+        yield path, "NaN"
+    elif isinstance(value, float) and math.isinf(value):
+        yield path, "an infinite number (Infinity, or past a float's range)"
+    elif isinstance(value, int) and not -2 ** 63 <= value < 2 ** 64:
+        yield path, "an integer past 64 bits"
+    else:
+        yield path, "a number" if isinstance(value, (int, float)) else "text"
 
 
-def _diagnose_jsonl(path: Path, columns: list[str]) -> TraceError:
-    """Why polars could not read `columns` of a JSON-lines file, with the line and column: a broken
-    line, a number past any float (1e400), or a column whose values change kind (a number in the
-    first lines, true or a list later)."""
+_UNREADABLE = ("NaN", "an infinite number (Infinity, or past a float's range)", "an integer past 64 bits")
+_TOGETHER = {"a number", "text"}  # kinds one column may mix: polars reads it as text, and the checks name the value
+
+
+def _diagnose_jsonl(path: Path) -> TraceError:
+    """Why polars could not read a JSON-lines file, with its line and column: bytes that are not
+    UTF-8, a broken line, a value no column type holds (NaN, Infinity, an integer past 64 bits), or
+    a column (or a field or list item in it) whose values change kind from one line to another
+    (a number on line 1, true or a list later). Every column counts: polars types all of them."""
+    data = read_bytes(path)
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        return TraceError(f"not UTF-8 text (byte 0x{data[exc.start]:02x})", file=path, row=line)
     try:
         records = json_records(path)
     except TraceError as exc:
         return exc
     first: dict[str, tuple[str, int]] = {}
     for number, record in records:
-        for column in columns:
-            value = record.get(column)
-            if isinstance(value, float) and not math.isfinite(value):
-                return TraceError("a number past the range of a float", file=path, row=number, column=column)
-            kind = _json_kind(value)
-            if kind is None:
-                continue
-            seen, line = first.setdefault(column, (kind, number))
-            if kind != seen:
-                return TraceError(f"holds {kind} where line {line} holds {seen}: a column takes one kind of value",
-                                  file=path, row=number, column=column)
+        for key, value in record.items():
+            for where, kind in _json_kinds(value, key):
+                if kind in _UNREADABLE:
+                    return TraceError(f"holds {kind}, which no column type holds", file=path, row=number,
+                                      column=where)
+                seen, line = first.setdefault(where, (kind, number))
+                if kind != seen and {kind, seen} != _TOGETHER:
+                    return TraceError(f"holds {kind} where line {line} holds {seen}: a column takes one kind of "
+                                      "value", file=path, row=number, column=where)
     return TraceError("could not be read as JSON lines", file=path)
 
 
@@ -200,7 +224,7 @@ def scan_jsonl(path: Path, columns: list[str], infer_rows: int | None = 10000) -
         lf = lf.select([c for c in columns if c in present])
         frame = lf.with_row_index("_row", offset=1).with_columns(pl.col("_row").cast(pl.Int64)).collect()
     except (pl.exceptions.PolarsError, OSError) as exc:
-        raise _diagnose_jsonl(path, columns) from exc
+        raise _diagnose_jsonl(path) from exc
     lines = data.rstrip(b"\n").split(b"\n")  # JSON text may hold U+2028 etc.: split on newlines only
     if any(not line.strip() for line in lines):
         # polars skips blank lines; recompute line numbers so rows point at the file
