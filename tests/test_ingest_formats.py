@@ -177,3 +177,18 @@ def test_bytes_that_are_not_utf8_are_named_with_their_line(cli, tmp_path):
                      b'{"arrival_s": 1, "prompt_tokens": 10, "output_tokens": 5, "x": "\xff\xfe"}\n')
     r = cli("ingest", path, "--out", tmp_path / "t.parquet")
     assert r.code == 1 and "row 2" in r.err and "not UTF-8 text (byte 0xff)" in r.err, r.err
+
+
+@pytest.mark.parametrize("suffix, text", [
+    ("jsonl", '{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}\n'
+              '{"arrival_s": "2024-01-01 00:00:00", "prompt_tokens": 10, "output_tokens": 5}\n'),
+    ("csv", "arrival_s,prompt_tokens,output_tokens\n0,10,5\n2024-01-01 00:00:00,10,5\n"),
+])
+def test_a_date_among_seconds_is_refused_not_read_as_a_second_clock(cli, tmp_path, suffix, text):
+    """0 then '2024-01-01 00:00:00' ingested as 2 requests over 1,704,067,200 s (the date filled in
+    as an absolute time among relative ones); the other way round it was refused."""
+    path = tmp_path / f"t.{suffix}"
+    path.write_text(text)
+    r = cli("ingest", path, "--format", suffix, "--out", tmp_path / "t.parquet")
+    assert r.code == 1 and "row 2, column 'arrival_s'" in r.err and \
+        "could not parse '2024-01-01 00:00:00' as seconds, which the column's first value is" in r.err, r.err

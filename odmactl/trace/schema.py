@@ -167,6 +167,8 @@ def validate_source(sf: SourceFrame) -> None:
         if row is not None:
             got = row.get("_raw_arrival")
             what = f"could not parse '{got}'" if got not in (None, "") else "the value is missing"
+            if sf.clock == "relative" and got not in (None, ""):  # a date among numbers is not a second clock
+                what = f"could not parse '{got}' as seconds, which the column's first value is (a relative clock)"
             raise TraceError(f"expected a timestamp, {what}", file=sf.path, row=row["_row"], column=src)
         row = _first_row(sf.frame, ~pl.col("arrival").is_finite())
         if row is not None:

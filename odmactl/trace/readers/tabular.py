@@ -43,7 +43,10 @@ def _frame(path: Path, fmt: str, raw: pl.DataFrame, mapping: dict[str, str], *, 
     for name in ("prompt_text", "model", "tenant"):
         if name in mapping:
             exprs.append(pl.col(mapping[name]).cast(pl.String).alias(name))
-    frame = fill_iso_arrivals(plan.apply(raw.lazy().select(exprs)).collect())  # columns in parallel
+    frame = plan.apply(raw.lazy().select(exprs)).collect()  # columns in parallel
+    if plan.clock == "absolute":  # a date-time the fast path could not read; on a relative clock (numbers
+        frame = fill_iso_arrivals(frame)  # first), a date among the numbers is an error, not a second clock
+
     return SourceFrame(path=path, format=fmt, frame=frame, clock=plan.clock, columns=columns)
 
 
