@@ -213,6 +213,9 @@ def test_ray_gives_the_same_result(cli, small):
         local = cli(*args)
         remote = cli(*args, "--executor", "ray")
     finally:
+        from odmactl.run.executors import close_ray
+
+        close_ray()  # what the CLI's exit does: the instance, its processes and its temporary folder go
         ray.shutdown()
     assert local.code == remote.code == 0, remote.err
     assert local.out == remote.out
@@ -457,6 +460,19 @@ def test_an_slo_on_p50s_is_shown_by_its_own_terms(cli, small, tmp_path):
     assert "ttft_p50" in detail[0] and "tpot_p50" in detail[1] and "p99" not in "".join(detail), detail
     header = next(line for line in (tmp_path / "c.md").read_text().splitlines() if line.startswith("| policy"))
     assert "TTFT p50 (s)" in header and "TPOT p50 (ms)" in header and "p99" not in header, header
+    # the plot (and the HTML report's) draws the p50s its probes now record, with the limits
+    import matplotlib.pyplot as plt
+
+    from odmactl.render.plots import capacity_figure
+
+    doc = json.loads(cli("capacity", small, *DEVICE, "--slo", "ttft_p50=2s,tpot_p50=100ms", "--predictor", "oracle",
+                         "--policies", "paged", "--tp", "2", "--json").out)
+    fig = capacity_figure(doc)
+    try:
+        assert [ax.get_title() for ax in fig.axes] == ["tp 2: TTFT p50 (s)", "tp 2: TPOT p50 (s)"]
+        assert all(p["ttft_p50"] is not None for p in doc["rows"][0]["probes"])
+    finally:
+        plt.close(fig)
 
 
 @pytest.mark.parametrize("case, args, said", [

@@ -128,6 +128,8 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     "fit_out_holds_trace": (["fit", "d/t.parquet", "--out", "d", "--force"], 1, ("contains", "an input")),
     "fit_out_dot": (["fit", "{trace}", "--out", ".", "--force"], 1, ("is empty or the current directory",)),
     "replay_out_empty": ([*REPLAY, "--out", ""], 1, ("is empty or the current directory",)),
+    "replay_out_blank": ([*REPLAY, "--out", " "], 1, ("is empty or the current directory",)),
+    "replay_plot_empty": ([*REPLAY, "--plot", ""], 1, ("is empty or the current directory",)),
     "fit_out_foreign_dir": (["fit", "{trace}", "--out", "servegen", "--force"], 1, ("holds no predictor.toml",)),
     "fit_gamma_huge": ([*FIT, "--gamma", "1e300"], 1, ("--gamma", "from 0 to 1000")),
     "fit_buckets_huge": ([*FIT, "--buckets", "100000000"], 1, ("--buckets", "4,096")),

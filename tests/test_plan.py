@@ -198,6 +198,7 @@ def test_plan_on_ray_makes_the_same_plan_as_local_workers(cli, trace, tmp_path):
 
     from odmactl.run.executors import _STARTED, close_ray
 
+    close_ray()  # an instance an earlier test left
     before = sessions()
     try:
         _same_plan(cli, trace, tmp_path, "--executor", ("process", "ray"))

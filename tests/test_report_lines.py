@@ -53,3 +53,20 @@ def test_the_files_carry_the_warnings_the_json_lists():
     assert "> **warning:** tp 1: the ttft_p99 limit" not in capacity_markdown(doc)  # the list is the whole story
     # check's markdown and JUnit take the list the CLI gives its JSON (cli/check.py: summary["warnings"])
 
+
+
+def test_a_table_latency_keeps_its_side_of_the_limit():
+    """A TPOT p50 of 5.4587 ms at the rate found, under a 5.46 ms limit, read 5.5 in the table."""
+    from odmactl.render.console_replay import capacity_value
+
+    row = {"rate_scale": 1.0, "metrics_at_capacity": {"tpot_p50": 0.0054587}}
+    assert capacity_value(row, "tpot_p50", {"tpot_p50": 0.00546}) == "5.459"
+    assert capacity_value(row, "tpot_p50") == "5.5"  # no limit on it: the metric's format
+
+
+def test_the_plot_draws_the_latencies_the_slo_bounds():
+    from odmactl.render.metrics import slo_latencies
+
+    assert slo_latencies({}) == slo_latencies({"ttft_p99": 2.0}) == ("ttft_p99", "tpot_p99")
+    assert slo_latencies({"ttft_p50": 0.2, "tpot_p50": 0.07}) == ("ttft_p50", "tpot_p50")
+    assert slo_latencies({"tpot_p50": 0.07, "ttft_p99": 2.0, "ttft_p50": 1.0}) == ("ttft_p50", "ttft_p99", "tpot_p50")

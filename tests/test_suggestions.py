@@ -397,10 +397,12 @@ def test_a_wrapped_line_keeps_each_figure_with_its_unit_and_bound():
     from odmactl.render.tables import wrapped_lines
 
     line = ("error: check failed: 2 of 5 thresholds violated: max_ttft_p99_s: ttft_p99 1,053.863 s, expected "
-            "<= 2.000 s; max_tpot_p99_s: tpot_p99 144.8 ms, expected <= 100.0 ms; a pool of 8 GiB at 0.3 req/s")
+            "<= 2.000 s; max_tpot_p99_s: tpot_p99 144.8 ms, expected <= 100.0 ms; a pool of 8 GiB at 0.3 req/s; "
+            "TTFT p99 2.818 s > 1.2345 s; a copy at 12.5 GiB/s")
     for width in range(40, 121):
         lines = wrapped_lines(line, width)
         assert " ".join(lines) == line and all(len(x) <= width or " " not in x for x in lines)
         for x in lines:
-            assert not x.endswith(("<=", " 2.000", " 100.0", " 8", " 0.3", "1,053.863", "144.8")), (width, lines)
-            assert not x.startswith(("s;", "s,", "ms", "GiB", "req/s")), (width, lines)
+            assert not x.endswith(("<=", ">", " 2.000", " 100.0", " 8", " 0.3", "1,053.863", "144.8", " 12.5")), \
+                (width, lines)
+            assert not x.startswith(("s;", "s,", "ms", "GiB", "req/s", "1.2345")), (width, lines)

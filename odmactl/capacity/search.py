@@ -191,7 +191,7 @@ def find_capacity(ctx: ReplayContext, policy: str, table: dict, target: Capacity
         m = memo[scale]
         broken = failures(m, policy, target)
         probes.append({"rate_scale": scale, "holds": not broken, "failures": [list(f) for f in broken],
-                       "ttft_p99": m["ttft_p99"], "tpot_p99": m["tpot_p99"], "metrics": m})
+                       **{k: m[k] for k in LATENCY_METRICS}, "metrics": m})  # each an SLO may bound
         return not broken
 
     lo = hi = None

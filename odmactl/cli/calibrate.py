@@ -29,9 +29,9 @@ def calibrate(
     from odmactl.render.console_profiles import noise_lines, render_calibration
     from odmactl.render.json import to_json
 
+    check_outputs([out_path], force)
     if out_path.suffix.lower() != ".toml":  # profiles are found as profiles/devices/**/*.toml
         raise OdmaError(f"--out writes a device profile in TOML; give a path ending in .toml, got '{out_path}'")
-    check_outputs([out_path], force)
     started = time.perf_counter()
     with progress_for(json_out) as progress:
         doc, text = run_calibrate(device, quick, seed, out_path, progress)

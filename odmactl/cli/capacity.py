@@ -72,7 +72,7 @@ def capacity(
                                                      "or KV pool (a warning instead of an error)")] = False,
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool per engine, e.g. '8 GiB' (default: the profile's)")] = None,
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the result (every probe included) as JSON")] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="write a PNG of TTFT p99 and TPOT p99 against the offered rate")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="write a PNG of the latencies the SLO bounds against the offered rate")] = None,
     report: Annotated[Optional[Path], typer.Option(help="write an HTML report: the table and the curves")] = None,
     markdown_path: Annotated[Optional[Path], typer.Option("--markdown", help="write the headline, the table and what "
                                                           "binds as Markdown (a pull request, a planning document)")] = None,
@@ -94,9 +94,9 @@ def capacity(
     from odmactl.trace.schema import read_trace
 
     chosen = parse_policies(policies, None, flag="--policies")
+    check_outputs([metrics_out, out_path, plot, report, markdown_path], force, input_paths(trace_path, config, predictor, device, model))
     if plot is not None and plot.suffix.lower() != ".png":
         raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
-    check_outputs([metrics_out, out_path, plot, report, markdown_path], force, input_paths(trace_path, config, predictor, device, model))
     warned = profile_warnings(device)
     print_warnings(warned)
     spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,

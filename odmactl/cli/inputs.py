@@ -3,6 +3,7 @@ outputs that can be written."""
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -79,15 +80,16 @@ def parse_kv_pool(kv_pool: str | None) -> int | None:
     return int(value)
 
 
+_BARE_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def parse_seconds(text: str | None, flag: str) -> float | None:
     """A time limit as seconds (None when not given): a time with its unit as --slo writes it
     ('2s', '500 ms'), or a bare number of seconds (what the flag took before it took units)."""
     if text is None:
         return None
-    try:
+    if _BARE_NUMBER.fullmatch(text.strip()):  # ASCII digits only: float() also takes '2_0' and Arabic-Indic digits
         return float(text)
-    except ValueError:
-        pass
     try:
         return parse_quantity(text, "seconds")
     except ValueError as exc:
@@ -153,7 +155,7 @@ def check_outputs(outputs: list[Path | None], force: bool, inputs: list[Path | N
     With `directory_owned` the outputs are directories, which --force replaces only where it
     returns None (core/atomic.py, check_writable_dir)."""
     for p in outputs:
-        if p is not None and str(p) in ("", "."):  # `--out ''` arrives as Path('.'): said as an input it held
+        if p is not None and str(p).strip() in ("", "."):  # `--out ''` arrives as Path('.'); ' ' would be a file
             raise OutputError("is empty or the current directory, not a path to write", file=p,
                               hint="name the file (or folder) to write")
         if p is not None and str(p) == "-":  # many tools read it as stdout; here it would be a file named "-"

@@ -76,9 +76,9 @@ def replay(
     from odmactl.trace.schema import read_trace
 
     policies = parse_policies(compare, policy)
+    check_outputs([metrics_out, out_path, plot], force, input_paths(trace_path, config, predictor, device, model, profile))
     if plot is not None and plot.suffix.lower() != ".png":
         raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
-    check_outputs([metrics_out, out_path, plot], force, input_paths(trace_path, config, predictor, device, model, profile))
     pool_bytes = parse_kv_pool(kv_pool)
     device_spec = None
     if on_device and tp > 1:  # a --tp below 1 is refused as a setting (run/spec.py)

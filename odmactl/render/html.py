@@ -148,7 +148,7 @@ def write_capacity_report(doc: dict, path: Path) -> None:
     keys = capacity_keys(doc.get("slo", {}))
     head = "".join(f"<th>{esc(METRICS[k].header)}</th>" for k in keys)
     body = "".join(f"<tr><td>{esc(r['policy'])} tp {r['tp']}</td>"
-                   + "".join(f"<td>{esc(capacity_value(r, k))}</td>" for k in keys) + "</tr>"
+                   + "".join(f"<td>{esc(capacity_value(r, k, doc.get('slo')))}</td>" for k in keys) + "</tr>"
                    for r in doc["rows"])
     notes = "".join(f"<li>{esc(line)}</li>" for line in infeasible_lines(doc))
     notes += "".join(f"<li>{esc(line)}</li>" for line in binding_lines(doc))

@@ -67,7 +67,7 @@ def capacity_markdown(doc: dict) -> str:
               + f" behind the {doc['router']} router", ""]
     keys = capacity_keys(doc.get("slo", {}))
     lines += markdown_table(["policy", *(METRICS[k].header for k in keys)],
-                            [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k) for k in keys)]
+                            [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k, doc.get("slo")) for k in keys)]
                              for r in doc["rows"]])
     notes = infeasible_lines(doc) + binding_lines(doc)
     if notes:

@@ -130,12 +130,20 @@ _CAPACITY_RATES = ("max_rate_per_replica", "max_rate_per_device", "output_tps_pe
 _CAPACITY_DEVICES = ("devices_for_target", "devices_saved_vs_static", "rejected_never_fit")
 
 
+def slo_latencies(slo: dict) -> tuple[str, ...]:
+    """The latencies capacity shows (headline, table, plot), TTFT's then TPOT's: for each, those the
+    SLO bounds (`slo`: metric -> limit), else its p99. An SLO on p50s was shown with p99s, which
+    looked like a violation beside a p50 limit."""
+    shown = []
+    for kind in ("ttft", "tpot"):
+        bounded = [m for m in LATENCY_METRICS if m.startswith(kind) and m in slo]
+        shown += bounded or [f"{kind}_p99"]
+    return tuple(shown)
+
+
 def capacity_keys(slo: dict) -> tuple[str, ...]:
-    """capacity's table columns: the rates, the latencies the SLO bounds (`slo`: metric -> limit;
-    TTFT p99 and TPOT p99 where it bounds none), then the devices. An SLO on p50s showed p99s,
-    which looked like a violation beside a p50 limit."""
-    latencies = tuple(m for m in LATENCY_METRICS if m in slo) or ("ttft_p99", "tpot_p99")
-    return _CAPACITY_RATES + latencies + _CAPACITY_DEVICES
+    """capacity's table columns: the rates, `slo_latencies`, then the devices."""
+    return _CAPACITY_RATES + slo_latencies(slo) + _CAPACITY_DEVICES
 
 REPLAY_KEYS = ("kv_utilization", "pool_occupancy", "tps", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
                "migration_rate", "overflow_rate", "preemptions", "rejections", "peak_concurrency", "completed",
@@ -155,24 +163,26 @@ def plan_keys(objective: str) -> tuple[str, ...]:
     return PLAN_KEYS + (("capacity_rate_scale",) if objective == "capacity" else ())
 
 
-def compared(key: str, value: float | None, bound: float, same: bool = False) -> tuple[str, str]:
+def compared(key: str, value: float | None, bound: float, same: bool = False, unit: bool = True) -> tuple[str, str]:
     """(the value, the bound) of metric `key` with their units, for a sentence or a table that
     compares them (check's verdicts, plan's unmet constraints). The bound as it was set (a 1.5 ms
     TTFT limit is "0.0015 s", which the format's three decimals would write "0.002 s"); the value
     in its format where that text orders against the bound as the value does, else to the fewest
     more digits that do ("98.6769 s" below "98.6769203854715 s", not "98.677"). A value equal to
-    the bound, or `same` (equal but for float rounding), reads as the bound."""
+    the bound, or `same` (equal but for float rounding), reads as the bound. Without `unit`, the
+    figures alone (a table's cell, its unit in the header)."""
     metric = METRICS[key]
-    bound_text = metric.in_words(bound, precise=True)
+    say = metric.in_words if unit else metric.text
+    bound_text = say(bound, precise=True)
     if value is None or not math.isfinite(value):  # n/a: a latency no request had, a gain over nothing served
-        return metric.in_words(value), bound_text
+        return say(value), bound_text
     if value == bound or same:
         return bound_text, bound_text
-    value_text = metric.in_words(value)
+    value_text = say(value)
     digits = len(re.sub(r"^[0.]*", "", re.sub(r"[^0-9.]", "", value_text.split()[0])).replace(".", ""))
     while digits < 17 and not _ordered(value_text, bound_text, value < bound):
         digits += 1
-        value_text = metric.in_words(value, precise=True, digits=digits)
+        value_text = say(value, precise=True, digits=digits)
     return value_text, bound_text
 
 

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from odmactl.core.stops import uninterrupted
+from odmactl.render.metrics import slo_latencies
 from odmactl.render.tables import deployment
 
 
@@ -76,10 +77,11 @@ def write_capacity_plot(doc: dict, path) -> None:
 
 
 def capacity_figure(doc: dict):
-    """TTFT p99 and TPOT p99 against the offered rate per engine (the bisection's probes), a column
-    of panels per tp, a line per policy in a colour and style of its own; policies whose probes are
-    the same are drawn once, named together; the SLO's limits dashed (a matplotlib figure; the
-    caller closes it)."""
+    """The latencies the SLO bounds (render/metrics.slo_latencies: TTFT p99 and TPOT p99 by default)
+    against the offered rate per engine (the bisection's probes), a panel each, a column of panels
+    per tp, a line per policy in a colour and style of its own; policies whose probes are the same
+    are drawn once, named together; the SLO's limits dashed (a matplotlib figure; the caller closes
+    it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,25 +91,28 @@ def capacity_figure(doc: dict):
     mean_rate = doc["trace"]["mean_rate_per_s"]
     sizes = list(dict.fromkeys(row["tp"] for row in doc["rows"]))
     policies = list(dict.fromkeys(row["policy"] for row in doc["rows"]))
-    fig, axes = plt.subplots(2, len(sizes), figsize=(max(8.0, 4.2 * len(sizes)), 7.5), sharex="col", squeeze=False)
+    terms = slo_latencies(doc["slo"])
+    fig, axes = plt.subplots(len(terms), len(sizes), figsize=(max(8.0, 4.2 * len(sizes)), 3.75 * len(terms)),
+                             sharex="col", squeeze=False)
     colors = plt.get_cmap("tab10")
     styles = ("-", "--", "-.", ":")
     for column, tp in enumerate(sizes):
         curves: dict[tuple, list[str]] = {}  # identical probes -> the policies that share them
         for row in doc["rows"]:
             if row["tp"] == tp:
-                key = tuple((p["rate_scale"], p["ttft_p99"], p["tpot_p99"]) for p in row["probes"])
+                key = tuple((p["rate_scale"], *(p.get(m) for m in terms)) for p in row["probes"])
                 curves.setdefault(key, []).append(row["policy"])
         for key, names in curves.items():
             j = policies.index(names[0])
-            rates = [scale * mean_rate for scale, _, _ in key]
-            for ax, index in zip(axes[:, column], (1, 2)):
+            rates = [point[0] * mean_rate for point in key]
+            for ax, index in zip(axes[:, column], range(1, len(terms) + 1)):
                 ax.plot(rates, [math.nan if point[index] is None else point[index] for point in key], marker=".",
                         linestyle=styles[j % 4],
                         color=colors(j % 10), label=" = ".join(names))
-        xs = [scale * mean_rate for key in curves for scale, _, _ in key]
+        xs = [point[0] * mean_rate for key in curves for point in key]
         span = max(xs) / min(xs) if xs and min(xs) > 0 else 1.0
-        for ax, metric, title in zip(axes[:, column], ("ttft_p99", "tpot_p99"), ("TTFT p99 (s)", "TPOT p99 (s)")):
+        for ax, metric in zip(axes[:, column], terms):
+            title = f"{metric.split('_')[0].upper()} {metric.split('_')[1]} (s)"  # in seconds, as the probes are
             if metric in doc["slo"]:
                 ax.axhline(doc["slo"][metric], color="black", linewidth=0.8, linestyle="--", label=f"SLO {metric}")
             ax.set_yscale("log")
@@ -119,7 +124,7 @@ def capacity_figure(doc: dict):
             ax.grid(alpha=0.3)
             ax.set_title(f"tp {tp}: {title}", fontsize=8)
             ax.legend(fontsize=6, loc="best", handlelength=3.5, framealpha=0.6)
-        axes[1, column].set_xlabel("offered rate per engine (requests/s)", fontsize=8)
+        axes[-1, column].set_xlabel("offered rate per engine (requests/s)", fontsize=8)
     fig.suptitle(f"{doc['model']} on {doc['device']}: {Path(doc['trace']['path']).name}\n"
                  f"SLO {doc['slo_label']}; arrivals: {doc.get('arrivals', {}).get('process', 'trace')}", fontsize=9)
     fig.tight_layout()

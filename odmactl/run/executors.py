@@ -146,7 +146,7 @@ def run_on_ray(jobs: list[tuple], fn, label: str, progress=None) -> list:
     return _ray_jobs(ray_session(), jobs, fn, label, progress)
 
 
-_STARTED: list[str] = []  # the session folder of the Ray instance this process started, while it runs
+_STARTED: list[str] = []  # the session folder of the Ray instance this process started (at most one)
 
 
 def ray_session():
@@ -162,6 +162,8 @@ def ray_session():
         raise ConfigError("--executor ray needs Ray installed", hint="pip install 'odmactl[ray]'") from None
     if ray.is_initialized():
         return ray
+    while _STARTED:  # ours, shut down by someone else (ray.shutdown()): its folder goes now
+        shutil.rmtree(_STARTED.pop(), ignore_errors=True)
     if os.environ.get("RAY_ADDRESS"):
         ray.init()
         return ray
