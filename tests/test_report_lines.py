@@ -70,3 +70,27 @@ def test_the_plot_draws_the_latencies_the_slo_bounds():
     assert slo_latencies({}) == slo_latencies({"ttft_p99": 2.0}) == ("ttft_p99", "tpot_p99")
     assert slo_latencies({"ttft_p50": 0.2, "tpot_p50": 0.07}) == ("ttft_p50", "tpot_p50")
     assert slo_latencies({"tpot_p50": 0.07, "ttft_p99": 2.0, "ttft_p50": 1.0}) == ("ttft_p50", "ttft_p99", "tpot_p50")
+
+
+def test_the_headline_keeps_a_latency_on_its_side_of_the_limit():
+    """'tpot_p50 79.2 ms' was printed under a 79.1995 ms limit it met (79.19945 ms)."""
+    from odmactl.render.console_replay import headline_detail
+
+    row = {"policy": "paged", "tp": 1, "replicas_for_target": 8, "max_rate_per_replica": 1.0,
+           "metrics_at_target": {"ttft_p99": 0.5, "tpot_p50": 0.07919945}}
+    doc = {"headline": {"policy": "paged", "tp": 1}, "rows": [row], "target_rate_per_s": 4.0,
+           "slo": {"tpot_p50": 0.0791995}}
+    (line, *_) = headline_detail(doc)
+    assert "tpot_p50 79.199 ms" in line and "79.2 ms" not in line, line
+
+
+def test_capacity_on_all_four_latencies_keeps_every_column_at_80(cli, conv_sample_head):
+    """With an SLO on all four latencies the table lost its 'never fit' column at 80 columns."""
+    r = cli("capacity", conv_sample_head(300), "--device", "mlu370-x4", "--model", "DeepSeek-R1-Distill-Qwen-7B",
+            "--predictor", "oracle", "--policies", "paged", "--tp", "2",
+            "--slo", "ttft_p50=0.6s,ttft_p99=1.5s,tpot_p50=80ms,tpot_p99=100ms")
+    assert r.code == 0, r.err
+    lines = [x.rstrip() for x in r.out.splitlines()]
+    assert max(len(x) for x in lines) <= 80
+    assert any(x.endswith("never") for x in lines) and any(x.endswith(" fit") for x in lines), r.out  # whole header
+    assert [x for x in lines if x.startswith(" paged tp 2") and x.split()[-1] == "0"], r.out  # and its value

@@ -304,7 +304,9 @@ def headline_detail(doc: dict) -> list[str]:
     parts = []
     for metric in slo_latencies(slo):
         if m.get(metric) is not None:
-            text = f"{metric} {METRICS[metric].in_words(m[metric])}"
+            # beside its limit, to the digits that keep it on its side (79.19945 ms read 79.2 under 79.1995)
+            text = f"{metric} " + (compared(metric, m[metric], slo[metric])[0] if metric in slo
+                                   else METRICS[metric].in_words(m[metric]))
             if metric in slo:
                 text += f" ({1 - m[metric] / slo[metric]:.0%} under its limit)"
             parts.append(text)
@@ -491,8 +493,16 @@ def render_capacity(console: Console, doc: dict) -> None:
     rows = [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k, doc["slo"]) for k in keys)] for r in doc["rows"]]
     target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (peak 10 min)" if doc["target_is_peak"] else "") \
         + f", {doc['router']} router"  # short: the title wraps to the table's width
-    console.print(narrow_table(f"at the SLO; devices for {target}",
-                               tuple(METRICS[k].header for k in keys), rows, key="policy"))
+    table = narrow_table(f"at the SLO; devices for {target}", tuple(METRICS[k].header for k in keys), rows,
+                         key="policy")
+    if Measurement.get(console, console.options.update(max_width=1 << 16), table).maximum <= console.width:
+        console.print(table)
+    else:  # more latency columns than the width holds (an SLO on all four): the devices in a table of their own
+        devices = 3  # render/metrics.capacity_keys ends with the three device columns
+        console.print(narrow_table("at the SLO", tuple(METRICS[k].header for k in keys[:-devices]),
+                                   [r[:-devices] for r in rows], key="policy"))
+        console.print(narrow_table(f"devices for {target}", tuple(METRICS[k].header for k in keys[-devices:]),
+                                   [[r[0], *r[-devices:]] for r in rows], key="policy"))
     for r in doc["rows"]:
         hits = (r.get("metrics_at_capacity") or {}).get("prefix_hit_rate")
         if hits is not None and r["rate_scale"] is not None:  # "at its rate": a row with none has no such figure

@@ -13,7 +13,8 @@ from rich.table import Table
 
 # the space between a figure and its unit, or a comparison's sign and its figure, where a wrapped
 # line must not break ("2.000 s", "8 GiB", "<= 100.0", "> 1.2345 s", "= 0.5")
-_UNIT_GAP = re.compile(r"(?<=\d) (?=(?:[KMGT]i?B|B|s|ms|us|ns|req/s|tok/s|[KMGT]?i?B/s)(?![\w/]))|(?<=[<>=]) (?=[\d-])")
+_UNIT_GAP = re.compile(r"(?<=\d) (?=(?:[KMGT]i?B|B|s|ms|us|ns|req/s|tok/s|[KMGT]?i?B/s|bytes|tokens|requests)(?![\w/]))"
+                       r"|(?<=[<>=]) (?=[\d-])")
 _GLUE = "\u00a0"  # textwrap breaks only at ASCII whitespace, so a no-break space holds the two together
 
 
