@@ -85,7 +85,8 @@ def plan(
     with progress_for(json_out) as progress:
         doc, setup = run_plan(frame, spec, progress=progress)
     doc["trace"]["path"] = str(trace_path)
-    doc["warnings"] = warned + plan_warnings(doc)  # what the console warns of, for a reader of the JSON
+    found = plan_warnings(doc)
+    doc["warnings"] = warned + found  # what the console warns of, for a reader of the JSON
     config = config_document(doc, setup, plan_command(trace_path, spec, out_path),
                              predictor_for_config(predictor, out_path), str(trace_path),
                              AllocatorConfig.from_mapping(doc["validation"]["odma"]["config"]))
@@ -98,7 +99,7 @@ def plan(
     write_outputs(outputs, force=force)
     if json_out:  # stdout is the JSON alone; the warnings the console would show go to stderr
         print(to_json({"out": str(out_path) if holds else None, **doc}))
-        print_warnings(plan_warnings(doc))
+        print_warnings(found)
     else:
         render_plan(out, doc, [str(p) for p in written])
     if not holds:

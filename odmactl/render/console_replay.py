@@ -5,12 +5,12 @@ from __future__ import annotations
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.measure import Measurement
 from rich.table import Table
 
 from odmactl.allocator import ALLOCATORS
 from odmactl.core.units import format_bytes, format_seconds
 from odmactl.render.metrics import (
+    CAPACITY_DEVICES,
     METRICS,
     REPLAY_IF_ANY,
     REPLAY_KEYS,
@@ -23,7 +23,7 @@ from odmactl.render.metrics import (
 )
 from odmactl.render.plan_text import (holdout_title, plan_headline, search_counts, search_limits, stressed_pool,
                                       tuning_keys, tuning_rule)
-from odmactl.render.tables import check_scope, deployment, narrow_table, print_warnings, print_wrapped
+from odmactl.render.tables import check_scope, deployment, fits, narrow_table, print_warnings, print_wrapped
 from odmactl.render.warnings import capacity_warnings, check_warnings, replay_warnings
 from odmactl.run.serving import static_legend
 from odmactl.sim.metrics import LATENCY_METRICS
@@ -198,7 +198,7 @@ def render_check(console: Console, doc: dict, policy: str, verdicts: list, passe
         table.add_column(title, justify="left" if j < 2 else "right", no_wrap=True)
     for r in rows:
         table.add_row(*(escape(c) for c in r[:4]), "[green]pass[/]" if r[4] == "pass" else "[bold red]FAIL[/]")
-    if Measurement.get(console, console.options.update(max_width=1 << 16), table).maximum <= console.width:
+    if fits(console, table):
         console.print(table)
     else:  # a table that does not fit would cut a check's name or fold a figure mid-number: a line each
         for v, r in zip(verdicts, rows):
@@ -304,12 +304,11 @@ def headline_detail(doc: dict) -> list[str]:
     parts = []
     for metric in slo_latencies(slo):
         if m.get(metric) is not None:
-            # beside its limit, to the digits that keep it on its side (79.19945 ms read 79.2 under 79.1995)
-            text = f"{metric} " + (compared(metric, m[metric], slo[metric])[0] if metric in slo
-                                   else METRICS[metric].in_words(m[metric]))
-            if metric in slo:
-                text += f" ({1 - m[metric] / slo[metric]:.0%} under its limit)"
-            parts.append(text)
+            if metric in slo:  # to the digits that keep it on its side (79.19945 ms read 79.2 under 79.1995)
+                parts.append(f"{metric} {compared(metric, m[metric], slo[metric])[0]} "
+                             f"({1 - m[metric] / slo[metric]:.0%} under its limit)")
+            else:
+                parts.append(f"{metric} {METRICS[metric].in_words(m[metric])}")
     if parts:
         n = row["replicas_for_target"]
         lines.append(f"at the target on {'that engine' if n == 1 else f'those {n} engines'}: " + ", ".join(parts))
@@ -495,10 +494,10 @@ def render_capacity(console: Console, doc: dict) -> None:
         + f", {doc['router']} router"  # short: the title wraps to the table's width
     table = narrow_table(f"at the SLO; devices for {target}", tuple(METRICS[k].header for k in keys), rows,
                          key="policy")
-    if Measurement.get(console, console.options.update(max_width=1 << 16), table).maximum <= console.width:
+    if fits(console, table):
         console.print(table)
     else:  # more latency columns than the width holds (an SLO on all four): the devices in a table of their own
-        devices = 3  # render/metrics.capacity_keys ends with the three device columns
+        devices = len(CAPACITY_DEVICES)  # capacity_keys ends with them
         console.print(narrow_table("at the SLO", tuple(METRICS[k].header for k in keys[:-devices]),
                                    [r[:-devices] for r in rows], key="policy"))
         console.print(narrow_table(f"devices for {target}", tuple(METRICS[k].header for k in keys[-devices:]),

@@ -20,7 +20,7 @@ from odmactl.render.plan_plots import boundaries_png, occupancy_png, pareto_png
 from odmactl.render.plan_text import (failure_message, holdout_title, plan_headline, search_counts, search_limits,
                                       stressed_pool, tuning_keys, tuning_rule)
 from odmactl.render.tables import deployment
-from odmactl.render.warnings import capacity_warnings
+from odmactl.render.warnings import listed_capacity_warnings
 
 
 def _png(fig) -> str:
@@ -156,7 +156,8 @@ def write_capacity_report(doc: dict, path: Path) -> None:
     headline = (f"<p><b>{esc(said)}</b></p>" + "".join(f"<p>{esc(line)}</p>" for line in headline_detail(doc))) \
         if said else ""
     target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the trace's busiest 10 minutes)" if doc["target_is_peak"] else "")
-    warned = "".join(f'<p style="color:#8a6d00"><b>warning: {esc(line)}</b></p>' for line in doc.get("warnings", capacity_warnings(doc)))
+    warned = "".join(f'<p style="color:#8a6d00"><b>warning: {esc(line)}</b></p>'
+                     for line in listed_capacity_warnings(doc))
     text = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>odmactl capacity: {esc(t['path'])}</title>
 <style>body{{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}

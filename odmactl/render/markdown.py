@@ -53,7 +53,7 @@ def capacity_markdown(doc: dict) -> str:
     from odmactl.render.console_replay import (binding_lines, capacity_headline, capacity_value, headline_detail,
                                                infeasible_lines)
     from odmactl.render.metrics import METRICS, capacity_keys
-    from odmactl.render.warnings import capacity_warnings
+    from odmactl.render.warnings import listed_capacity_warnings
 
     t = doc["trace"]
     said = capacity_headline(doc)
@@ -72,6 +72,6 @@ def capacity_markdown(doc: dict) -> str:
     notes = infeasible_lines(doc) + binding_lines(doc)
     if notes:
         lines += [""] + [f"- {line}" for line in notes]
-    for line in doc.get("warnings", capacity_warnings(doc)):  # the JSON's list: a noisy profile's first
+    for line in listed_capacity_warnings(doc):
         lines += ["", f"> **warning:** {line}"]
     return "\n".join(lines) + "\n"

@@ -127,7 +127,7 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
 
 # capacity's table: these, the latencies at each row's rate (`capacity_keys`), then the devices
 _CAPACITY_RATES = ("max_rate_per_replica", "max_rate_per_device", "output_tps_per_device")
-_CAPACITY_DEVICES = ("devices_for_target", "devices_saved_vs_static", "rejected_never_fit")
+CAPACITY_DEVICES = ("devices_for_target", "devices_saved_vs_static", "rejected_never_fit")
 
 
 def slo_latencies(slo: dict) -> tuple[str, ...]:
@@ -143,7 +143,7 @@ def slo_latencies(slo: dict) -> tuple[str, ...]:
 
 def capacity_keys(slo: dict) -> tuple[str, ...]:
     """capacity's table columns: the rates, `slo_latencies`, then the devices."""
-    return _CAPACITY_RATES + slo_latencies(slo) + _CAPACITY_DEVICES
+    return _CAPACITY_RATES + slo_latencies(slo) + CAPACITY_DEVICES
 
 REPLAY_KEYS = ("kv_utilization", "pool_occupancy", "tps", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
                "migration_rate", "overflow_rate", "preemptions", "rejections", "peak_concurrency", "completed",

@@ -8,6 +8,7 @@ import textwrap
 from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 
@@ -36,6 +37,13 @@ def print_warnings(console: Console, lines: list[str]) -> None:
     "warning: ..." in yellow, wrapped at the console's width."""
     for line in lines:
         print_wrapped(console, f"warning: {line}", "yellow")
+
+
+def fits(console: Console, table: Table) -> bool:
+    """Whether `table` at its natural width (every cell whole, no column squeezed) fits the
+    console: where it does not, a caller prints it another way rather than let rich cut a name or
+    fold a figure mid-number."""
+    return Measurement.get(console, console.options.update(max_width=1 << 16), table).maximum <= console.width
 
 
 def narrow_table(title: str, headers: tuple[str, ...], rows: list[list[str]], key: str | None = None) -> Table:

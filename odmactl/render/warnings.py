@@ -93,6 +93,13 @@ def capacity_warnings(doc: dict) -> list[str]:
     return lines
 
 
+def listed_capacity_warnings(doc: dict) -> list[str]:
+    """The warnings capacity's files (markdown, HTML) print: the document's `warnings` list, which
+    the CLI makes (a noisy measured profile's first, then `capacity_warnings`); `capacity_warnings`
+    for a document without one."""
+    return doc["warnings"] if "warnings" in doc else capacity_warnings(doc)
+
+
 def plan_warnings(doc: dict) -> list[str]:
     """plan's warnings (plan/search.plan's document): a validated policy whose queue grew through
     the held-out replay (`overload_line`)."""
