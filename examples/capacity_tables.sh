@@ -34,6 +34,10 @@ open('c_wait.toml', 'w').write(s[:i] + s[i:j].replace('\nlarge_spill = true\n', 
 odmactl capacity rest.parquet --device mlu370-x4 --model $MODEL --slo ttft_p99=2s,tpot_p99=100ms --config c_wait.toml \
   --allow-mismatch --max-migration-rate 0.01 --predictor pred --tp 1 --workers 2 $ROUTE --policies odma \
   --out conv-mlu370-x4-wait.json --force
+# each row sized behind both least-kv and round-robin-ready, keeping the fewest (README, "Which policy wins")
+odmactl capacity rest.parquet --device mlu370-x4 --model $MODEL --slo ttft_p99=2s,tpot_p99=100ms --config c.toml \
+  --allow-mismatch --max-migration-rate 0.01 --predictor pred --tp 1 --workers 2 --router least-kv,round-robin-ready \
+  --out conv-mlu370-x4-routers.json --markdown conv-mlu370-x4-routers.md --force > /dev/null
 # each device under the engine it runs (the config, planned on the MLU370, records vllm-v0; the A100 runs vLLM v1)
 for run in mlu370-x4:vllm-v0 a100-80gb-sxm:vllm-v1; do
   device=${run%%:*} engine=${run##*:}

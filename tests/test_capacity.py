@@ -51,9 +51,9 @@ def test_the_reported_rate_meets_the_slo_and_a_higher_one_does_not(small):
         # devices for the target: found by replaying with that many replicas, and one fewer fails
         replicas = row["replicas_for_target"]
         scale = doc["target_rate_per_s"] / doc["trace"]["mean_rate_per_s"]
-        assert not failures(served(ctx, policy, table, scale, replicas, spec.router), policy, target)
+        assert not failures(served(ctx, policy, table, scale, replicas, spec.routers[0]), policy, target)
         if replicas > 1:
-            assert failures(served(ctx, policy, table, scale, replicas - 1, spec.router), policy, target)
+            assert failures(served(ctx, policy, table, scale, replicas - 1, spec.routers[0]), policy, target)
         assert row["devices_for_target"] == replicas * row["tp"]
 
 
@@ -146,7 +146,7 @@ def test_the_console_table_and_the_plot(cli, small, tmp_path):
     assert "static tp 1" in report and "data:image/png;base64," in report and "req/s per engine" in report
     assert json.loads((tmp_path / "c.json").read_text())["slo"] == {"ttft_p99": 2.0, "tpot_p99": 0.1}
     # which router found the devices, in the JSON, the console and the report
-    assert json.loads((tmp_path / "c.json").read_text())["router"] == "least-kv"
+    assert json.loads((tmp_path / "c.json").read_text())["routers"] == ["least-kv"]
     assert "least-kv router" in " ".join(r.out.split()) and "behind the least-kv router" in report
 
 
@@ -170,7 +170,9 @@ def test_the_console_table_and_the_plot(cli, small, tmp_path):
     (["--slo", "ttft_p99=0.5ms"], ("expected a time from 1 ms to 1,000,000,000 s, got '0.5ms'",)),
     (["--slo", SLO, "--router", "random"], ("--router expects one of round-robin, least-outstanding",)),
     (["--slo", SLO, "--router", "round-robin-redy"], ("round-robin-ready", "did you mean 'round-robin-ready'")),
-    (["--slo", SLO, "--router", "least-kv,round-robin"], ("it takes one router: run capacity once per router",)),
+    (["--slo", SLO, "--router", "least-kv,least-kv"], ("--router names a router twice: least-kv, least-kv",)),
+    (["--slo", SLO, "--router", "least-kv,round-robin-redy"], ("did you mean 'round-robin-ready'",)),
+    (["--slo", SLO, "--router", " , "], ("--router names no router",)),
     (["--slo", SLO, "--engine", "vllm-v3"], ("--engine expects one of vllm-v0, vllm-v1",)),
     (["--slo", SLO, "--arrivals", "bursty"], ("--arrivals expects one of trace, poisson, gamma:CV",)),
     (["--slo", SLO, "--arrivals", "gamma:0"], ("--arrivals gamma:CV", "coefficient of variation")),
@@ -389,7 +391,7 @@ def test_the_headline_names_the_cheapest_row_its_ties_and_savings(cli, small):
 
     def row(policy, tp, devices, rate=1.0):
         return {"policy": policy, "tp": tp, "devices_for_target": devices, "replicas_for_target": None if devices is None else devices // tp,
-                "max_rate_per_replica": rate}
+                "max_rate_per_replica": rate, "router": "least-kv"}
 
     rows = [row("static", 1, 12), row("static+1024", 1, 8), row("paged", 1, 9), row("odma", 1, 7),
             row("s3", 2, 8), row("odma", 2, 8), row("paged", 2, 7, 2.0), row("static", 2, None)]
@@ -635,8 +637,53 @@ def test_one_policy_at_a_tp_says_nothing_of_memory():
     from odmactl.render.console_replay import binding_lines
 
     row = {"tp": 1, "policy": "odma", "max_rate_per_replica": 0.3, "devices_for_target": 12}
-    doc = {"memory_binds": {"1": False}, "rates_differ": {"1": False}, "tolerance": 0.02, "rows": [row]}
+    doc = {"memory_binds": {"1": False}, "rates_differ": {"1": False}, "tolerance": 0.02, "rows": [row],
+           "routers": ["least-kv"]}
     assert not [line for line in binding_lines(doc) if "memory" in line]
     two = {**doc, "rows": [row, {**row, "policy": "paged"}]}
     assert [line for line in binding_lines(two) if "memory" in line] == [
         "tp 1: memory does not bind one engine (every policy within 2%): choose by latency or simplicity"]
+
+
+def test_fewest_router_prefers_fewer_then_the_first_listed():
+    from odmactl.capacity.search import fewest_router
+
+    assert fewest_router({"least-kv": 19, "round-robin-ready": 18}) == "round-robin-ready"
+    assert fewest_router({"least-kv": 18, "round-robin-ready": 18}) == "least-kv"
+    assert fewest_router({"round-robin-ready": 18, "least-kv": 18}) == "round-robin-ready"
+    assert fewest_router({"least-kv": None, "round-robin": 40}) == "round-robin"  # None: none within --max-replicas
+    assert fewest_router({"least-kv": None, "round-robin": None}) == "least-kv"
+
+
+def test_several_routers_size_each_row_behind_each_and_keep_the_fewest(cli, small, tmp_path):
+    """`--router a,b`: a row's devices behind each router are those capacity finds with that router
+    alone, and the row keeps the fewest (ties to the first listed); the console, the markdown and
+    the report show the devices behind each."""
+    routers = ("least-kv", "round-robin")
+    args = [small, *DEVICE, "--slo", SLO, "--predictor", "oracle", "--policies", "static,paged", "--tp", "1,2"]
+    alone = {}
+    for router in routers:
+        r = cli("capacity", *args, "--router", router, "--json")
+        assert r.code == 0, r.err
+        alone[router] = {(row["policy"], row["tp"]): row for row in json.loads(r.out)["rows"]}
+    r = cli("capacity", *args, "--router", ",".join(routers), "--out", tmp_path / "c.json",
+            "--markdown", tmp_path / "c.md", "--report", tmp_path / "c.html")
+    assert r.code == 0, r.err
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["routers"] == list(routers)
+    differ = 0
+    for row in doc["rows"]:
+        key = (row["policy"], row["tp"])
+        each = {router: alone[router][key]["devices_for_target"] for router in routers}
+        assert row["devices_by_router"] == each
+        chosen = routers[1] if each[routers[1]] < each[routers[0]] else routers[0]
+        assert row["router"] == chosen and row["devices_for_target"] == each[chosen]
+        assert row["metrics_at_target"] == alone[chosen][key]["metrics_at_target"]
+        differ += each[routers[0]] != each[routers[1]]
+    assert differ, "the trace should tell the routers apart, or this test checks only ties"
+    assert doc["headline"]["router"] in routers
+    text = " ".join(r.out.split())
+    assert "behind each router" in text and f"behind {doc['headline']['router']}" in text
+    markdown = (tmp_path / "c.md").read_text()
+    assert "| policy | least-kv | round-robin |" in markdown and "(ties to the first listed)" in markdown
+    assert "<th>least-kv</th><th>round-robin</th>" in (tmp_path / "c.html").read_text()

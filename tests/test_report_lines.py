@@ -21,7 +21,7 @@ def _capacity_doc(**extra) -> dict:
             "trace": {"path": "we`ird|<b>x.parquet", "requests": 300, "mean_rate_per_s": 3.5},
             "model": "M", "device": "D", "predictor": "oracle", "scheduler": {"engine": "vllm-v0"},
             "arrivals": {"label": "the trace"}, "slo_label": "ttft_p99 <= 794 ms", "target_rate_per_s": 3.5,
-            "target_is_peak": True, "router": "least-kv", "memory_binds": {}, **extra}
+            "target_is_peak": True, "routers": ["least-kv"], "memory_binds": {}, **extra}
 
 
 def test_a_row_with_no_rate_is_not_a_figure():

@@ -128,5 +128,6 @@ def headline(rows: list[dict]) -> dict | None:
                 "saved": top["devices_for_target"] - fewest}
 
     return {"devices": fewest, "policy": best["policy"], "tp": best["tp"], "replicas": best["replicas_for_target"],
+            "router": best["router"],
             "ties": [f"{r['policy']} tp {r['tp']}" for r in ties if r is not best],
             "vs_static": saving("static"), "vs_paged": saving("paged")}

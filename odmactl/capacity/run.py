@@ -44,7 +44,9 @@ class CapacitySpec(ServingSpec):
     workers: int = 1
     executor: str = "process"
     max_replicas: int = 256
-    router: str = DEFAULT_ROUTER  # how the replicas for the target share its requests (sim/cluster.py)
+    # how the replicas for the target share its requests (sim/cluster.py); with several, each row's
+    # replicas are searched behind each and the fewest kept (capacity/search.capacity_job)
+    routers: tuple[str, ...] = (DEFAULT_ROUTER,)
     arrivals: str = "trace"  # --arrivals: trace, poisson or gamma:CV (run/arrivals.py)
     seed: int = 0  # the generated arrivals' seed
 
@@ -62,10 +64,13 @@ class CapacitySpec(ServingSpec):
             raise ConfigError(f"--target-rate must be > 0 requests/s, got {self.target_rate_per_s}")
         check_whole(self.workers, 1, MAX_WORKERS, "--workers")
         check_whole(self.max_replicas, 1, 4096, "--max-replicas")
-        if self.router not in ROUTERS:
-            raise ConfigError(f"--router expects one of {', '.join(ROUTERS)}, got '{self.router}'; it takes one router: "
-                              "run capacity once per router" if "," in str(self.router) else
-                              not_one_of("--router", self.router, ROUTERS))
+        if not self.routers:
+            raise ConfigError(f"--router names no router: give one or more of {', '.join(ROUTERS)}, comma-separated")
+        for router in self.routers:
+            if router not in ROUTERS:
+                raise ConfigError(not_one_of("--router", router, ROUTERS))
+        if len(set(self.routers)) != len(self.routers):
+            raise ConfigError(f"--router names a router twice: {', '.join(self.routers)}")
         parse_arrivals(self.arrivals)
         check_seed(self.seed)
         if self.executor not in EXECUTORS:
@@ -108,7 +113,7 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
         raise ConfigError(f"{what} lies outside the rates this trace can be replayed at "
                           f"({low:.3g} to {high:.3g} req/s: its own {mean_rate:.3g} req/s scaled by 2**-{MAX_SCALE_STEPS} "
                           f"to 2**{MAX_SCALE_STEPS}, within the replay clock)", hint="give a target in that range")
-    target = CapacityTarget(spec.slo, spec.max_migration_rate, max_replicas=spec.max_replicas, router=spec.router)
+    target = CapacityTarget(spec.slo, spec.max_migration_rate, max_replicas=spec.max_replicas, router=spec.routers[0])
     kind, cv = parse_arrivals(spec.arrivals)
     jobs, names, contexts, label, mismatched = [], [], {}, None, []
     for tp in spec.tps:
@@ -123,7 +128,8 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
             runs = [(policy, table)] if policy != "static" else static_baselines(
                 spec, ctx.workload, ctx.max_len, ctx.scheduler.max_new_tokens, tables["allocator"])
             names += [name for name, _ in runs]
-            jobs += [(ctx, policy, settings, target, target_rate / mean_rate, mean_rate) for _, settings in runs]
+            jobs += [(ctx, policy, settings, target, target_rate / mean_rate, mean_rate, spec.routers)
+                     for _, settings in runs]
     found = run_jobs(jobs, spec.workers, "capacity", progress, fn=capacity_job, executor=spec.executor)
     floors = {tp: zero_load(ctx) for tp, ctx in contexts.items()}
     if all(result["rate_scale"] is None and result["target"]["replicas"] is None for result in found):
@@ -161,6 +167,11 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
             "rejected_never_fit": m["rejections"], "metrics_at_capacity": m,
             "monotone": result["monotone"], "failed_below_at_scale": result["failed_below_at_scale"],
             "replicas_for_target": replicas, "devices_for_target": None if replicas is None else replicas * tp,
+            # the router the devices are for, and what each router of --router needs (None: none within
+            # --max-replicas); the first router where no rate was judged (too_few_served)
+            "router": result["target"]["router"],
+            "devices_by_router": {router: None if n is None else n * tp
+                                  for router, n in result["target"]["replicas_by_router"].items()},
             "metrics_at_target": result["target"]["metrics"], "probes": result["probes"]})
     if all(row["replicas_for_target"] is None for row in rows):
         raise ConfigError(f"no policy serves {target_rate:,.3f} req/s within the SLO with up to {target.max_replicas} "
@@ -187,7 +198,7 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
                   "span_s": span_s, "prefix_hashes": first.workload.prefix is not None},
         "device": first.serving.device.name, "model": first.serving.full_model.name, "kv_dtype": spec.kv_dtype,
         "predictor": label, "slo": {m: s for m, s in spec.slo.limits_s}, "slo_label": spec.slo.label,
-        "max_migration_rate": spec.max_migration_rate, "target_rate_per_s": target_rate, "router": spec.router,
+        "max_migration_rate": spec.max_migration_rate, "target_rate_per_s": target_rate, "routers": list(spec.routers),
         "arrivals": {"process": canonical(kind, cv), "seed": None if kind == "trace" else spec.seed,
                      "label": arrival_label(kind, cv, spec.seed)},
         "target_replay_s": span_s * mean_rate / target_rate,

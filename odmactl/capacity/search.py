@@ -304,23 +304,41 @@ def gate_rate(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarg
 
 
 def capacity_job(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, target_scale: float,
-                 mean_rate: float) -> dict:
+                 mean_rate: float, routers: tuple[str, ...] = ()) -> dict:
     """One policy at one tensor-parallel size: its capacity, then the replicas the target needs.
     Where one engine meets the SLO at no rate (a burst or a long prefill that one engine cannot
     absorb), the replicas are still searched, from one engine up: R engines behind the router
-    split what one engine could not; and `gate_rate` ("gate") at the trace's `mean_rate`."""
+    split what one engine could not; and `gate_rate` ("gate") at the trace's `mean_rate`.
+    `routers` (default: the target's one): the replicas are searched behind each, apart (each
+    search as capacity with that router alone makes it), and "target" is the router that needs
+    the fewest, ties to the first listed (`fewest_router`), with "router" and
+    "replicas_by_router" (None: more than max_replicas)."""
+    routers = routers or (target.router,)
     memo: dict[float, dict] = {}
     found = find_capacity(ctx, policy, table, target, memo)
     if found["too_few_served"]:  # no count of engines changes which requests are served
-        return {**found, "keeps_up": None, "gate": None, "target": {"replicas": None, "metrics": found["metrics"]}}
+        return {**found, "keeps_up": None, "gate": None,
+                "target": {"replicas": None, "metrics": found["metrics"], "router": routers[0],
+                           "replicas_by_router": dict.fromkeys(routers)}}
     gate = None if found["rate_scale"] is None else \
         gate_rate(ctx, policy, table, target, found["rate_scale"], mean_rate, memo)
     # the rate plan and replay say one engine keeps up at (its queue stops growing), from the same
     # probes where they coincide: where the SLO's rate is lower, the SLO binds, not the queue
     keeps_up = sustainable_scale(ctx, policy, table, memo=memo)
     per_replica = found["rate_scale"] if found["rate_scale"] is not None else target_scale
-    need = replicas_for(ctx, policy, table, target, target_scale, per_replica)
-    return {**found, "keeps_up": keeps_up, "gate": gate, "target": need}
+    needs = {router: replicas_for(ctx, policy, table, dataclasses.replace(target, router=router), target_scale,
+                                  per_replica) for router in routers}
+    chosen = fewest_router({router: need["replicas"] for router, need in needs.items()})
+    return {**found, "keeps_up": keeps_up, "gate": gate,
+            "target": {**needs[chosen], "router": chosen,
+                       "replicas_by_router": {router: need["replicas"] for router, need in needs.items()}}}
+
+
+def fewest_router(replicas_by_router: dict[str, int | None]) -> str:
+    """The router that needs the fewest replicas (None: none found within max_replicas, more than
+    any count), ties to the first listed: the order --router gives is the user's preference."""
+    routers = list(replicas_by_router)
+    return min(routers, key=lambda r: (replicas_by_router[r] is None, replicas_by_router[r] or 0, routers.index(r)))
 
 
 def sustainable_scale(ctx: ReplayContext, policy: str, table: dict, metrics: dict | None = None,

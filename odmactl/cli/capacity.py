@@ -56,9 +56,11 @@ def capacity(
                                                "bursts kept), poisson (its requests at exponential gaps of the same "
                                                "mean rate, seeded) or gamma:CV (gamma gaps, coefficient of variation CV)")] = "trace",
     seed: Annotated[int, typer.Option(help="seed of the generated arrivals (--arrivals poisson or gamma:CV)")] = 0,
-    router: Annotated[str, typer.Option(help="how the engines for the target share its requests, one router a run: "
+    router: Annotated[str, typer.Option(help="how the engines for the target share its requests: "
                                              + "; ".join(f"{name} ({what})" for name, what in ROUTER_SUMMARIES.items())
-                                             + " (docs/capacity.md compares them)")] = DEFAULT_ROUTER,
+                                             + ". Several, comma-separated: each row is sized behind each and keeps "
+                                               "the fewest devices, ties to the first listed (docs/capacity.md "
+                                               "compares them)")] = DEFAULT_ROUTER,
     executor: Annotated[str, typer.Option(help="process (local workers) or ray (a Ray cluster; the ray extra)")] = "process",
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's longest)")] = None,
     max_num_seqs: MaxNumSeqsOption = None,
@@ -107,7 +109,8 @@ def capacity(
                         allow_mismatch=allow_mismatch,
                         policies=tuple(chosen), tps=_sizes(tp), slo=Slo.from_flags(slo),
                         max_migration_rate=max_migration_rate, target_rate_per_s=target_rate, config=config,
-                        workers=workers, executor=executor, max_replicas=max_replicas, router=router,
+                        workers=workers, executor=executor, max_replicas=max_replicas,
+                        routers=tuple(part.strip() for part in router.split(",") if part.strip()),
                         arrivals=arrivals, seed=seed)
     frame = read_trace(trace_path)
     with progress_for(json_out, lines_when_piped=True) as progress:

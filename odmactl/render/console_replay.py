@@ -262,6 +262,29 @@ def capacity_value(row: dict, key: str, slo: dict | None = None) -> str:
     return format_metric(key, value)
 
 
+def routers_words(doc: dict, short: bool = False) -> str:
+    """The router the devices are for: the one --router named, or, with several, each row's that
+    needs the fewest (capacity/search.fewest_router). `short`: for a table's title."""
+    routers = doc["routers"]
+    if len(routers) == 1:
+        return f"{routers[0]} router" if short else f"the {routers[0]} router"
+    if short:
+        return f"the fewest over {len(routers)} routers"
+    return f"the router that needs the fewest, each row's, of {', '.join(routers)} (ties to the first listed)"
+
+
+def router_table(doc: dict) -> tuple[list[str], list[list[str]]] | None:
+    """With several routers: (the headers, a row per policy and tp) of the devices each router
+    needs for the target ("none": not within --max-replicas engines); None with one router."""
+    routers = doc["routers"]
+    if len(routers) < 2:
+        return None
+    rows = [[f"{r['policy']} tp {r['tp']}",
+             *("none" if (n := r["devices_by_router"][router]) is None else format_metric("devices_for_target", n)
+               for router in routers)] for r in doc["rows"]]
+    return ["policy", *routers], rows
+
+
 def _caps_for(doc: dict) -> dict:
     """The engine caps a capacity run states; prefix caching only where the trace has hashes."""
     caps = _caps(doc["scheduler"])
@@ -340,6 +363,8 @@ def capacity_headline(doc: dict) -> str | None:
     engines = f"{h['replicas']} engine{'s' if h['replicas'] != 1 else ''} of tp {h['tp']}"
     text = (f"cheapest for {doc['target_rate_per_s']:,.3g} req/s: {h['devices']} x {doc['device']} ({engines}) "
             f"running {h['policy']}")
+    if len(doc["routers"]) > 1:
+        text += f" behind {h['router']}"
     if h["ties"]:
         text += f"; as few with {', '.join(h['ties'])} (ties decided by fewer engines, then latency at the target)"
     for key, name in (("vs_static", "static"), ("vs_paged", "paged")):
@@ -425,8 +450,8 @@ def binding_lines(doc: dict) -> list[str]:
         lines.append(f"no devices for the target within --max-replicas engines for {', '.join(over)}: more engines "
                      "than that, or none meets it")
     lines += gate_lines(doc)
-    lines.append("devices for the target come from replaying the target traffic on that many engines behind the "
-                 "router; the rate per engine is one engine on the whole trace")
+    lines.append("devices for the target come from replaying the target traffic on that many engines behind "
+                 f"{routers_words(doc)}; the rate per engine is one engine on the whole trace")
     return lines
 
 
@@ -491,7 +516,7 @@ def render_capacity(console: Console, doc: dict) -> None:
     keys = capacity_keys(doc.get("slo", {}))
     rows = [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k, doc["slo"]) for k in keys)] for r in doc["rows"]]
     target = f"{doc['target_rate_per_s']:,.3f} req/s" + (" (peak 10 min)" if doc["target_is_peak"] else "") \
-        + f", {doc['router']} router"  # short: the title wraps to the table's width
+        + f", {routers_words(doc, short=True)}"  # short: the title wraps to the table's width
     table = narrow_table(f"at the SLO; devices for {target}", tuple(METRICS[k].header for k in keys), rows,
                          key="policy")
     if fits(console, table):
@@ -502,6 +527,11 @@ def render_capacity(console: Console, doc: dict) -> None:
                                    [r[:-devices] for r in rows], key="policy"))
         console.print(narrow_table(f"devices for {target}", tuple(METRICS[k].header for k in keys[-devices:]),
                                    [[r[0], *r[-devices:]] for r in rows], key="policy"))
+    by_router = router_table(doc)
+    if by_router is not None:
+        headers, rows = by_router
+        console.print(narrow_table("devices for the target behind each router (above: each row's fewest, ties to "
+                                   "the first listed)", tuple(headers[1:]), rows, key="policy"))
     for r in doc["rows"]:
         hits = (r.get("metrics_at_capacity") or {}).get("prefix_hit_rate")
         if hits is not None and r["rate_scale"] is not None:  # "at its rate": a row with none has no such figure

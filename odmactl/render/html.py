@@ -140,7 +140,7 @@ to the main pool: {esc(tuning_rule(tuning))}.</p>
 def write_capacity_report(doc: dict, path: Path) -> None:
     """`odmactl capacity`'s report: the table of rates and devices, and the latency-throughput curves."""
     from odmactl.render.console_replay import (binding_lines, capacity_headline, capacity_value, headline_detail,
-                                               infeasible_lines)
+                                               infeasible_lines, router_table, routers_words)
     from odmactl.render.plots import capacity_figure
 
     esc = html.escape
@@ -150,6 +150,11 @@ def write_capacity_report(doc: dict, path: Path) -> None:
     body = "".join(f"<tr><td>{esc(r['policy'])} tp {r['tp']}</td>"
                    + "".join(f"<td>{esc(capacity_value(r, k, doc.get('slo')))}</td>" for k in keys) + "</tr>"
                    for r in doc["rows"])
+    by_router = router_table(doc)
+    routed = "" if by_router is None else (
+        "<p>Devices for the target behind each router:</p><table><tr>"
+        + "".join(f"<th>{esc(h)}</th>" for h in by_router[0]) + "</tr>"
+        + "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in by_router[1]) + "</table>")
     notes = "".join(f"<li>{esc(line)}</li>" for line in infeasible_lines(doc))
     notes += "".join(f"<li>{esc(line)}</li>" for line in binding_lines(doc))
     said = capacity_headline(doc)
@@ -170,8 +175,9 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child{{t
 {esc(doc['device'])}; predictor <code>{esc(doc['predictor'])}</code>; engine {esc(str(doc['scheduler'].get('engine')))};
 arrivals: {esc(doc.get('arrivals', {}).get('label', "the trace's own gaps"))}. SLO: <b>{esc(doc['slo_label'])}</b>; odma and s3 at most
 {format_metric('overflow_rate', doc['max_migration_rate'])} overflows (migrations + preemptions) per request. Rates bracketed to {doc['tolerance']:.0%} by replay;
-devices for {esc(target)} found by replaying replicas together behind the {esc(doc['router'])} router.</p>
+devices for {esc(target)} found by replaying replicas together behind {esc(routers_words(doc))}.</p>
 <table><tr><th>policy</th>{head}</tr>{body}</table>
+{routed}
 {f'<ul>{notes}</ul>' if notes else ''}
 <h2>Latency against offered rate per engine (every probe of the bisection)</h2>
 <img src="data:image/png;base64,{_png(capacity_figure(doc))}">

@@ -51,7 +51,7 @@ def capacity_markdown(doc: dict) -> str:
     """`odmactl capacity --markdown`: the headline, the table and what binds, for a pull request or
     a planning document (the same lines as the console and the HTML report)."""
     from odmactl.render.console_replay import (binding_lines, capacity_headline, capacity_value, headline_detail,
-                                               infeasible_lines)
+                                               infeasible_lines, router_table, routers_words)
     from odmactl.render.metrics import METRICS, capacity_keys
     from odmactl.render.warnings import listed_capacity_warnings
 
@@ -64,11 +64,14 @@ def capacity_markdown(doc: dict) -> str:
               f"{doc['device']}; predictor {code(doc['predictor'])}; engine {doc['scheduler'].get('engine')}; arrivals: "
               f"{doc.get('arrivals', {}).get('label', 'the trace')}; SLO {doc['slo_label']}; devices for "
               f"{doc['target_rate_per_s']:,.3f} req/s" + (" (the busiest 10 minutes)" if doc["target_is_peak"] else "")
-              + f" behind the {doc['router']} router", ""]
+              + f" behind {routers_words(doc)}", ""]
     keys = capacity_keys(doc.get("slo", {}))
     lines += markdown_table(["policy", *(METRICS[k].header for k in keys)],
                             [[f"{r['policy']} tp {r['tp']}", *(capacity_value(r, k, doc.get("slo")) for k in keys)]
                              for r in doc["rows"]])
+    by_router = router_table(doc)
+    if by_router is not None:
+        lines += ["", "Devices for the target behind each router:", ""] + markdown_table(*by_router)
     notes = infeasible_lines(doc) + binding_lines(doc)
     if notes:
         lines += [""] + [f"- {line}" for line in notes]
