@@ -8,13 +8,13 @@ from typing import Annotated
 import typer
 
 from odmactl.cli.app import app, out, print_warnings, progress_for
-from odmactl.cli.inputs import check_outputs
+from odmactl.cli.inputs import check_outputs, OUTPUT_FILE
 from odmactl.core.errors import OdmaError
 
 
 @app.command(short_help="Measure this machine with torch into a device profile.")  # the line `odmactl --help` lists
 def calibrate(
-    out_path: Annotated[Path, typer.Option("--out", "-o", help="device profile TOML to write")],
+    out_path: Annotated[Path, typer.Option("--out", "-o", **OUTPUT_FILE, help="device profile TOML to write")],
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or mlu")] = "auto",
     quick: Annotated[bool, typer.Option(help="smaller buffers and fewer repeats (3-4 s on a 2-vCPU CPU, against 5-6 s)")] = False,
     seed: Annotated[int, typer.Option(help="seed for the random run offsets and block placement")] = 0,

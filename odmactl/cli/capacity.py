@@ -24,6 +24,7 @@ from odmactl.cli.inputs import (
     parse_kv_pool,
     parse_policies,
     profile_warnings,
+    OUTPUT_FILE,
 )
 from odmactl.sim.router import DEFAULT_ROUTER, ROUTER_SUMMARIES
 
@@ -73,10 +74,10 @@ def capacity(
     allow_mismatch: Annotated[bool, typer.Option(help="apply a --config planned for another device, model, kv_dtype, tp "
                                                      "or KV pool (a warning instead of an error)")] = False,
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool per engine, e.g. '8 GiB' (default: the profile's)")] = None,
-    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the result (every probe included) as JSON")] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="write a PNG of the latencies the SLO bounds against the offered rate")] = None,
-    report: Annotated[Optional[Path], typer.Option(help="write an HTML report: the table and the curves")] = None,
-    markdown_path: Annotated[Optional[Path], typer.Option("--markdown", help="write the headline, the table and what "
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", **OUTPUT_FILE, help="write the result (every probe included) as JSON")] = None,
+    plot: Annotated[Optional[Path], typer.Option(**OUTPUT_FILE, help="write a PNG of the latencies the SLO bounds against the offered rate")] = None,
+    report: Annotated[Optional[Path], typer.Option(**OUTPUT_FILE, help="write an HTML report: the table and the curves")] = None,
+    markdown_path: Annotated[Optional[Path], typer.Option("--markdown", **OUTPUT_FILE, help="write the headline, the table and what "
                                                           "binds as Markdown (a pull request, a planning document)")] = None,
     force: Annotated[bool, typer.Option(help="replace --out / --plot / --report / --markdown if they exist")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,

@@ -20,6 +20,7 @@ from odmactl.cli.inputs import (
     input_paths,
     parse_kv_pool,
     profile_warnings,
+    OUTPUT_FILE,
 )
 
 
@@ -55,9 +56,9 @@ def check(
     allow_mismatch: Annotated[bool, typer.Option(help="apply a --config planned for another device, model, kv_dtype, tp "
                                                      "or KV pool (a warning instead of an error)")] = False,
     kv_pool: Annotated[Optional[str], typer.Option(help="KV pool size, e.g. '8 GiB' (default: the profile's)")] = None,
-    junit: Annotated[Optional[Path], typer.Option(help="write the verdicts as JUnit XML")] = None,
-    markdown_path: Annotated[Optional[Path], typer.Option("--markdown", help="write a markdown summary (for a pull request)")] = None,
-    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the replay result as JSON")] = None,
+    junit: Annotated[Optional[Path], typer.Option(**OUTPUT_FILE, help="write the verdicts as JUnit XML")] = None,
+    markdown_path: Annotated[Optional[Path], typer.Option("--markdown", **OUTPUT_FILE, help="write a markdown summary (for a pull request)")] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", **OUTPUT_FILE, help="write the replay result as JSON")] = None,
     force: Annotated[bool, typer.Option(help="replace --junit / --markdown / --out if they exist")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the verdicts and metrics as JSON")] = False,
     metrics_out: MetricsOutOption = None,

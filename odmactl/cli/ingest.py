@@ -9,13 +9,13 @@ import typer
 from rich.markup import escape
 
 from odmactl.cli.app import app, err, out, printable, progress_for
-from odmactl.cli.inputs import check_outputs, input_paths, parse_map
+from odmactl.cli.inputs import check_outputs, input_paths, OUTPUT_FILE, parse_map
 
 
 @app.command(short_help="Normalize traces and datasets into the canonical parquet schema.")  # the line `odmactl --help` lists
 def ingest(
     sources: Annotated[list[Path], typer.Argument(help="trace or dataset files (gzip ok), or a ServeGen model folder")],
-    out_path: Annotated[Path, typer.Option("--out", "-o", help="canonical parquet to write")],
+    out_path: Annotated[Path, typer.Option("--out", "-o", **OUTPUT_FILE, help="canonical parquet to write")],
     fmt: Annotated[str, typer.Option("--format", "-f", help="auto, azure, burstgpt, mooncake, vidur, alpaca, alpaca-eval, arena-hard, servegen, csv, jsonl, parquet")] = "auto",
     tokenizer: Annotated[Optional[Path], typer.Option(help="local Hugging Face tokenizer directory for text datasets (default: shipped Qwen2 tokenizer)")] = None,
     force: Annotated[bool, typer.Option(help="replace --out if it exists")] = False,

@@ -204,8 +204,20 @@ MaxNumSeqsOption = Annotated[Optional[int], typer.Option(
 MaxNumBatchedTokensOption = Annotated[Optional[int], typer.Option(
     "--max-num-batched-tokens", help="token budget of one iteration, as vLLM's (default: the engine's: vllm-v0 "
     "max(max_model_len, 2048), vllm-v1 8,192 on a device of 70 GiB or more other than an A100, else 2,048)")]
+def output_file(text: str) -> Path:
+    """A file output as typed (`parser=` of each option that writes one file; fit's --out is a
+    folder): one ending in '/' names a folder, and Path drops the slash, so `--out x/` wrote a file
+    named x."""
+    if text.endswith("/"):
+        raise OutputError("ends with '/', which names a folder; this option writes one file", file=text,
+                          hint=f"name the file, such as {text}result" if text.strip("/") else "name the file")
+    return Path(text)
+
+
+# typer.Option's settings for an option that writes one file: `output_file` reads it, shown as <path>
+OUTPUT_FILE = {"parser": output_file, "metavar": "<path>"}
 MetricsOutOption = Annotated[Optional[Path], typer.Option(
-    "--metrics-out", help="write the run's metrics in the Prometheus / OpenMetrics text format (e.g. M.prom)")]
+    "--metrics-out", **OUTPUT_FILE, help="write the run's metrics in the Prometheus / OpenMetrics text format (e.g. M.prom)")]
 
 
 def profile_warnings(device_ref: str) -> list[str]:

@@ -9,7 +9,7 @@ import typer
 
 from odmactl.allocator import ALLOCATORS
 from odmactl.cli.app import app, out, print_warnings, progress_for
-from odmactl.cli.inputs import BlockSizeOption, EngineOption, KvDtypeOption, MaxNumBatchedTokensOption, MaxNumSeqsOption, PrefixCachingOption, MaxNewTokensOption, check_outputs, input_paths, parse_kv_pool, parse_seconds, profile_warnings
+from odmactl.cli.inputs import BlockSizeOption, EngineOption, KvDtypeOption, MaxNumBatchedTokensOption, MaxNumSeqsOption, PrefixCachingOption, MaxNewTokensOption, check_outputs, input_paths, OUTPUT_FILE, parse_kv_pool, parse_seconds, profile_warnings
 
 
 @app.command(short_help="Search ODMA's settings; write a config that passes its gate.")  # the line `odmactl --help` lists
@@ -17,9 +17,9 @@ def plan(
     trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="canonical parquet from `odmactl ingest`")],
     device: Annotated[str, typer.Option(help="device profile name or TOML path")],
     model: Annotated[str, typer.Option(help="model profile name or config.json folder")],
-    out_path: Annotated[Path, typer.Option("--out", "-o", help="config TOML to write (read by `replay --config` and `check`)")],
+    out_path: Annotated[Path, typer.Option("--out", "-o", **OUTPUT_FILE, help="config TOML to write (read by `replay --config` and `check`)")],
     predictor: Annotated[str, typer.Option(help="`odmactl fit` artifact folder or `oracle` (true lengths, the upper bound)")] = "oracle",
-    report: Annotated[Optional[Path], typer.Option(help="write an HTML report with plots")] = None,
+    report: Annotated[Optional[Path], typer.Option(**OUTPUT_FILE, help="write an HTML report with plots")] = None,
     objective: Annotated[str, typer.Option(help="what to maximise: tps, utilization, or capacity (the request rate sustained within --slo)")] = "tps",
     slo: Annotated[Optional[list[str]], typer.Option(metavar="<metric=time,...>", help="with --objective capacity: latency limits, e.g. ttft_p99=2s,tpot_p99=100ms")] = None,
     max_migration_rate: Annotated[float, typer.Option(help="most overflows (migrations + preemptions) per request the recommendation may cause")] = 0.005,

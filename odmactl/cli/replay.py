@@ -23,6 +23,7 @@ from odmactl.cli.inputs import (
     parse_kv_pool,
     parse_policies,
     profile_warnings,
+    OUTPUT_FILE,
 )
 
 
@@ -59,8 +60,8 @@ def replay(
     profile: Annotated[Optional[str], typer.Option(help="with --on-device: the device profile the measured steps are compared with "
                                                         "(default: the measured profile of this device)")] = None,
     scale: Annotated[float, typer.Option(help="with --on-device: keep this share of the model's layers (the pool keeps its tokens)")] = 1.0,
-    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the full result (metrics and time series) as JSON")] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="write a PNG of occupancy, batch, queue and boundaries over time (with --on-device, also measured and modelled step times)")] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", **OUTPUT_FILE, help="write the full result (metrics and time series) as JSON")] = None,
+    plot: Annotated[Optional[Path], typer.Option(**OUTPUT_FILE, help="write a PNG of occupancy, batch, queue and boundaries over time (with --on-device, also measured and modelled step times)")] = None,
     force: Annotated[bool, typer.Option(help="replace --out / --plot if they exist")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the full result as JSON")] = False,
     metrics_out: MetricsOutOption = None,
