@@ -239,6 +239,42 @@ def test_a_deferred_stop_is_raised_when_the_block_ends_and_dropped_with_an_error
         stops.handler(signal.SIGINT, None)  # outside a block: at once
 
 
+def test_a_stop_while_waiting_for_ray_is_a_stop_not_an_internal_error():
+    """Ray's C code turns an exception the signal handler raises inside it into SystemError
+    ("returned a result with an exception set"): a red-team Ctrl-C of `capacity --executor ray`
+    ended as an internal error, exit 1. The results are waited for inside `deferred()`, so the
+    stop is raised between waits, and the results so far are not mixed up."""
+    from odmactl.run.executors import _ray_jobs
+
+    class FakeRay:  # what _ray_jobs calls; a stop lands in the second wait, inside "C code"
+        waits = 0
+
+        def remote(self, fn):
+            return type("Remote", (), {"remote": staticmethod(lambda ctx, x: (ctx, x))})
+
+        def put(self, value):
+            return value
+
+        def wait(self, refs, num_returns, timeout):
+            FakeRay.waits += 1
+            if FakeRay.waits == 2:
+                try:
+                    stops.handler(signal.SIGINT, None)
+                except stops.Stopped as exc:
+                    raise SystemError("<built-in method __new__> returned a result with an exception set") from exc
+            return refs[:num_returns], refs[num_returns:]
+
+        def get(self, ref):
+            return ref[1] * 10
+
+    stops.reset()
+    with pytest.raises(stops.Stopped) as raised:
+        _ray_jobs(FakeRay(), [("c", 1), ("c", 2), ("c", 3)], None, "x")
+    assert raised.value.exit_code == 130 and FakeRay.waits == 2
+    FakeRay.waits = 10  # no stop: every result, in the jobs' order
+    assert _ray_jobs(FakeRay(), [("c", 1), ("c", 2), ("c", 3)], None, "x") == [10, 20, 30]
+
+
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
     return [int(x) for x in out.split()]

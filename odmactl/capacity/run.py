@@ -69,8 +69,9 @@ class CapacitySpec(ServingSpec):
         for router in self.routers:
             if router not in ROUTERS:
                 raise ConfigError(not_one_of("--router", router, ROUTERS))
-        if len(set(self.routers)) != len(self.routers):
-            raise ConfigError(f"--router names a router twice: {', '.join(self.routers)}")
+        twice = next((router for i, router in enumerate(self.routers) if router in self.routers[:i]), None)
+        if twice is not None:
+            raise ConfigError(f"--router names {twice} twice")
         parse_arrivals(self.arrivals)
         check_seed(self.seed)
         if self.executor not in EXECUTORS:
@@ -174,8 +175,9 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
                                   for router, n in result["target"]["replicas_by_router"].items()},
             "metrics_at_target": result["target"]["metrics"], "probes": result["probes"]})
     if all(row["replicas_for_target"] is None for row in rows):
+        behind = f"the {spec.routers[0]} router" if len(spec.routers) == 1 else f"any of {', '.join(spec.routers)}"
         raise ConfigError(f"no policy serves {target_rate:,.3f} req/s within the SLO with up to {target.max_replicas} "
-                          "engines at any tensor-parallel size tried", hint="a larger --max-replicas, a lower "
+                          f"engines behind {behind} at any tensor-parallel size tried", hint="a larger --max-replicas, a lower "
                           "--target-rate, a larger --tp, or a looser --slo")
     for row in rows:  # the saving against static at the same tp, in devices
         static = next((r for r in rows if r["policy"] == "static" and r["tp"] == row["tp"]), None)

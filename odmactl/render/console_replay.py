@@ -530,8 +530,10 @@ def render_capacity(console: Console, doc: dict) -> None:
     by_router = router_table(doc)
     if by_router is not None:
         headers, rows = by_router
+        # a router's name wraps after its hyphens (narrow_table wraps headers between words): five fit 80 columns
         console.print(narrow_table("devices for the target behind each router (above: each row's fewest, ties to "
-                                   "the first listed)", tuple(headers[1:]), rows, key="policy"))
+                                   "the first listed)", tuple(h.replace("-", "- ") for h in headers[1:]), rows,
+                                   key="policy"))
     for r in doc["rows"]:
         hits = (r.get("metrics_at_capacity") or {}).get("prefix_hit_rate")
         if hits is not None and r["rate_scale"] is not None:  # "at its rate": a row with none has no such figure

@@ -249,9 +249,17 @@ def _ray_jobs(ray, jobs: list[tuple], fn, label: str, progress=None) -> list:
         if id(ctx) not in shared:
             shared[id(ctx)] = ray.put(ctx)
         refs.append(remote.remote(shared[id(ctx)], *rest))
-    results = []
-    for i, ref in enumerate(refs):
-        results.append(ray.get(ref))
-        if progress is not None:
-            progress(label, i + 1, len(jobs))
+    # waited for inside `deferred()`, a slice at a time, as the process pool's results: a stop raised
+    # inside Ray's C code came out as SystemError ("returned a result with an exception set"), an
+    # internal error with exit 1 instead of "interrupted" and 130
+    results: list = [None] * len(refs)
+    position = {ref: i for i, ref in enumerate(refs)}
+    waiting = list(refs)
+    while waiting:
+        with deferred():
+            ready, waiting = ray.wait(waiting, num_returns=1, timeout=WAIT_S)
+            for ref in ready:
+                results[position[ref]] = ray.get(ref)
+        if ready and progress is not None:
+            progress(label, len(refs) - len(waiting), len(jobs))
     return results
