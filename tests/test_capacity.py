@@ -401,8 +401,8 @@ def test_the_headline_names_the_cheapest_row_its_ties_and_savings(cli, small):
     h = headline(rows)
     # odma tp 1 and paged tp 2 both need 7 devices: paged's 3 engines of tp 2 (7 // 2 here) are fewer
     assert (h["devices"], h["policy"], h["tp"]) == (7, "paged", 2) and h["ties"] == ["odma tp 1"]
-    assert h["vs_static"] == {"policy": "static+1024", "tp": 1, "devices": 8, "saved": 1}
-    assert h["vs_paged"] == {"policy": "paged", "tp": 2, "devices": 7, "saved": 0}
+    assert h["vs_static"] == {"policy": "static+1024", "tp": 1, "devices": 8, "saved": 1, "router": "least-kv"}
+    assert h["vs_paged"] == {"policy": "paged", "tp": 2, "devices": 7, "saved": 0, "router": "least-kv"}
     assert headline([row("paged", 1, None)]) is None
     r = cli("capacity", small, *DEVICE, "--slo", SLO, "--predictor", "oracle", "--policies", "static,paged",
             "--tp", "1,2", "--json")
@@ -648,19 +648,23 @@ def test_one_policy_at_a_tp_says_nothing_of_memory():
         "tp 1: memory does not bind one engine (every policy within 2%): choose by latency or simplicity"]
 
 
-def test_fewest_router_prefers_fewer_then_the_first_listed():
+def test_fewest_router_prefers_fewer_then_lower_latencies_then_the_first_listed():
     from odmactl.capacity.search import fewest_router
 
-    assert fewest_router({"least-kv": 19, "round-robin-ready": 18}) == "round-robin-ready"
-    assert fewest_router({"least-kv": 18, "round-robin-ready": 18}) == "least-kv"
-    assert fewest_router({"round-robin-ready": 18, "least-kv": 18}) == "round-robin-ready"
-    assert fewest_router({"least-kv": None, "round-robin": 40}) == "round-robin"  # None: none within --max-replicas
-    assert fewest_router({"least-kv": None, "round-robin": None}) == "least-kv"
+    def need(replicas, ttft=1.0, tpot=0.05):
+        return {"replicas": replicas, "metrics": {"ttft_p99": ttft, "tpot_p99": tpot}}
+
+    assert fewest_router({"least-kv": need(19), "round-robin-ready": need(18, ttft=1.9)}) == "round-robin-ready"
+    assert fewest_router({"least-kv": need(18, ttft=0.9), "round-robin-ready": need(18, ttft=0.8)}) == "round-robin-ready"
+    assert fewest_router({"least-kv": need(18, tpot=0.07), "round-robin-ready": need(18, tpot=0.08)}) == "least-kv"
+    assert fewest_router({"round-robin-ready": need(18), "least-kv": need(18)}) == "round-robin-ready"
+    assert fewest_router({"least-kv": need(None, ttft=0.1), "round-robin": need(40)}) == "round-robin"  # None: none found
+    assert fewest_router({"least-kv": need(None, ttft=9), "round-robin": need(None, ttft=1)}) == "least-kv"
 
 
 def test_several_routers_size_each_row_behind_each_and_keep_the_fewest(cli, small, tmp_path):
     """`--router a,b`: a row's devices behind each router are those capacity finds with that router
-    alone, and the row keeps the fewest (ties to the first listed); the console, the markdown and
+    alone, and the row keeps the fewest (among ties, the lower latencies); the console, the markdown and
     the report show the devices behind each."""
     routers = ("least-kv", "round-robin")
     args = [small, *DEVICE, "--slo", SLO, "--predictor", "oracle", "--policies", "static,paged", "--tp", "1,2"]
@@ -679,7 +683,8 @@ def test_several_routers_size_each_row_behind_each_and_keep_the_fewest(cli, smal
         key = (row["policy"], row["tp"])
         each = {router: alone[router][key]["devices_for_target"] for router in routers}
         assert row["devices_by_router"] == each
-        chosen = routers[1] if each[routers[1]] < each[routers[0]] else routers[0]
+        chosen = min(routers, key=lambda x: (each[x], alone[x][key]["metrics_at_target"]["ttft_p99"],
+                                             alone[x][key]["metrics_at_target"]["tpot_p99"], routers.index(x)))
         assert row["router"] == chosen and row["devices_for_target"] == each[chosen]
         assert row["metrics_at_target"] == alone[chosen][key]["metrics_at_target"]
         differ += each[routers[0]] != each[routers[1]]
@@ -688,5 +693,9 @@ def test_several_routers_size_each_row_behind_each_and_keep_the_fewest(cli, smal
     text = " ".join(r.out.split())
     assert "behind each router" in text and f"behind {doc['headline']['router']}" in text
     markdown = (tmp_path / "c.md").read_text()
-    assert "| policy | least-kv | round-robin |" in markdown and "(ties to the first listed)" in markdown
+    assert "| policy | least-kv | round-robin |" in markdown and "the lower latencies)" in markdown
+    kept = next(row for row in doc["rows"] if row["policy"] == "paged" and row["tp"] == 1)
+    marked = [f"{kept['devices_by_router'][x]}*" if x == kept["router"] else f"{kept['devices_by_router'][x]}"
+              for x in routers]
+    assert f"| paged tp 1 | {' | '.join(marked)} |" in markdown
     assert "<th>least-kv</th><th>round-robin</th>" in (tmp_path / "c.html").read_text()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from odmactl.capacity.search import latency_order
 from odmactl.hw.cost import KvLayout
 from odmactl.render.metrics import compared
 from odmactl.run.replay import ReplayContext
@@ -113,9 +114,8 @@ def headline(rows: list[dict]) -> dict | None:
         return None
     fewest = min(r["devices_for_target"] for r in feasible)
     ties = [r for r in feasible if r["devices_for_target"] == fewest]
-    def latency(r: dict) -> tuple:  # among ties, the fewest engines, then the lowest TTFT p99 and TPOT p99 at the target
-        m = r.get("metrics_at_target") or {}
-        return r["replicas_for_target"], m.get("ttft_p99") or 0.0, m.get("tpot_p99") or 0.0, r["tp"]  # None: no such latency
+    def latency(r: dict) -> tuple:  # among ties, the fewest engines, then the lowest latencies at the target
+        return r["replicas_for_target"], *latency_order(r.get("metrics_at_target")), r["tp"]
 
     best = min(ties, key=latency)
 
@@ -125,7 +125,7 @@ def headline(rows: list[dict]) -> dict | None:
             return None
         top = min(mine, key=lambda r: (r["devices_for_target"], r["tp"]))
         return {"policy": top["policy"], "tp": top["tp"], "devices": top["devices_for_target"],
-                "saved": top["devices_for_target"] - fewest}
+                "saved": top["devices_for_target"] - fewest, "router": top["router"]}
 
     return {"devices": fewest, "policy": best["policy"], "tp": best["tp"], "replicas": best["replicas_for_target"],
             "router": best["router"],

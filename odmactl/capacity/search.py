@@ -311,8 +311,8 @@ def capacity_job(ctx: ReplayContext, policy: str, table: dict, target: CapacityT
     split what one engine could not; and `gate_rate` ("gate") at the trace's `mean_rate`.
     `routers` (default: the target's one): the replicas are searched behind each, apart (each
     search as capacity with that router alone makes it), and "target" is the router that needs
-    the fewest, ties to the first listed (`fewest_router`), with "router" and
-    "replicas_by_router" (None: more than max_replicas)."""
+    the fewest (`fewest_router`), with "router" and "replicas_by_router" (None: more than
+    max_replicas)."""
     routers = routers or (target.router,)
     memo: dict[float, dict] = {}
     found = find_capacity(ctx, policy, table, target, memo)
@@ -328,17 +328,33 @@ def capacity_job(ctx: ReplayContext, policy: str, table: dict, target: CapacityT
     per_replica = found["rate_scale"] if found["rate_scale"] is not None else target_scale
     needs = {router: replicas_for(ctx, policy, table, dataclasses.replace(target, router=router), target_scale,
                                   per_replica) for router in routers}
-    chosen = fewest_router({router: need["replicas"] for router, need in needs.items()})
+    chosen = fewest_router(needs)
     return {**found, "keeps_up": keeps_up, "gate": gate,
             "target": {**needs[chosen], "router": chosen,
                        "replicas_by_router": {router: need["replicas"] for router, need in needs.items()}}}
 
 
-def fewest_router(replicas_by_router: dict[str, int | None]) -> str:
-    """The router that needs the fewest replicas (None: none found within max_replicas, more than
-    any count), ties to the first listed: the order --router gives is the user's preference."""
-    routers = list(replicas_by_router)
-    return min(routers, key=lambda r: (replicas_by_router[r] is None, replicas_by_router[r] or 0, routers.index(r)))
+def latency_order(metrics: dict | None) -> tuple[float, float]:
+    """How capacity orders answers that need as many devices (two routers for a row, the
+    headline's rows): the lower TTFT p99 at the target, then TPOT p99 (a latency no request had
+    counts as 0)."""
+    m = metrics or {}
+    return m.get("ttft_p99") or 0.0, m.get("tpot_p99") or 0.0
+
+
+def fewest_router(needs: dict[str, dict]) -> str:
+    """The router whose `replicas_for` answer ({"replicas", "metrics"}) needs the fewest replicas
+    (None: none within max_replicas, more than any count); among ties, the lower latencies at the
+    target (`latency_order`), then the first listed."""
+    routers = list(needs)
+
+    def order(router: str) -> tuple:
+        replicas = needs[router]["replicas"]
+        return (replicas is None, replicas or 0,
+                *(latency_order(needs[router]["metrics"]) if replicas is not None else (0.0, 0.0)),
+                routers.index(router))
+
+    return min(routers, key=order)
 
 
 def sustainable_scale(ctx: ReplayContext, policy: str, table: dict, metrics: dict | None = None,

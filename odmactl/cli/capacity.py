@@ -60,7 +60,7 @@ def capacity(
     router: Annotated[str, typer.Option(help="how the engines for the target share its requests: "
                                              + "; ".join(f"{name} ({what})" for name, what in ROUTER_SUMMARIES.items())
                                              + ". Several, comma-separated: each row is sized behind each and keeps "
-                                               "the fewest devices, ties to the first listed (docs/capacity.md "
+                                               "the fewest devices, among ties the lower latencies (docs/capacity.md "
                                                "compares them)")] = DEFAULT_ROUTER,
     executor: Annotated[str, typer.Option(help="process (local workers) or ray (a Ray cluster; the ray extra)")] = "process",
     max_model_len: Annotated[Optional[int], typer.Option(help="max KV tokens per request (default: the config's, else the trace's longest)")] = None,

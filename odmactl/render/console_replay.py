@@ -270,18 +270,24 @@ def routers_words(doc: dict, short: bool = False) -> str:
         return f"{routers[0]} router" if short else f"the {routers[0]} router"
     if short:
         return f"the fewest over {len(routers)} routers"
-    return f"the router that needs the fewest, each row's, of {', '.join(routers)} (ties to the first listed)"
+    return (f"the router that needs the fewest, each row's, of {', '.join(routers)} (among ties, the lower "
+            "latencies at the target)")
+
+
+KEPT = "*"  # router_table's mark of the router a row keeps
+ROUTER_TABLE_TITLE = f"Devices for the target behind each router ({KEPT}: the row's, the fewest; among ties, the lower latencies)"
 
 
 def router_table(doc: dict) -> tuple[list[str], list[list[str]]] | None:
     """With several routers: (the headers, a row per policy and tp) of the devices each router
-    needs for the target ("none": not within --max-replicas engines); None with one router."""
+    needs for the target ("none": not within --max-replicas engines), the row's router marked
+    `KEPT`; None with one router."""
     routers = doc["routers"]
     if len(routers) < 2:
         return None
     rows = [[f"{r['policy']} tp {r['tp']}",
-             *("none" if (n := r["devices_by_router"][router]) is None else format_metric("devices_for_target", n)
-               for router in routers)] for r in doc["rows"]]
+             *(("none" if (n := r["devices_by_router"][router]) is None else format_metric("devices_for_target", n))
+               + (KEPT if router == r["router"] and n is not None else "") for router in routers)] for r in doc["rows"]]
     return ["policy", *routers], rows
 
 
@@ -370,7 +376,8 @@ def capacity_headline(doc: dict) -> str | None:
     for key, name in (("vs_static", "static"), ("vs_paged", "paged")):
         other = h.get(key)
         if other is not None and other["saved"] > 0:
-            text += f"; {other['policy']} needs {other['devices']} (tp {other['tp']}), {other['saved']} more"
+            behind = f", {other['router']}" if len(doc["routers"]) > 1 else ""
+            text += f"; {other['policy']} needs {other['devices']} (tp {other['tp']}{behind}), {other['saved']} more"
     return text
 
 
@@ -531,8 +538,7 @@ def render_capacity(console: Console, doc: dict) -> None:
     if by_router is not None:
         headers, rows = by_router
         # a router's name wraps after its hyphens (narrow_table wraps headers between words): five fit 80 columns
-        console.print(narrow_table("devices for the target behind each router (above: each row's fewest, ties to "
-                                   "the first listed)", tuple(h.replace("-", "- ") for h in headers[1:]), rows,
+        console.print(narrow_table(ROUTER_TABLE_TITLE, tuple(h.replace("-", "- ") for h in headers[1:]), rows,
                                    key="policy"))
     for r in doc["rows"]:
         hits = (r.get("metrics_at_capacity") or {}).get("prefix_hit_rate")

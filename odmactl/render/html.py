@@ -140,7 +140,8 @@ to the main pool: {esc(tuning_rule(tuning))}.</p>
 def write_capacity_report(doc: dict, path: Path) -> None:
     """`odmactl capacity`'s report: the table of rates and devices, and the latency-throughput curves."""
     from odmactl.render.console_replay import (binding_lines, capacity_headline, capacity_value, headline_detail,
-                                               infeasible_lines, router_table, routers_words)
+                                               infeasible_lines, ROUTER_TABLE_TITLE, router_table,
+                                               routers_words)
     from odmactl.render.plots import capacity_figure
 
     esc = html.escape
@@ -152,7 +153,7 @@ def write_capacity_report(doc: dict, path: Path) -> None:
                    for r in doc["rows"])
     by_router = router_table(doc)
     routed = "" if by_router is None else (
-        "<p>Devices for the target behind each router:</p><table><tr>"
+        f"<p>{esc(ROUTER_TABLE_TITLE)}:</p><table><tr>"
         + "".join(f"<th>{esc(h)}</th>" for h in by_router[0]) + "</tr>"
         + "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in by_router[1]) + "</table>")
     notes = "".join(f"<li>{esc(line)}</li>" for line in infeasible_lines(doc))

@@ -51,7 +51,8 @@ def capacity_markdown(doc: dict) -> str:
     """`odmactl capacity --markdown`: the headline, the table and what binds, for a pull request or
     a planning document (the same lines as the console and the HTML report)."""
     from odmactl.render.console_replay import (binding_lines, capacity_headline, capacity_value, headline_detail,
-                                               infeasible_lines, router_table, routers_words)
+                                               infeasible_lines, ROUTER_TABLE_TITLE, router_table,
+                                               routers_words)
     from odmactl.render.metrics import METRICS, capacity_keys
     from odmactl.render.warnings import listed_capacity_warnings
 
@@ -71,7 +72,7 @@ def capacity_markdown(doc: dict) -> str:
                              for r in doc["rows"]])
     by_router = router_table(doc)
     if by_router is not None:
-        lines += ["", "Devices for the target behind each router:", ""] + markdown_table(*by_router)
+        lines += ["", ROUTER_TABLE_TITLE + ":", ""] + markdown_table(*by_router)
     notes = infeasible_lines(doc) + binding_lines(doc)
     if notes:
         lines += [""] + [f"- {line}" for line in notes]
