@@ -133,6 +133,9 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     # a trailing slash names a folder: Path dropped it, and `--out x/` wrote a file named x
     "replay_out_folder": ([*REPLAY, "--out", "x/"], 1, ("x/: ends with '/', which names a folder",)),
     "ingest_out_root": (["ingest", "{csv}", "--out", "/"], 1, ("/: ends with '/', which names a folder",)),
+    "replay_out_dot_folder": ([*REPLAY, "--out", "x/."], 1, ("x/.: ends with '.', which names a folder",)),
+    # refused after the parse: a usage error typed after it is still one (exit 2)
+    "replay_out_folder_then_usage": ([*REPLAY, "--out", "x/", "--limit", "abc"], 2, ("Invalid value for '--limit'",)),
     "fit_out_foreign_dir": (["fit", "{trace}", "--out", "servegen", "--force"], 1, ("holds no predictor.toml",)),
     "fit_gamma_huge": ([*FIT, "--gamma", "1e300"], 1, ("--gamma", "from 0 to 1000")),
     "fit_buckets_huge": ([*FIT, "--buckets", "100000000"], 1, ("--buckets", "4,096")),

@@ -275,6 +275,34 @@ def test_a_stop_while_waiting_for_ray_is_a_stop_not_an_internal_error():
     assert _ray_jobs(FakeRay(), [("c", 1), ("c", 2), ("c", 3)], None, "x") == [10, 20, 30]
 
 
+def test_a_stop_while_ray_starts_waits_until_it_has_started(monkeypatch):
+    """A stop raised inside ray.init left Ray half started, and the process crashed (exit 139)
+    after its message: ray_session starts Ray inside deferred(), so the stop comes once init is
+    done, with the instance recorded for close_ray to stop and remove."""
+    import types
+
+    from odmactl.run import executors
+
+    calls = []
+
+    def init(**kwargs):
+        if kwargs.get("address") == "auto":
+            raise ConnectionError("none running")
+        stops.handler(signal.SIGINT, None)  # the stop lands in the middle of the start-up
+        calls.append("started")
+
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=init, shutdown=lambda: calls.append("shutdown"))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    stops.reset()
+    with pytest.raises(stops.Stopped):
+        executors.ray_session()
+    assert calls == ["started"] and executors._STARTED  # started whole, and known to close_ray
+    folder = executors._STARTED[-1]
+    executors.close_ray()
+    assert calls == ["started", "shutdown"] and not os.path.exists(folder)
+
+
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
     return [int(x) for x in out.split()]

@@ -158,6 +158,9 @@ def check_outputs(outputs: list[Path | None], force: bool, inputs: list[Path | N
         if p is not None and str(p).strip() in ("", "."):  # `--out ''` arrives as Path('.'); ' ' would be a file
             raise OutputError("is empty or the current directory, not a path to write", file=p,
                               hint="name the file (or folder) to write")
+        if p is not None and _names_a_folder(p):
+            raise OutputError(f"ends with '{p.typed.rsplit('/', 1)[1] or '/'}', which names a folder; this option "
+                              "writes one file", file=p.typed, hint="name the file to write")
         if p is not None and str(p) == "-":  # many tools read it as stdout; here it would be a file named "-"
             raise OutputError("is not standard output here: odmactl writes its outputs as files", file=p,
                               hint="name a file (one called '-' by its full path, as ./- reads as -); --json, where a "
@@ -204,14 +207,26 @@ MaxNumSeqsOption = Annotated[Optional[int], typer.Option(
 MaxNumBatchedTokensOption = Annotated[Optional[int], typer.Option(
     "--max-num-batched-tokens", help="token budget of one iteration, as vLLM's (default: the engine's: vllm-v0 "
     "max(max_model_len, 2048), vllm-v1 8,192 on a device of 70 GiB or more other than an A100, else 2,048)")]
+class TypedPath(type(Path())):
+    """A Path that keeps the text typed (`typed`): Path('x/') and Path('x/.') are Path('x'), and an
+    output so named was written as a file x (core's checks see only the Path)."""
+
+    typed = ""
+
+
 def output_file(text: str) -> Path:
     """A file output as typed (`parser=` of each option that writes one file; fit's --out is a
-    folder): one ending in '/' names a folder, and Path drops the slash, so `--out x/` wrote a file
-    named x."""
-    if text.endswith("/"):
-        raise OutputError("ends with '/', which names a folder; this option writes one file", file=text,
-                          hint=f"name the file, such as {text}result" if text.strip("/") else "name the file")
-    return Path(text)
+    folder): the Path, keeping its text for `check_outputs`, which refuses one that names a
+    folder (after the parse, so that a usage error still exits 2 whatever the options' order)."""
+    path = TypedPath(text)
+    path.typed = text
+    return path
+
+
+def _names_a_folder(path: Path) -> bool:
+    """Whether an output was typed as a folder: ending in '/', '/.' or '/..' (`output_file`)."""
+    typed = getattr(path, "typed", "")
+    return "/" in typed and typed.rsplit("/", 1)[1] in ("", ".", "..")
 
 
 # typer.Option's settings for an option that writes one file: `output_file` reads it, shown as <path>
