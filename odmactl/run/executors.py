@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import logging
 import multiprocessing
 import os
 import queue
@@ -149,6 +150,12 @@ def run_on_ray(jobs: list[tuple], fn, label: str, progress=None) -> list:
 _STARTED: list[str] = []  # the session folder of the Ray instance this process started (at most one)
 
 
+# Ray's own log level where odmactl finds or starts the instance itself: its INFO and WARNING lines
+# ("Started a local Ray instance", token authentication) came between odmactl's progress lines on
+# stderr; a cluster named by RAY_ADDRESS keeps Ray's default
+RAY_LOGGING = logging.ERROR
+
+
 def ray_session():
     """Ray, connected: the instance already up in this process; else the cluster RAY_ADDRESS names,
     or one running on this machine (`ray start --head`), as `ray.init()` finds them, left as they
@@ -173,14 +180,14 @@ def ray_session():
             ray.init()
             return ray
         try:
-            ray.init(address="auto")
+            ray.init(address="auto", logging_level=RAY_LOGGING)
             return ray
         except ConnectionError:  # none running here (caught in the block, which a pending stop then ends)
             pass
         folder = tempfile.mkdtemp(prefix="odmactl-ray-")
         _STARTED.append(folder)
         atexit.register(close_ray)
-        ray.init(_temp_dir=folder, include_dashboard=False)
+        ray.init(_temp_dir=folder, include_dashboard=False, logging_level=RAY_LOGGING)
     return ray
 
 
