@@ -214,6 +214,7 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     "plan_tiny_pool": ([*PLAN, "--kv-pool", "1 MiB"], 1, ("plan needs half of it",)),
     "plan_holdout": ([*PLAN, "--holdout", "0.95"], 1, ("--holdout",)),
     "plan_replays": ([*PLAN, "--replays", "0"], 1, ("--replays",)),
+    "plan_baselines_twice": ([*PLAN, "--baselines", "paged,s3,paged"], 1, ("--baselines names 'paged' twice",)),
     "plan_workers": ([*PLAN, "--workers", "0"], 1, ("--workers",)),
     "plan_workers_huge": ([*PLAN, "--workers", "100000"], 1, ("--workers", "256")),
     "plan_out_inside_predictor": (["plan", "{trace}", *DEVICE, "--predictor", "servegen", "--out", "servegen/c.toml"],

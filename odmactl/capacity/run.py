@@ -14,7 +14,7 @@ import polars as pl
 from odmactl.capacity.binds import breaking, floor_cause, headline, memory_binding, near_floor, rates_differ, zero_load
 from odmactl.capacity.search import MAX_SCALE_STEPS, CapacityTarget, capacity_job, lowest_scale
 from odmactl.capacity.slo import Slo
-from odmactl.core.errors import ConfigError, not_one_of
+from odmactl.core.errors import ConfigError, named_twice, not_one_of
 from odmactl.core.limits import MAX_TP, MAX_WORKERS, check_seed, check_whole
 from odmactl.run.arrivals import label as arrival_label
 from odmactl.run.arrivals import canonical, parse_arrivals, with_arrivals
@@ -54,8 +54,8 @@ class CapacitySpec(ServingSpec):
         super().__post_init__()
         if not self.tps:
             raise ConfigError("--tp names no size: give one or more, such as 1,2,4")
-        if len(set(self.tps)) != len(self.tps):
-            raise ConfigError(f"--tp expects distinct sizes such as 1,2,4, got {list(self.tps)}")
+        if (twice := named_twice("--tp", self.tps)) is not None:
+            raise ConfigError(f"{twice}: give distinct sizes such as 1,2,4")
         for tp in self.tps:
             check_whole(tp, 1, MAX_TP, "--tp")
         if not (0.0 <= self.max_migration_rate <= 1.0):
@@ -69,9 +69,8 @@ class CapacitySpec(ServingSpec):
         for router in self.routers:
             if router not in ROUTERS:
                 raise ConfigError(not_one_of("--router", router, ROUTERS))
-        twice = next((router for i, router in enumerate(self.routers) if router in self.routers[:i]), None)
-        if twice is not None:
-            raise ConfigError(f"--router names {twice} twice")
+        if (twice := named_twice("--router", self.routers)) is not None:
+            raise ConfigError(twice)
         parse_arrivals(self.arrivals)
         check_seed(self.seed)
         if self.executor not in EXECUTORS:

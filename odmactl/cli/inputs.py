@@ -14,7 +14,7 @@ import typer
 from odmactl.allocator import ALLOCATORS
 from odmactl.allocator.registry import unknown_policy
 from odmactl.core.atomic import absolute, check_writable, check_writable_dir
-from odmactl.core.errors import ConfigError, OutputError
+from odmactl.core.errors import ConfigError, OutputError, named_twice
 from odmactl.core.units import parse_quantity
 from odmactl.hw.profiles import KV_DTYPE_BITS, kv_dtype_problem
 from odmactl.run.config import predictor_from_config
@@ -55,8 +55,9 @@ def parse_policies(compare: str | None, policy: str | None, default: str = "odma
     if not policies:
         raise ConfigError(f"{flag} names no policy", hint=f"e.g. {flag} {','.join(ALLOCATORS)}")
     check_policy_names(policies)
-    if len(set(policies)) != len(policies):
-        raise ConfigError(f"{flag} names a policy twice: {compare}")
+    twice = named_twice(flag, policies)
+    if twice is not None:
+        raise ConfigError(twice)
     return policies
 
 

@@ -74,6 +74,18 @@ def quoted(text: str) -> str:
     return repr(text) if len(text) <= 40 else repr(text[:24] + "..." + text[-12:])
 
 
+def named_twice(flag: str, values: Iterable[object]) -> str | None:
+    """The message for a list flag that names a value twice ("--router names least-kv twice"),
+    naming the first repeated value alone (a list of thousands was echoed whole), quoted as
+    `quoted` cuts it; None when every value is distinct."""
+    seen: set = set()
+    for value in values:
+        if value in seen:
+            return f"{flag} names {quoted(str(value))} twice"
+        seen.add(value)
+    return None
+
+
 def not_one_of(flag: str, given: object, choices: Iterable[object]) -> str:
     """The one message for a setting that names none of its choices: "--engine expects one of
     vllm-v0, vllm-v1, got 'VLLM-V2'; did you mean 'vllm-v1'?" (the suggestion where one is close)."""

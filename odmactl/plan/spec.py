@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from odmactl.capacity.slo import Slo
-from odmactl.core.errors import ConfigError, not_one_of
+from odmactl.core.errors import ConfigError, named_twice, not_one_of
 from odmactl.core.limits import HOLDOUT_RANGE, MAX_REPLAYS, MAX_WORKERS, check_whole
 from odmactl.run.executors import EXECUTORS
 from odmactl.run.spec import ServingSpec
@@ -62,8 +62,8 @@ class PlanSpec(ServingSpec):
                 others = [p for p in ALLOCATORS if p not in ("odma", "static")]
                 raise ConfigError(f"--baselines: '{name}' is not a baseline (choose from: {', '.join(others)}; static's "
                                   "slots are always compared, odma is the policy planned)")
-        if len(set(self.baselines)) != len(self.baselines):
-            raise ConfigError(f"--baselines names a policy twice: {','.join(self.baselines)}")
+        if (twice := named_twice("--baselines", self.baselines)) is not None:
+            raise ConfigError(twice)
         if self.objective == "capacity" and self.slo is None:
             raise ConfigError("--objective capacity needs --slo (e.g. --slo ttft_p99=2s,tpot_p99=100ms)")
         if self.objective != "capacity" and self.slo is not None:
