@@ -391,6 +391,21 @@ def test_every_choice_flag_names_its_choices_and_the_close_one(cli, trace):
         assert r.code == 1 and said in text and f"did you mean {near}" in text, (args, r.err)
 
 
+def test_a_wrapped_line_counts_terminal_cells_not_characters():
+    """A path in CJK is two cells a character: a line of 80 characters was 120 cells, and the
+    terminal cut it again."""
+    from rich.cells import cell_len
+
+    from odmactl.render.tables import wrapped_lines
+
+    line = ("error: /data/跟踪文件/生产环境请求记录/二零二六年十一月.parquet: row 17, column arrival_s: expected "
+            "seconds since the first request, got '二零二四年' (a date among seconds)")
+    for width in range(40, 121):
+        lines = wrapped_lines(line, width)  # the path is longer than a line at 40: cut, as textwrap cuts
+        assert "".join(lines).replace(" ", "") == line.replace(" ", ""), lines
+        assert all(cell_len(x) <= width for x in lines), (width, [cell_len(x) for x in lines])
+
+
 def test_a_wrapped_line_keeps_each_figure_with_its_unit_and_bound():
     """At 80 columns a new user read '<= 2.000' on one line and 's' on the next: lines wrap between
     words, never between a figure and its unit or a bound's sign and its figure."""

@@ -7,6 +7,7 @@ import textwrap
 
 from rich import box
 from rich.console import Console
+from rich.cells import cell_len
 from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
@@ -17,13 +18,30 @@ from rich.table import Table
 _UNIT_GAP = re.compile(r"(?<=\d) (?=(?:[KMGT]i?B|B|s|ms|us|ns|req/s|tok/s|[KMGT]?i?B/s|bytes|tokens|requests)(?![\w/]))"
                        r"|(?<=[<>=]) (?=[\d-])")
 _GLUE = "\u00a0"  # textwrap breaks only at ASCII whitespace, so a no-break space holds the two together
+_WIDE = "\uffff"  # a noncharacter: the second cell of a wide character while textwrap counts
 
 
 def wrapped_lines(line: str, width: int) -> list[str]:
-    """`line` wrapped at `width` between words, never between a figure and its unit (or a bound's
-    sign), never at a hyphen (names such as least-kv stay whole), without trailing spaces."""
-    pieces = textwrap.wrap(_UNIT_GAP.sub(_GLUE, line), width=max(width, 40), break_on_hyphens=False)
-    return [piece.replace(_GLUE, " ") for piece in pieces] or [""]
+    """`line` wrapped at `width` terminal cells between words, never between a figure and its unit
+    (or a bound's sign), never at a hyphen (names such as least-kv stay whole), without trailing
+    spaces. textwrap counts characters: a character two cells wide (CJK, in a path or a value
+    echoed) is counted twice by a `_WIDE` mark after it, taken out after the wrap."""
+    marked = "".join(ch + _WIDE if cell_len(ch) == 2 else ch for ch in _UNIT_GAP.sub(_GLUE, line))
+    pieces = _CellWrapper(width=max(width, 40), break_on_hyphens=False).wrap(marked)
+    return [piece.replace(_WIDE, "").replace(_GLUE, " ") for piece in pieces] or [""]
+
+
+class _CellWrapper(textwrap.TextWrapper):
+    """textwrap, cutting a word longer than a line never between a wide character and its mark
+    (its second cell would be counted on the next line, and this one be a cell too wide)."""
+
+    def _handle_long_word(self, reversed_chunks, cur_line, cur_len, width):
+        chunk = reversed_chunks[-1]
+        end = max(width - cur_len, 1)
+        if end < len(chunk) and chunk[end] == _WIDE:
+            end -= 1  # 0 only after other words on the line (width >= 40): the word starts the next one
+        cur_line.append(chunk[:end])
+        reversed_chunks[-1] = chunk[end:]
 
 
 def print_wrapped(console: Console, line: str, style: str) -> None:
