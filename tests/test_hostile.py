@@ -224,6 +224,9 @@ CASES: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     "plan_predictor_none": ([*PLAN, "--predictor", "none"], 1, ("--predictor",)),
     "plan_migration_rate": ([*PLAN, "--max-migration-rate", "2"], 1, ("--max-migration-rate",)),
     "plan_ttft": ([*PLAN, "--ttft-p99", "-1"], 1, ("--ttft-p99",)),
+    # the text as typed, not the float it reads as ('inf', '-0.0')
+    "plan_ttft_overflow": ([*PLAN, "--ttft-p99", "1e400"], 1, ("--ttft-p99 expects a time in seconds", "got '1e400'")),
+    "plan_ttft_minus_zero": ([*PLAN, "--ttft-p99", "-0"], 1, ("got '-0'",)),
     "plan_out_is_trace": (["plan", "{trace}", *DEVICE, "--out", "{trace}", "--force"], 1, ("is also an input",)),
     "plan_report_is_out": ([*PLAN, "--report", "plan.toml"], 1, ("two outputs",)),
     # check

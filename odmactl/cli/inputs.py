@@ -14,10 +14,11 @@ import typer
 from odmactl.allocator import ALLOCATORS
 from odmactl.allocator.registry import unknown_policy
 from odmactl.core.atomic import absolute, check_writable, check_writable_dir
-from odmactl.core.errors import ConfigError, OutputError, named_twice
+from odmactl.core.errors import ConfigError, OutputError, named_twice, quoted
 from odmactl.core.units import parse_quantity
 from odmactl.hw.profiles import KV_DTYPE_BITS, kv_dtype_problem
 from odmactl.run.config import predictor_from_config
+from odmactl.sim.metrics import LATENCY_LIMIT_SECONDS, latency_limit_ok
 
 
 def _known_kv_dtype(value: str) -> str:
@@ -90,11 +91,15 @@ def parse_seconds(text: str | None, flag: str) -> float | None:
     if text is None:
         return None
     if _BARE_NUMBER.fullmatch(text.strip()):  # ASCII digits only: float() also takes '2_0' and Arabic-Indic digits
-        return float(text)
-    try:
-        return parse_quantity(text, "seconds")
-    except ValueError as exc:
-        raise ConfigError(f"{flag}: {exc}") from None
+        seconds = float(text)
+    else:
+        try:
+            seconds = parse_quantity(text, "seconds")
+        except ValueError as exc:
+            raise ConfigError(f"{flag}: {exc}") from None
+    if not latency_limit_ok(seconds):  # the text as typed: 1e400 had been echoed as 'inf', -0 as '-0.0'
+        raise ConfigError(f"{flag} expects {LATENCY_LIMIT_SECONDS}, got {quoted(text.strip())}")
+    return seconds
 
 
 def input_paths(*values: str | Path | None) -> list[Path]:
