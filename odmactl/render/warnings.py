@@ -80,8 +80,9 @@ def capacity_warnings(doc: dict) -> list[str]:
                 lines.append(f"tp {r['tp']}: the {metric} limit ({limit_text}) is under its zero-load floor "
                              f"({floor_text}, each request alone): one engine meets it at no rate")
             else:
-                lines.append(f"tp {r['tp']}: the {metric} limit ({limit_text}) is within 20% of its zero-load "
-                             f"floor ({floor_text}, each request alone): the answer moves with small changes of it")
+                lines.append(f"tp {r['tp']}: the {metric} limit ({limit_text}) is only {limits[metric] / floor[metric]:.2f}x "
+                             f"its zero-load floor ({floor_text}, each request alone): the answer moves with small "
+                             "changes of it")
     odd = [f"{r['policy']} tp {r['tp']}" for r in doc["rows"] if not r["monotone"]]
     if odd:
         lines.append(f"the SLO failed below the reported rate for {', '.join(odd)} (not monotone): see "
