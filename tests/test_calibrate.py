@@ -29,7 +29,7 @@ def numpy_copy_bytes_per_s(num_bytes: int = 256 << 20, repeats: int = 5) -> floa
     return 2 * num_bytes / statistics.median(times)
 
 
-def test_calibrate_cpu_quick_writes_a_valid_measured_profile(tmp_path, cli):
+def test_calibrate_cpu_quick_writes_a_valid_measured_profile(tmp_path, cli, conv_sample_head):
     out = tmp_path / "host.toml"
     result = cli("calibrate", "--device", "cpu", "--quick", "--out", out, "--json")
     assert result.code == 0, result.err
@@ -104,6 +104,13 @@ def test_calibrate_cpu_quick_writes_a_valid_measured_profile(tmp_path, cli):
                                             "under 25% of a shorter run's efficiency, which longer runs do not have on "
                                             "an idle device: run calibrate again on an idle machine"]
     assert profile_warnings("mlu370-x4") == profile_warnings("no-such") == []
+    trace = conv_sample_head(200)
+    for command in (["replay", trace, "--policy", "paged"],
+                    ["capacity", trace, "--policies", "paged", "--slo", "ttft_p99=3000s", "--predictor", "oracle"]):
+        said = cli(*command, "--device", noisy, "--model", "Llama-2-7B", "--json")
+        assert said.code == 0, said.err
+        assert said.err.startswith(f"warning: device profile {noisy}: scattered reads"), said.err
+        assert json.loads(said.out)["warnings"][0].startswith(f"device profile {noisy}:")
     # a hand-edited record is refused where the profile is read, naming the key, for every command
     for bad, key in [("timings = 0", "timings"), ('timings = "27"', "timings"), ("noisy = 3", "noisy"),
                      ('efficiency_dips = "1 MiB"', "efficiency_dips"), ("efficiency_dips = [1, 2]", "efficiency_dips"),

@@ -23,7 +23,7 @@ from odmactl.cli.inputs import (
     input_paths,
     parse_kv_pool,
     parse_policies,
-    profile_warnings,
+    warn_of_profile,
     OUTPUT_FILE,
 )
 from odmactl.sim.router import DEFAULT_ROUTER, ROUTER_SUMMARIES
@@ -100,8 +100,7 @@ def capacity(
     check_outputs([metrics_out, out_path, plot, report, markdown_path], force, input_paths(trace_path, config, predictor, device, model))
     if plot is not None and plot.suffix.lower() != ".png":
         raise OdmaError(f"--plot writes a PNG image; give a path ending in .png, got '{plot}'")
-    warned = profile_warnings(device)
-    print_warnings(warned)
+    warned = warn_of_profile(device)
     spec = CapacitySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                         prefix_caching=prefix_caching,
                         max_new_tokens=max_new_tokens, predictor=predictor,

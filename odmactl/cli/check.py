@@ -19,7 +19,7 @@ from odmactl.cli.inputs import (
     check_policy_names,
     input_paths,
     parse_kv_pool,
-    profile_warnings,
+    warn_of_profile,
     OUTPUT_FILE,
 )
 
@@ -89,8 +89,7 @@ def check(
     setup = prepare_check(config, policy, flags)
     check_policy_names(setup.policies)
     check_outputs([metrics_out, junit, markdown_path, out_path], force, input_paths(trace_path, config, predictor, device, model))
-    warned = profile_warnings(device)
-    print_warnings(warned)
+    warned = warn_of_profile(device)
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                       prefix_caching=prefix_caching,
                       max_new_tokens=max_new_tokens, predictor=predictor, config=config,

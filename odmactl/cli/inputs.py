@@ -257,3 +257,13 @@ def profile_warnings(device_ref: str) -> list[str]:
     if not profile.measured:
         return []
     return [f"device profile {profile.path}: {line}" for line in noise_lines(dict(profile.calibration or {}))]
+
+
+def warn_of_profile(device_ref: str) -> list[str]:
+    """`profile_warnings`, said on stderr before the command's work (cli/app.print_warnings) and
+    returned for its JSON's and reports' `warnings`: replay, plan, check and capacity."""
+    from odmactl.cli.app import print_warnings
+
+    warned = profile_warnings(device_ref)
+    print_warnings(warned)
+    return warned

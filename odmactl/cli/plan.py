@@ -9,7 +9,7 @@ import typer
 
 from odmactl.allocator import ALLOCATORS
 from odmactl.cli.app import app, out, print_warnings, progress_for
-from odmactl.cli.inputs import BlockSizeOption, EngineOption, KvDtypeOption, MaxNumBatchedTokensOption, MaxNumSeqsOption, PrefixCachingOption, MaxNewTokensOption, check_outputs, input_paths, OUTPUT_FILE, parse_kv_pool, parse_seconds, profile_warnings
+from odmactl.cli.inputs import BlockSizeOption, EngineOption, KvDtypeOption, MaxNumBatchedTokensOption, MaxNumSeqsOption, PrefixCachingOption, MaxNewTokensOption, check_outputs, input_paths, OUTPUT_FILE, parse_kv_pool, parse_seconds, warn_of_profile
 
 
 @app.command(short_help="Search ODMA's settings; write a config that passes its gate.")  # the line `odmactl --help` lists
@@ -68,8 +68,7 @@ def plan(
     from odmactl.trace.schema import read_trace
 
     check_outputs([out_path, report], force, input_paths(trace_path, predictor, device, model))
-    warned = profile_warnings(device)
-    print_warnings(warned)
+    warned = warn_of_profile(device)
     from odmactl.capacity.slo import Slo
 
     spec = PlanSpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,

@@ -22,7 +22,7 @@ from odmactl.cli.inputs import (
     input_paths,
     parse_kv_pool,
     parse_policies,
-    profile_warnings,
+    warn_of_profile,
     OUTPUT_FILE,
 )
 
@@ -93,8 +93,7 @@ def replay(
         device = profile if profile is not None else str(measured_profile(torch_device).path)
     elif profile is not None or scale != 1.0:
         raise OdmaError("--profile and --scale apply to --on-device replays only")
-    warned = profile_warnings(device)
-    print_warnings(warned)
+    warned = warn_of_profile(device)
     spec = ReplaySpec(device=device, model=model, kv_dtype=kv_dtype, block_size_tokens=block_size, engine=engine,
                       prefix_caching=prefix_caching,
                       max_new_tokens=max_new_tokens, predictor=predictor, config=config,
