@@ -113,7 +113,7 @@ def capacity(frame: pl.DataFrame, spec: CapacitySpec, progress=None) -> dict:
         raise ConfigError(f"{what} lies outside the rates this trace can be replayed at "
                           f"({low:.3g} to {high:.3g} req/s: its own {mean_rate:.3g} req/s scaled by 2**-{MAX_SCALE_STEPS} "
                           f"to 2**{MAX_SCALE_STEPS}, within the replay clock)", hint="give a target in that range")
-    target = CapacityTarget(spec.slo, spec.max_migration_rate, max_replicas=spec.max_replicas, router=spec.routers[0])
+    target = CapacityTarget(spec.slo, spec.max_migration_rate, max_replicas=spec.max_replicas)
     kind, cv = parse_arrivals(spec.arrivals)
     jobs, names, contexts, label, mismatched = [], [], {}, None, []
     for tp in spec.tps:

@@ -304,16 +304,15 @@ def gate_rate(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarg
 
 
 def capacity_job(ctx: ReplayContext, policy: str, table: dict, target: CapacityTarget, target_scale: float,
-                 mean_rate: float, routers: tuple[str, ...] = ()) -> dict:
+                 mean_rate: float, routers: tuple[str, ...]) -> dict:
     """One policy at one tensor-parallel size: its capacity, then the replicas the target needs.
     Where one engine meets the SLO at no rate (a burst or a long prefill that one engine cannot
     absorb), the replicas are still searched, from one engine up: R engines behind the router
     split what one engine could not; and `gate_rate` ("gate") at the trace's `mean_rate`.
-    `routers` (default: the target's one): the replicas are searched behind each, apart (each
-    search as capacity with that router alone makes it), and "target" is the router that needs
-    the fewest (`fewest_router`), with "router" and "replicas_by_router" (None: more than
-    max_replicas)."""
-    routers = routers or (target.router,)
+    The replicas are searched behind each of `routers` (the target's own router is replaced),
+    apart (each search as capacity with that router alone makes it), and "target" is the router
+    that needs the fewest (`fewest_router`), with "router" and "replicas_by_router" (None: more
+    than max_replicas)."""
     memo: dict[float, dict] = {}
     found = find_capacity(ctx, policy, table, target, memo)
     if found["too_few_served"]:  # no count of engines changes which requests are served

@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from odmactl.allocator import ALLOCATORS
+from odmactl.cli.app import print_warnings
 from odmactl.allocator.registry import unknown_policy
 from odmactl.core.atomic import absolute, check_writable, check_writable_dir
 from odmactl.core.errors import ConfigError, OutputError, named_twice, quoted
@@ -164,9 +165,9 @@ def check_outputs(outputs: list[Path | None], force: bool, inputs: list[Path | N
         if p is not None and str(p).strip() in ("", "."):  # `--out ''` arrives as Path('.'); ' ' would be a file
             raise OutputError("is empty or the current directory, not a path to write", file=p,
                               hint="name the file (or folder) to write")
-        if p is not None and _names_a_folder(p):
-            raise OutputError(f"ends with '{p.typed.rsplit('/', 1)[1] or '/'}', which names a folder; this option "
-                              "writes one file", file=p.typed, hint="name the file to write")
+        if p is not None and (ending := _folder_ending(p)) is not None:
+            raise OutputError(f"ends with '{ending}', which names a folder; this option writes one file",
+                              file=p.typed, hint="name the file to write")
         if p is not None and str(p) == "-":  # many tools read it as stdout; here it would be a file named "-"
             raise OutputError("is not standard output here: odmactl writes its outputs as files", file=p,
                               hint="name a file (one called '-' by its full path, as ./- reads as -); --json, where a "
@@ -229,10 +230,12 @@ def output_file(text: str) -> Path:
     return path
 
 
-def _names_a_folder(path: Path) -> bool:
-    """Whether an output was typed as a folder: ending in '/', '/.' or '/..' (`output_file`)."""
+def _folder_ending(path: Path) -> str | None:
+    """How an output typed as a folder ends ('/', '.' or '..', after its last '/'), or None where it
+    was not typed so (`output_file`)."""
     typed = getattr(path, "typed", "")
-    return "/" in typed and typed.rsplit("/", 1)[1] in ("", ".", "..")
+    last = typed.rsplit("/", 1)[1] if "/" in typed else None
+    return (last or "/") if last in ("", ".", "..") else None
 
 
 # typer.Option's settings for an option that writes one file: `output_file` reads it, shown as <path>
@@ -262,8 +265,6 @@ def profile_warnings(device_ref: str) -> list[str]:
 def warn_of_profile(device_ref: str) -> list[str]:
     """`profile_warnings`, said on stderr before the command's work (cli/app.print_warnings) and
     returned for its JSON's and reports' `warnings`: replay, plan, check and capacity."""
-    from odmactl.cli.app import print_warnings
-
     warned = profile_warnings(device_ref)
     print_warnings(warned)
     return warned

@@ -46,7 +46,6 @@ def _frame(path: Path, fmt: str, raw: pl.DataFrame, mapping: dict[str, str], *, 
     frame = plan.apply(raw.lazy().select(exprs)).collect()  # columns in parallel
     if plan.clock == "absolute":  # a date-time the fast path could not read; on a relative clock (numbers
         frame = fill_iso_arrivals(frame)  # first), a date among the numbers is an error, not a second clock
-
     return SourceFrame(path=path, format=fmt, frame=frame, clock=plan.clock, columns=columns)
 
 
